@@ -1,0 +1,267 @@
+// TorchScript binding of BlockStore: torch.classes.mtrains.BlockStore.
+//
+// Data-path methods return a status tuple (code, errno, message) that
+// torchrec_mtrains/storage/block_store.py turns into ValueError / IndexError / OSError /
+// CorruptionError. Settings arrive as one Dict[str, str] built from a Python dataclass, so
+// the boundary never carries a long positional list; unknown keys are rejected.
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <charconv>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "storage/block_store.h"
+
+namespace mtrains {
+namespace {
+
+using StatusTuple = std::tuple<int64_t, int64_t, std::string>;
+using Config = c10::Dict<std::string, std::string>;
+
+StatusTuple ToTuple(const Status& st) {
+  return {static_cast<int64_t>(st.code()), st.sys_errno(), st.message()};
+}
+
+// Reads typed values out of a config dict, remembering the first error.
+class ConfigReader {
+ public:
+  explicit ConfigReader(const Config& c) : c_(c) {}
+  template <typename T>
+  void Number(const char* key, T* out) {
+    used_.push_back(key);
+    auto it = c_.find(key);
+    if (it == c_.end()) return;
+    const std::string& v = it->value();
+    auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+    if (ec != std::errc() || ptr != v.data() + v.size())
+      Fail(std::string(key) + "='" + v + "' is not a valid number");
+  }
+  void Real(const char* key, double* out) {
+    used_.push_back(key);
+    auto it = c_.find(key);
+    if (it == c_.end()) return;
+    try {
+      size_t pos = 0;
+      *out = std::stod(it->value(), &pos);
+      if (pos != it->value().size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      Fail(std::string(key) + "='" + it->value() + "' is not a valid number");
+    }
+  }
+  void Flag(const char* key, bool* out) {
+    uint32_t v = *out ? 1 : 0;
+    Number(key, &v);
+    *out = v != 0;
+  }
+  std::string Text(const char* key, const std::string& def) {
+    used_.push_back(key);
+    auto it = c_.find(key);
+    return it == c_.end() ? def : it->value();
+  }
+  // Returns the first error, including keys that no reader asked for.
+  Status Finish() {
+    if (!status_.ok()) return status_;
+    for (auto it = c_.begin(); it != c_.end(); ++it) {
+      if (std::find(used_.begin(), used_.end(), it->key()) == used_.end())
+        return Status::InvalidArgument("unknown setting '" + it->key() + "'");
+    }
+    return Status::Ok();
+  }
+  void Fail(const std::string& msg) {
+    if (status_.ok()) status_ = Status::InvalidArgument(msg);
+  }
+
+ private:
+  const Config& c_;
+  std::vector<std::string> used_;
+  Status status_;
+};
+
+void ReadRuntime(ConfigReader& r, StoreRuntimeOptions* o) {
+  r.Real("dram_cache_mb", &o->dram_cache_mb);
+  r.Flag("direct_io", &o->direct_io);
+  const std::string engine = r.Text("io_engine", "auto");
+  if (engine == "auto") o->engine = IoEngineKind::kAuto;
+  else if (engine == "uring") o->engine = IoEngineKind::kUring;
+  else if (engine == "threads") o->engine = IoEngineKind::kThreads;
+  else r.Fail("io_engine='" + engine + "' must be 'auto', 'uring' or 'threads'");
+  r.Number("queue_depth", &o->queue_depth);
+  r.Number("io_threads", &o->io_threads);
+  r.Number("read_chunk_blocks", &o->read_chunk_blocks);
+}
+
+void ReadTable(ConfigReader& r, TableOptions* t) {
+  r.Number("num_rows", &t->num_rows);
+  r.Number("dim", &t->dim);
+  r.Number("state_dim", &t->state_dim);
+  const std::string dtype = r.Text("dtype", "float32");
+  if (dtype == "float32") t->dtype = DType::kFloat32;
+  else if (dtype == "float16") t->dtype = DType::kFloat16;
+  else if (dtype == "bfloat16") t->dtype = DType::kBFloat16;
+  else r.Fail("dtype='" + dtype + "' must be float32, float16 or bfloat16");
+  r.Number("block_size", &t->block_size);
+  r.Number("seed", &t->seed);
+  r.Real("init_lo", &t->init_lo);
+  r.Real("init_hi", &t->init_hi);
+  r.Number("segment_blocks", &t->segment_blocks);
+  r.Real("overprovision", &t->overprovision);
+  const std::string stripes = r.Text("stripe_paths", "");
+  t->stripe_paths.clear();
+  size_t start = 0;
+  while (start < stripes.size()) {  // newline-separated
+    size_t end = stripes.find('\n', start);
+    if (end == std::string::npos) end = stripes.size();
+    t->stripe_paths.push_back(stripes.substr(start, end - start));
+    start = end + 1;
+  }
+}
+
+at::ScalarType ScalarTypeOf(DType d) {
+  switch (d) {
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+  }
+  return at::kFloat;
+}
+
+class BlockStoreHandle : public torch::CustomClassHolder {
+ public:
+  StatusTuple create(const std::string& path, Config config, bool overwrite) {
+    ConfigReader r(config);
+    TableOptions table;
+    StoreRuntimeOptions runtime;
+    ReadTable(r, &table);
+    ReadRuntime(r, &runtime);
+    Status st = r.Finish();
+    if (st.ok()) st = BlockStore::Create(path, table, runtime, overwrite, &store_);
+    return ToTuple(st);
+  }
+
+  StatusTuple open(const std::string& path, Config config) {
+    ConfigReader r(config);
+    StoreRuntimeOptions runtime;
+    ReadRuntime(r, &runtime);
+    Status st = r.Finish();
+    if (st.ok()) st = BlockStore::Open(path, runtime, &store_);
+    return ToTuple(st);
+  }
+
+  StatusTuple read_into(const at::Tensor& ids, const at::Tensor& out) {
+    Status st = CheckIds(ids);
+    if (st.ok()) st = CheckRows(out, ids.numel(), "out");
+    if (st.ok())
+      st = store().Read(ids.data_ptr<int64_t>(), ids.numel(),
+                        static_cast<uint8_t*>(out.data_ptr()));
+    return ToTuple(st);
+  }
+
+  StatusTuple write(const at::Tensor& ids, const at::Tensor& rows) {
+    Status st = CheckIds(ids);
+    if (st.ok()) st = CheckRows(rows, ids.numel(), "rows");
+    if (st.ok())
+      st = store().Write(ids.data_ptr<int64_t>(), ids.numel(),
+                         static_cast<const uint8_t*>(rows.data_ptr()));
+    return ToTuple(st);
+  }
+
+  StatusTuple flush() { return ToTuple(store().Flush()); }
+  StatusTuple snapshot(const std::string& dst) { return ToTuple(store().Snapshot(dst)); }
+  StatusTuple close() { return ToTuple(store().Close()); }
+
+  c10::Dict<std::string, double> stats() {
+    c10::Dict<std::string, double> d;
+    for (const auto& [k, v] : store().Stats()) d.insert(k, v);
+    return d;
+  }
+
+  // Table shape and how the store runs: header fields, engine, direct_io, warning.
+  c10::Dict<std::string, std::string> info() {
+    const TableHeader& h = store().header();
+    c10::Dict<std::string, std::string> d;
+    d.insert("path", store().path());
+    d.insert("num_rows", std::to_string(h.num_rows));
+    d.insert("dim", std::to_string(h.dim));
+    d.insert("state_dim", std::to_string(h.state_dim));
+    d.insert("dtype", DTypeName(h.dtype));
+    d.insert("block_size", std::to_string(h.block_size));
+    d.insert("seed", std::to_string(h.seed));
+    d.insert("init_lo", std::to_string(h.init_lo));
+    d.insert("init_hi", std::to_string(h.init_hi));
+    d.insert("segment_blocks", std::to_string(h.segment_blocks));
+    d.insert("num_segments", std::to_string(h.num_segments));
+    d.insert("rows_per_block", std::to_string(h.rows_per_block));
+    d.insert("blocks_per_row", std::to_string(h.blocks_per_row));
+    std::string stripes;
+    for (const auto& s : h.stripe_paths) stripes += (stripes.empty() ? "" : "\n") + s;
+    d.insert("stripe_paths", stripes);
+    d.insert("io_engine", store().engine());
+    d.insert("direct_io", store().direct_io() ? "1" : "0");
+    d.insert("warning", store().warning());
+    return d;
+  }
+
+  void arm_fault(const std::string& kind, int64_t after, int64_t count, int64_t sys_errno,
+                 bool on_map) {
+    FaultKind k;
+    if (kind == "read_error") k = FaultKind::kReadError;
+    else if (kind == "write_error") k = FaultKind::kWriteError;
+    else if (kind == "sync_error") k = FaultKind::kSyncError;
+    else if (kind == "corrupt_read") k = FaultKind::kCorruptRead;
+    else throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, __LINE__},
+                               "unknown fault kind '" + kind + "'");
+    TORCH_CHECK_VALUE(after >= 0 && count >= 0, "after and count must be >= 0");
+    store().ArmFault(k, after, count, static_cast<int>(sys_errno), on_map);
+  }
+
+ private:
+  BlockStore& store() {
+    TORCH_CHECK(store_ != nullptr, "BlockStore handle is not open");
+    return *store_;
+  }
+  static Status CheckIds(const at::Tensor& ids) {
+    if (ids.device().type() != at::kCPU || ids.scalar_type() != at::kLong || ids.dim() != 1 ||
+        !ids.is_contiguous())
+      return Status::InvalidArgument("ids must be a contiguous 1-D int64 CPU tensor");
+    return Status::Ok();
+  }
+  Status CheckRows(const at::Tensor& t, int64_t n, const char* name) {
+    const TableHeader& h = store().header();
+    const int64_t width = h.dim + h.state_dim;
+    if (t.device().type() != at::kCPU || t.scalar_type() != ScalarTypeOf(h.dtype) ||
+        t.dim() != 2 || t.size(0) != n || t.size(1) != width || !t.is_contiguous())
+      return Status::InvalidArgument(std::string(name) + " must be a contiguous CPU tensor of " +
+                                     DTypeName(h.dtype) + " with shape [" + std::to_string(n) +
+                                     ", " + std::to_string(width) + "]");
+    return Status::Ok();
+  }
+
+  std::unique_ptr<BlockStore> store_;
+};
+
+}  // namespace
+}  // namespace mtrains
+
+TORCH_LIBRARY(mtrains, m) {
+  using mtrains::BlockStoreHandle;
+  m.class_<BlockStoreHandle>("BlockStore")
+      .def(torch::init<>(), "An empty handle; call create() or open().")
+      .def("create", &BlockStoreHandle::create,
+           "Creates a table file: (path, settings, overwrite) -> (code, errno, message).")
+      .def("open", &BlockStoreHandle::open,
+           "Opens an existing table file: (path, settings) -> (code, errno, message).")
+      .def("read_into", &BlockStoreHandle::read_into,
+           "Reads rows `ids` into `out` [n, dim + state_dim] -> status.")
+      .def("write", &BlockStoreHandle::write, "Writes rows [n, dim + state_dim] -> status.")
+      .def("flush", &BlockStoreHandle::flush, "Persists all dirty rows and fsyncs -> status.")
+      .def("snapshot", &BlockStoreHandle::snapshot,
+           "Writes a point-in-time copy of the table to a path -> status.")
+      .def("close", &BlockStoreHandle::close, "Flushes and closes -> status.")
+      .def("stats", &BlockStoreHandle::stats, "Counters and latency percentiles.")
+      .def("info", &BlockStoreHandle::info, "Table shape, engine and fallback warnings.")
+      .def("arm_fault", &BlockStoreHandle::arm_fault,
+           "Scripts a device fault for tests: (kind, after, count, errno, on_map).");
+}

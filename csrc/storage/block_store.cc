@@ -1,0 +1,518 @@
+#include "storage/block_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include "common/aligned_buffer.h"
+#include "storage/file_copy.h"
+#include "storage/lazy_init.h"
+
+namespace mtrains {
+namespace {
+
+constexpr uint32_t kAlignment = 4096;        // O_DIRECT buffer/offset alignment (bytes)
+constexpr uint32_t kCacheOverheadBytes = 40; // per cached row: index, flags (estimate)
+
+Status Errno(int err, const std::string& what) {
+  return Status::IoError(err, what + ": " + std::strerror(err));
+}
+
+Status ValidateRuntime(const StoreRuntimeOptions& r) {
+  if (!std::isfinite(r.dram_cache_mb) || r.dram_cache_mb < 0)
+    return Status::InvalidArgument("dram_cache_mb=" + std::to_string(r.dram_cache_mb) +
+                                   " must be a finite number >= 0");
+  if (r.queue_depth < 1 || r.queue_depth > 4096)
+    return Status::InvalidArgument("queue_depth=" + std::to_string(r.queue_depth) +
+                                   " must be in [1, 4096]");
+  if (r.io_threads < 1 || r.io_threads > 256)
+    return Status::InvalidArgument("io_threads=" + std::to_string(r.io_threads) +
+                                   " must be in [1, 256]");
+  if (r.read_chunk_blocks < 1)
+    return Status::InvalidArgument("read_chunk_blocks must be positive");
+  return Status::Ok();
+}
+
+uint64_t StripeFileBytes(const TableHeader& h) {
+  const uint64_t n = h.stripe_paths.size();
+  return (h.num_segments + n - 1) / n * h.SegmentBytes();
+}
+
+Status ReadHeaderBytes(int fd, const std::string& path, uint8_t* buf, size_t len, size_t* got) {
+  *got = 0;
+  while (*got < len) {
+    const ssize_t r = pread(fd, buf + *got, len - *got, static_cast<off_t>(*got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno(errno, "read header of " + path);
+    if (r == 0) break;
+    *got += static_cast<size_t>(r);
+  }
+  return Status::Ok();
+}
+
+// Creates `path` exclusively with the given size (sparse).
+Status CreateSparseFile(const std::string& path, uint64_t size) {
+  const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST)
+      return Status::IoError(err, path + " already exists (pass overwrite=True to replace it)");
+    if (err == ENOENT) return Status::IoError(err, "the directory of " + path + " does not exist");
+    return Errno(err, "cannot create " + path);
+  }
+  Status st;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0)
+    st = Errno(errno, "cannot size " + path + " to " + std::to_string(size) + " bytes");
+  close(fd);
+  if (!st.ok()) unlink(path.c_str());
+  return st;
+}
+
+}  // namespace
+
+BlockStore::BlockStore(std::string path, TableHeader h) : path_(std::move(path)), h_(std::move(h)) {}
+
+BlockStore::~BlockStore() {
+  const Status st = Close();
+  if (!st.ok()) std::cerr << "torchrec_mtrains BlockStore: " << st.message() << std::endl;
+  if (meta_fd_ >= 0) close(meta_fd_);
+}
+
+Status BlockStore::Create(const std::string& path, const TableOptions& t,
+                          const StoreRuntimeOptions& runtime, bool overwrite,
+                          std::unique_ptr<BlockStore>* out) {
+  MTRAINS_RETURN_IF_ERROR(ValidateRuntime(runtime));
+  TableHeader h;
+  h.num_rows = t.num_rows;
+  h.dim = t.dim;
+  h.state_dim = t.state_dim;
+  h.dtype = t.dtype;
+  h.block_size = t.block_size;
+  h.seed = t.seed;
+  h.init_lo = t.init_lo;
+  h.init_hi = t.init_hi;
+  h.segment_blocks = t.segment_blocks;
+  h.stripe_paths = t.stripe_paths;
+  std::random_device rd;
+  do {
+    h.table_uuid = (uint64_t(rd()) << 32) ^ rd();
+  } while (h.table_uuid == 0);
+  MTRAINS_RETURN_IF_ERROR(ComputeLayout(&h, t.overprovision));
+  size_t header_bytes = 96;
+  for (const auto& s : h.stripe_paths) {
+    if (s.empty() || s == path)
+      return Status::InvalidArgument("stripe path '" + s + "' must be non-empty and differ from " + path);
+    header_bytes += 2 + s.size();
+  }
+  if (header_bytes > 4000) return Status::InvalidArgument("stripe paths are too long for the header");
+  std::vector<std::string> files{path};
+  files.insert(files.end(), h.stripe_paths.begin(), h.stripe_paths.end());
+  for (size_t i = 0; i < files.size(); ++i)
+    for (size_t j = i + 1; j < files.size(); ++j)
+      if (files[i] == files[j]) return Status::InvalidArgument("file " + files[i] + " is named twice");
+  if (overwrite) {
+    for (const auto& f : files)
+      if (unlink(f.c_str()) != 0 && errno != ENOENT) return Errno(errno, "cannot remove " + f);
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    const uint64_t size = i == 0 ? h.MainFileBytes() : StripeFileBytes(h);
+    Status st = CreateSparseFile(files[i], size);
+    if (!st.ok()) {
+      for (size_t j = 0; j < i; ++j) unlink(files[j].c_str());
+      return st;
+    }
+  }
+  AlignedBuffer header(h.block_size, kAlignment);
+  EncodeHeader(h, header.data());
+  Status st;
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    st = Errno(errno, "cannot open " + path);
+  } else {
+    ssize_t w = pwrite(fd, header.data(), h.block_size, 0);
+    if (w != static_cast<ssize_t>(h.block_size))
+      st = Errno(w < 0 ? errno : ENOSPC, "cannot write the header of " + path);
+    else if (fsync(fd) != 0)
+      st = Errno(errno, "cannot fsync " + path);
+    close(fd);
+  }
+  if (st.ok()) st = SyncParentDir(path);
+  if (!st.ok()) {
+    for (const auto& f : files) unlink(f.c_str());
+    return st;
+  }
+  std::unique_ptr<BlockStore> store(new BlockStore(path, h));
+  store->meta_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (store->meta_fd_ < 0) return Errno(errno, "cannot open " + path);
+  MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+  *out = std::move(store);
+  return Status::Ok();
+}
+
+Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runtime,
+                        std::unique_ptr<BlockStore>* out) {
+  MTRAINS_RETURN_IF_ERROR(ValidateRuntime(runtime));
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return Status::IoError(err, "table file " + path + " does not exist");
+    return Errno(err, "cannot open " + path);
+  }
+  std::vector<uint8_t> buf(4096);
+  size_t got = 0;
+  TableHeader h;
+  Status st = ReadHeaderBytes(fd, path, buf.data(), buf.size(), &got);
+  if (st.ok()) st = DecodeHeader(buf.data(), got, &h).WithContext(path);
+  struct stat sb;
+  if (st.ok() && fstat(fd, &sb) != 0) st = Errno(errno, "stat " + path);
+  if (st.ok() && static_cast<uint64_t>(sb.st_size) < h.MainFileBytes())
+    st = Status::FormatError(path + " is truncated: " + std::to_string(sb.st_size) +
+                             " bytes, the header needs " + std::to_string(h.MainFileBytes()));
+  for (size_t i = 0; st.ok() && i < h.stripe_paths.size(); ++i) {
+    const std::string& s = h.stripe_paths[i];
+    struct stat ss;
+    if (stat(s.c_str(), &ss) != 0)
+      st = Status::IoError(errno, "stripe file " + s + " of " + path + " is missing");
+    else if (static_cast<uint64_t>(ss.st_size) < StripeFileBytes(h))
+      st = Status::FormatError("stripe file " + s + " of " + path + " is truncated");
+  }
+  if (!st.ok()) {
+    close(fd);
+    return st;
+  }
+  std::unique_ptr<BlockStore> store(new BlockStore(path, h));
+  store->meta_fd_ = fd;
+  MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+  MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
+  *out = std::move(store);
+  return Status::Ok();
+}
+
+Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime) {
+  FileDeviceOptions meta;
+  meta.paths = {path_};
+  meta.size = h_.log_offset;
+  meta.alignment = kAlignment;
+  meta.direct_io = runtime.direct_io;
+  meta.engine = runtime.engine;
+  meta.queue_depth = runtime.queue_depth;
+  meta.io_threads = runtime.io_threads;
+  FileDeviceOptions log = meta;
+  log.paths = h_.stripe_paths.empty() ? std::vector<std::string>{path_} : h_.stripe_paths;
+  log.base_offset = h_.stripe_paths.empty() ? h_.log_offset : 0;
+  log.size = h_.LogBytes();
+  log.stripe_unit = h_.SegmentBytes();
+  FileDeviceOpenResult m = OpenFileDevice(meta);
+  if (!m.status.ok()) return m.status;
+  FileDeviceOpenResult l = OpenFileDevice(log);
+  if (!l.status.ok()) return l.status;
+  engine_ = l.engine;
+  direct_io_ = l.direct_io && m.direct_io;
+  warning_ = l.warning.empty() ? m.warning : l.warning;
+  meta_ = std::make_unique<FaultInjectingDevice>(std::move(m.device));
+  log_ = std::make_unique<FaultInjectingDevice>(std::move(l.device));
+  try {
+    seg_log_ = std::make_unique<SegmentLog>(h_, log_.get(), meta_.get());
+    const double bytes = runtime.dram_cache_mb * 1048576.0;
+    const uint64_t rows = std::min<uint64_t>(
+        h_.num_rows, static_cast<uint64_t>(bytes / (h_.row_bytes + kCacheOverheadBytes)));
+    cache_ = std::make_unique<RowCache>(rows, h_.row_bytes);
+  } catch (const std::exception& e) {
+    return Status::IoError(ENOMEM, path_ + ": " + e.what());
+  }
+  read_chunk_blocks_ = runtime.read_chunk_blocks;
+  return Status::Ok();
+}
+
+Status BlockStore::CheckIds(const int64_t* ids, size_t n) const {
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || static_cast<uint64_t>(ids[i]) >= h_.num_rows)
+      return Status::OutOfRange(path_ + ": row id " + std::to_string(ids[i]) + " at position " +
+                                std::to_string(i) + " is outside [0, " +
+                                std::to_string(h_.num_rows) + ")");
+  }
+  return Status::Ok();
+}
+
+Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
+  MTRAINS_RETURN_IF_ERROR(ReadLocked(ids, n, out));
+  return seg_log_->FlushQueue().WithContext(path_);
+}
+
+Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out) {
+  const uint32_t rb = h_.row_bytes;
+  std::vector<std::pair<uint64_t, uint64_t>> misses;  // (row, position)
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t row = static_cast<uint64_t>(ids[i]);
+    const uint8_t* p = cache_->capacity() ? cache_->Lookup(row) : nullptr;
+    if (p != nullptr) {
+      std::memcpy(out + i * rb, p, rb);
+    } else {
+      misses.emplace_back(row, i);
+    }
+  }
+  cache_hits_ += n - misses.size();
+  cache_misses_ += misses.size();
+  rows_read_ += n;
+  if (misses.empty()) return Status::Ok();
+  std::sort(misses.begin(), misses.end());
+  std::vector<std::pair<uint64_t, uint64_t>> disk;  // (slot, row)
+  std::vector<uint8_t*> disk_dest;
+  std::vector<size_t> firsts;  // index in misses of each distinct row
+  for (size_t k = 0; k < misses.size(); ++k) {
+    if (k > 0 && misses[k].first == misses[k - 1].first) continue;
+    firsts.push_back(k);
+    const uint64_t row = misses[k].first;
+    uint8_t* dest = out + misses[k].second * rb;
+    const uint64_t loc = seg_log_->Location(row);
+    if (loc == 0) {
+      LazyInitRow(h_.seed, row, h_.init_lo, h_.init_hi, h_.dim, h_.state_dim, h_.dtype, dest);
+      ++lazy_rows_;
+    } else if (!seg_log_->CopyBufferedRow(loc - 1, row, dest)) {
+      disk.emplace_back(loc - 1, row);
+      disk_dest.push_back(dest);
+    }
+  }
+  MTRAINS_RETURN_IF_ERROR(ReadFromDisk(&disk, disk_dest));
+  for (size_t k = 1, first = 0; k < misses.size(); ++k) {
+    if (misses[k].first != misses[k - 1].first) {
+      first = k;
+      continue;
+    }
+    std::memcpy(out + misses[k].second * rb, out + misses[first].second * rb, rb);
+  }
+  if (cache_->capacity() == 0) return Status::Ok();
+  // Cache what was read. A dirty victim is written back first; if the log cannot take it
+  // (device full), the rows are simply not cached: nothing is lost.
+  const uint64_t max_chunk = seg_log_->MaxReserve();
+  for (size_t start = 0; start < firsts.size(); start += max_chunk) {
+    const size_t end = std::min<size_t>(firsts.size(), start + max_chunk);
+    const uint64_t appends = std::min<uint64_t>(end - start, cache_->dirty_count());
+    if (!seg_log_->Reserve(appends).ok()) break;
+    for (size_t k = start; k < end; ++k) {
+      const auto& m = misses[firsts[k]];
+      MTRAINS_RETURN_IF_ERROR(InsertIntoCache(m.first, out + m.second * rb, false));
+    }
+  }
+  return Status::Ok();
+}
+
+Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* wanted,
+                                const std::vector<uint8_t*>& dest) {
+  if (wanted->empty()) return Status::Ok();
+  const uint32_t B = h_.block_size, bps = seg_log_->BlocksPerSlot();
+  std::vector<size_t> order(wanted->size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return (*wanted)[a].first < (*wanted)[b].first; });
+  const size_t chunk_blocks = std::max<size_t>(1, read_chunk_blocks_ / bps);
+  AlignedBuffer buf(std::min(chunk_blocks, order.size()) * bps * B, kAlignment);
+  std::vector<IoOp> ops;
+  std::vector<size_t> op_of;  // op index of each wanted entry in the chunk
+  size_t i = 0;
+  while (i < order.size()) {
+    ops.clear();
+    op_of.clear();
+    const size_t chunk_begin = i;
+    uint64_t last_block = ~0ull;
+    for (; i < order.size(); ++i) {
+      const uint64_t block = seg_log_->BlockOfSlot((*wanted)[order[i]].first);
+      if (block != last_block) {
+        if (ops.size() == chunk_blocks) break;
+        ops.push_back({block * B, buf.data() + ops.size() * bps * B, bps * B});
+        last_block = block;
+      }
+      op_of.push_back(ops.size() - 1);
+    }
+    Status st = log_->Read(ops.data(), ops.size());
+    if (!st.ok()) return st.WithContext(path_);
+    for (size_t o = 0; o < ops.size(); ++o) {
+      const uint64_t block = ops[o].offset / B;
+      for (uint32_t k = 0; k < bps; ++k) {
+        st = VerifyLogBlock(static_cast<uint8_t*>(ops[o].buf) + uint64_t(k) * B, B, h_.table_uuid,
+                            block + k);
+        if (!st.ok()) return st.WithContext(path_);
+      }
+    }
+    for (size_t j = chunk_begin; j < i; ++j) {
+      const auto& [slot, row] = (*wanted)[order[j]];
+      const IoOp& op = ops[op_of[j - chunk_begin]];
+      st = seg_log_->ExtractRow(static_cast<uint8_t*>(op.buf), slot, row, dest[order[j]]);
+      if (!st.ok()) return st.WithContext(path_);
+    }
+    disk_rows_ += i - chunk_begin;
+  }
+  return Status::Ok();
+}
+
+Status BlockStore::InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty) {
+  RowCache::Reservation r = cache_->Insert(row);
+  if (r.evicted && r.victim_dirty) seg_log_->Append(r.victim_row, r.data);
+  std::memcpy(r.data, data, h_.row_bytes);
+  if (dirty) cache_->MarkDirty(row);
+  return Status::Ok();
+}
+
+Status BlockStore::Write(const int64_t* ids, size_t n, const uint8_t* rows) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
+  MTRAINS_RETURN_IF_ERROR(WriteLocked(ids, n, rows));
+  return seg_log_->FlushQueue().WithContext(path_);
+}
+
+Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows) {
+  const uint32_t rb = h_.row_bytes;
+  const uint64_t max_chunk = seg_log_->MaxReserve();
+  for (size_t start = 0; start < n; start += max_chunk) {
+    const size_t end = std::min<size_t>(n, start + max_chunk);
+    // Each row appends at most once: directly, or by evicting a dirty row (possibly one
+    // dirtied earlier in this chunk).
+    Status st = seg_log_->Reserve(end - start);
+    if (!st.ok()) return st.WithContext(path_);
+    for (size_t i = start; i < end; ++i) {
+      const uint64_t row = static_cast<uint64_t>(ids[i]);
+      const uint8_t* src = rows + i * rb;
+      if (cache_->capacity() == 0) {
+        seg_log_->Append(row, src);
+        continue;
+      }
+      uint8_t* p = cache_->Lookup(row);
+      if (p != nullptr) {
+        std::memcpy(p, src, rb);
+        cache_->MarkDirty(row);
+      } else {
+        MTRAINS_RETURN_IF_ERROR(InsertIntoCache(row, src, true));
+      }
+    }
+    rows_written_ += end - start;
+  }
+  return Status::Ok();
+}
+
+Status BlockStore::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Status::Closed(path_ + " is closed");
+  return FlushLocked();
+}
+
+Status BlockStore::FlushLocked() {
+  const uint64_t max_chunk = seg_log_->MaxReserve();
+  while (cache_->dirty_count() > 0) {
+    const uint64_t k = std::min<uint64_t>(cache_->dirty_count(), max_chunk);
+    Status st = seg_log_->Reserve(k);
+    if (!st.ok()) return st.WithContext(path_);
+    cache_->DrainDirty(k, [&](uint64_t row, const uint8_t* data) { seg_log_->Append(row, data); });
+  }
+  return seg_log_->Commit().WithContext(path_);
+}
+
+Status BlockStore::Snapshot(const std::string& dst) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Status::Closed(path_ + " is closed");
+  if (dst.empty() || dst == path_)
+    return Status::InvalidArgument("snapshot destination '" + dst + "' must differ from " + path_);
+  MTRAINS_RETURN_IF_ERROR(FlushLocked());
+  // Copy under temporary names, then rename: a crash never leaves a half snapshot at dst.
+  TableHeader snap = h_;
+  std::vector<std::pair<std::string, std::string>> copies;  // (src, final dst)
+  for (size_t i = 0; i < h_.stripe_paths.size(); ++i) {
+    snap.stripe_paths[i] = dst + ".stripe" + std::to_string(i);
+    copies.emplace_back(h_.stripe_paths[i], snap.stripe_paths[i]);
+  }
+  copies.emplace_back(path_, dst);  // the main file last: it names the stripes
+  for (const auto& [src, final_dst] : copies) {
+    const std::string tmp = final_dst + ".tmp";
+    Status st = CopyFileSparse(src, tmp);
+    if (st.ok() && final_dst == dst && !h_.stripe_paths.empty()) {
+      AlignedBuffer header(h_.block_size, kAlignment);
+      EncodeHeader(snap, header.data());
+      const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || pwrite(fd, header.data(), h_.block_size, 0) != static_cast<ssize_t>(h_.block_size) || fsync(fd) != 0)
+        st = Errno(errno, "cannot write the header of " + tmp);
+      if (fd >= 0) close(fd);
+    }
+    if (st.ok() && rename(tmp.c_str(), final_dst.c_str()) != 0)
+      st = Errno(errno, "cannot rename " + tmp + " to " + final_dst);
+    if (!st.ok()) {
+      unlink(tmp.c_str());
+      return st;
+    }
+  }
+  return SyncParentDir(dst);
+}
+
+Status BlockStore::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Status::Ok();
+  if (seg_log_) MTRAINS_RETURN_IF_ERROR(FlushLocked());
+  seg_log_.reset();
+  cache_.reset();
+  log_.reset();
+  meta_.reset();
+  if (meta_fd_ >= 0) close(meta_fd_);
+  meta_fd_ = -1;
+  closed_ = true;
+  return Status::Ok();
+}
+
+void BlockStore::ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno,
+                          bool on_map) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  (on_map ? meta_ : log_)->Arm(kind, after, count, sys_errno);
+}
+
+std::vector<std::pair<std::string, double>> BlockStore::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, double>> s;
+  auto add = [&](const char* k, double v) { s.emplace_back(k, v); };
+  add("rows_read", rows_read_);
+  add("rows_written", rows_written_);
+  add("cache_hits", cache_hits_);
+  add("cache_misses", cache_misses_);
+  add("lazy_init_rows", lazy_rows_);
+  add("disk_rows_read", disk_rows_);
+  if (closed_) return s;
+  const DeviceCounters lc = log_->counters(), mc = meta_->counters();
+  const SegmentLogCounters& sl = seg_log_->counters();
+  add("buffer_rows_read", sl.buffer_reads);
+  add("cache_capacity_rows", cache_->capacity());
+  add("cache_rows", cache_->size());
+  add("cache_dirty_rows", cache_->dirty_count());
+  add("device_reads", lc.reads + mc.reads);
+  add("device_writes", lc.writes + mc.writes);
+  add("device_syncs", lc.syncs + mc.syncs);
+  add("device_bytes_read", lc.bytes_read + mc.bytes_read);
+  add("device_bytes_written", lc.bytes_written + mc.bytes_written);
+  add("log_bytes_written", lc.bytes_written);
+  add("map_bytes_written", mc.bytes_written);
+  const Device& raw = log_->inner();
+  add("read_latency_p50_us", raw.read_latency().Percentile(0.50) / 1000.0);
+  add("read_latency_p99_us", raw.read_latency().Percentile(0.99) / 1000.0);
+  add("read_latency_p999_us", raw.read_latency().Percentile(0.999) / 1000.0);
+  add("write_latency_p50_us", raw.write_latency().Percentile(0.50) / 1000.0);
+  add("write_latency_p99_us", raw.write_latency().Percentile(0.99) / 1000.0);
+  add("rows_appended", sl.rows_appended);
+  add("gc_rows_moved", sl.gc_rows_moved);
+  add("gc_segments_freed", sl.gc_segments_freed);
+  add("commits", sl.commits);
+  add("live_rows", seg_log_->live_rows());
+  add("free_segments", seg_log_->free_segments());
+  add("log_segments", h_.num_segments);
+  const double user_bytes = double(sl.rows_appended) * h_.row_bytes;
+  add("write_amplification",
+      user_bytes > 0 ? double(lc.bytes_written + mc.bytes_written) / user_bytes : 0.0);
+  return s;
+}
+
+}  // namespace mtrains

@@ -1,0 +1,117 @@
+// BlockStore: embedding rows (weights + optimizer state) on a block device.
+//
+// Dense row ids in [0, num_rows) need no index: a row's latest version is found through a
+// direct-mapped location map into a log of fixed-size, crc32c-checked blocks (see
+// segment_log.h and block_format.h). A write-back DRAM row cache sits in front. Rows never
+// written read as deterministic uniform(init_range) weights and zero state (lazy_init.h),
+// so creating a 1 TB table writes one header block.
+//
+// Thread-safety: every public method may be called from any thread; calls are serialised
+// by one mutex (each call is a batch whose device I/O runs at full queue depth).
+// Errors: configuration problems throw std::invalid_argument from Create/Open's option
+// checks; everything else returns a Status naming the file and the offending value.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "storage/block_format.h"
+#include "storage/device.h"
+#include "storage/file_device.h"
+#include "storage/row_cache.h"
+#include "storage/segment_log.h"
+
+namespace mtrains {
+
+// How a store runs (not persisted): cache and I/O settings.
+struct StoreRuntimeOptions {
+  double dram_cache_mb = 64.0;  // MiB of row cache; 0 disables it
+  bool direct_io = true;
+  IoEngineKind engine = IoEngineKind::kAuto;
+  uint32_t queue_depth = 64;
+  uint32_t io_threads = 8;
+  uint32_t read_chunk_blocks = 8192;  // blocks per batched device read
+};
+
+// What a new table looks like (persisted in its header).
+struct TableOptions {
+  uint64_t num_rows = 0;
+  uint32_t dim = 0, state_dim = 1;
+  DType dtype = DType::kFloat32;
+  uint32_t block_size = 4096;
+  uint64_t seed = 0;
+  double init_lo = -0.01, init_hi = 0.01;
+  uint32_t segment_blocks = 256;
+  double overprovision = 0.5;  // log space beyond what all rows need, as a fraction
+  std::vector<std::string> stripe_paths;  // spread the log over these files (several SSDs)
+};
+
+class BlockStore {
+ public:
+  // Creates a new table file at `path` (and its stripe files). Fails with EEXIST when a
+  // file is there unless `overwrite`.
+  static Status Create(const std::string& path, const TableOptions& table,
+                       const StoreRuntimeOptions& runtime, bool overwrite,
+                       std::unique_ptr<BlockStore>* out);
+  // Opens an existing table, validating its header, file sizes and location map.
+  static Status Open(const std::string& path, const StoreRuntimeOptions& runtime,
+                     std::unique_ptr<BlockStore>* out);
+  // Flushes (best effort: errors go to stderr; call Close to see them).
+  ~BlockStore();
+
+  // Copies rows `ids[0..n)` into `out` (n * row_bytes). Ids are checked first: an id
+  // outside [0, num_rows) returns OutOfRange and nothing is read or changed.
+  Status Read(const int64_t* ids, size_t n, uint8_t* out);
+  // Stores rows (n * row_bytes at `rows`); for a repeated id the last one wins. On a
+  // device error the rows already accepted stay in memory and are written by a later
+  // Flush: nothing accepted is lost.
+  Status Write(const int64_t* ids, size_t n, const uint8_t* rows);
+  // Writes every dirty row and the location map, then fsyncs.
+  Status Flush();
+  // Flushes, then writes a point-in-time copy of the table to `dst` (stripes beside it).
+  Status Snapshot(const std::string& dst);
+  // Flushes and releases the files; further calls return Closed.
+  Status Close();
+
+  // Counters and latency percentiles (name, value).
+  std::vector<std::pair<std::string, double>> Stats();
+  // Scripts a device fault (tests): on the log device, or the map device when `on_map`.
+  void ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno, bool on_map);
+
+  const TableHeader& header() const { return h_; }
+  const std::string& path() const { return path_; }
+  const std::string& engine() const { return engine_; }
+  bool direct_io() const { return direct_io_; }
+  const std::string& warning() const { return warning_; }
+
+ private:
+  BlockStore(std::string path, TableHeader h);
+  Status OpenDevices(const StoreRuntimeOptions& runtime);
+  Status CheckIds(const int64_t* ids, size_t n) const;
+  Status ReadLocked(const int64_t* ids, size_t n, uint8_t* out);
+  Status ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* wanted,
+                      const std::vector<uint8_t*>& dest);
+  Status WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows);
+  Status FlushLocked();
+  Status InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty);
+
+  const std::string path_;
+  const TableHeader h_;
+  std::mutex mu_;
+  bool closed_ = false;                   // GUARDED_BY(mu_), and all below
+  int meta_fd_ = -1;                      // plain descriptor for SEEK_DATA and snapshots
+  std::unique_ptr<FaultInjectingDevice> meta_, log_;
+  std::unique_ptr<SegmentLog> seg_log_;
+  std::unique_ptr<RowCache> cache_;
+  uint32_t read_chunk_blocks_ = 8192;
+  std::string engine_, warning_;
+  bool direct_io_ = false;
+  uint64_t rows_read_ = 0, rows_written_ = 0, cache_hits_ = 0, cache_misses_ = 0;
+  uint64_t lazy_rows_ = 0, disk_rows_ = 0;
+};
+
+}  // namespace mtrains

@@ -1,0 +1,127 @@
+// Device: the block device under a BlockStore (after CacheLib Navy's Device).
+//
+// The public Read/Write check alignment and bounds and count bytes, operations and
+// per-operation latency; subclasses implement only the raw I/O. Implementations:
+//   FileDevice (file_device.h)   direct-I/O files, io_uring or a pread/pwrite thread pool
+//   MemoryDevice (below)         a heap buffer, for tests and sanitizer runs
+//   FaultInjectingDevice (below) wraps another device and fails or corrupts scripted ops
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/latency_histogram.h"
+#include "common/status.h"
+
+namespace mtrains {
+
+// One contiguous transfer. `offset`, `len` and `buf` must be multiples of the device's
+// alignment. Ownership of `buf` stays with the caller for the duration of the call.
+struct IoOp {
+  uint64_t offset = 0;
+  void* buf = nullptr;
+  uint32_t len = 0;
+};
+
+struct DeviceCounters {
+  uint64_t reads = 0, writes = 0, syncs = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;
+};
+
+class Device {
+ public:
+  Device(uint64_t size, uint32_t alignment);
+  virtual ~Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // Reads all `ops` (they may run concurrently and complete in any order). On failure
+  // returns the first error; the contents of all buffers are then unspecified.
+  // Thread-safe: concurrent calls are allowed.
+  Status Read(IoOp* ops, size_t n);
+  // Writes all `ops`; same contract as Read. A failed write may have partially written.
+  Status Write(const IoOp* ops, size_t n);
+  // Makes completed writes durable (fdatasync).
+  Status Sync();
+
+  uint64_t size() const { return size_; }
+  uint32_t alignment() const { return alignment_; }
+  // A short human-readable description ("io_uring qd=64 on /path", ...).
+  virtual std::string Describe() const = 0;
+
+  DeviceCounters counters() const;
+  const LatencyHistogram& read_latency() const { return read_latency_; }
+  const LatencyHistogram& write_latency() const { return write_latency_; }
+
+ protected:
+  // Raw I/O, called after validation. Implementations call RecordLatency per operation.
+  virtual Status ReadImpl(IoOp* ops, size_t n) = 0;
+  virtual Status WriteImpl(const IoOp* ops, size_t n) = 0;
+  virtual Status SyncImpl() = 0;
+  void RecordReadLatency(uint64_t nanos) { read_latency_.Record(nanos); }
+  void RecordWriteLatency(uint64_t nanos) { write_latency_.Record(nanos); }
+
+ private:
+  Status Validate(const IoOp* ops, size_t n, const char* what) const;
+
+  const uint64_t size_;
+  const uint32_t alignment_;
+  std::atomic<uint64_t> reads_{0}, writes_{0}, syncs_{0}, bytes_read_{0}, bytes_written_{0};
+  LatencyHistogram read_latency_, write_latency_;
+};
+
+// A device backed by a heap buffer that reads as zeros until written. Thread-safe.
+class MemoryDevice final : public Device {
+ public:
+  MemoryDevice(uint64_t size, uint32_t alignment);
+  std::string Describe() const override { return "memory"; }
+
+ protected:
+  Status ReadImpl(IoOp* ops, size_t n) override;
+  Status WriteImpl(const IoOp* ops, size_t n) override;
+  Status SyncImpl() override { return Status::Ok(); }
+
+ private:
+  std::mutex mu_;
+  std::vector<uint8_t> data_;  // GUARDED_BY(mu_)
+};
+
+// Kinds of scripted faults.
+enum class FaultKind { kReadError, kWriteError, kSyncError, kCorruptRead };
+
+// Wraps a device; after `after` successful operations of the fault's kind, the next
+// `count` such operations fail with `sys_errno` (or, for kCorruptRead, succeed with one
+// byte flipped in the first op's buffer). With no fault armed it only forwards.
+// Thread-safe.
+class FaultInjectingDevice final : public Device {
+ public:
+  explicit FaultInjectingDevice(std::unique_ptr<Device> inner);
+  void Arm(FaultKind kind, uint64_t after, uint64_t count, int sys_errno);
+  void Disarm();
+  std::string Describe() const override { return inner_->Describe(); }
+  // The wrapped device (its latency histograms hold the real per-op latencies).
+  const Device& inner() const { return *inner_; }
+
+ protected:
+  Status ReadImpl(IoOp* ops, size_t n) override;
+  Status WriteImpl(const IoOp* ops, size_t n) override;
+  Status SyncImpl() override;
+
+ private:
+  // Returns true when the current operation of `kind` must fail (and consumes one fault).
+  bool Trip(FaultKind kind);
+
+  std::unique_ptr<Device> inner_;
+  std::mutex mu_;
+  bool armed_ = false;  // GUARDED_BY(mu_), and the four below
+  FaultKind kind_ = FaultKind::kReadError;
+  uint64_t skip_ = 0, remaining_ = 0;
+  int errno_ = EIO;
+};
+
+}  // namespace mtrains

@@ -1,0 +1,369 @@
+#include "storage/file_device.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+
+namespace mtrains {
+namespace {
+
+std::string ErrnoText(int err) { return std::string(std::strerror(err)); }
+
+// The files behind a device and the logical -> (file, offset) mapping.
+class FileSet {
+ public:
+  struct Part {
+    int fd;
+    uint64_t file_offset;
+    uint8_t* buf;
+    uint32_t len;
+    size_t op_index;  // index of the IoOp this part belongs to
+  };
+
+  FileSet(std::vector<int> fds, std::vector<std::string> paths, uint64_t base,
+          uint64_t stripe_unit)
+      : fds_(std::move(fds)), paths_(std::move(paths)), base_(base), unit_(stripe_unit) {}
+  ~FileSet() {
+    for (int fd : fds_) close(fd);
+  }
+
+  // Splits ops at stripe boundaries and maps each piece to its file.
+  void Map(const IoOp* ops, size_t n, std::vector<Part>* parts) const {
+    parts->clear();
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t off = ops[i].offset;
+      uint8_t* buf = static_cast<uint8_t*>(ops[i].buf);
+      uint64_t left = ops[i].len;
+      while (left > 0) {
+        if (fds_.size() == 1) {
+          parts->push_back({fds_[0], base_ + off, buf, static_cast<uint32_t>(left), i});
+          break;
+        }
+        const uint64_t stripe = off / unit_;
+        const uint64_t within = off % unit_;
+        const uint64_t len = std::min<uint64_t>(left, unit_ - within);
+        const size_t file = stripe % fds_.size();
+        const uint64_t file_off = base_ + (stripe / fds_.size()) * unit_ + within;
+        parts->push_back({fds_[file], file_off, buf, static_cast<uint32_t>(len), i});
+        off += len;
+        buf += len;
+        left -= len;
+      }
+    }
+  }
+
+  Status SyncAll() const {
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      if (fdatasync(fds_[i]) != 0) {
+        const int err = errno;
+        return Status::IoError(err, "fdatasync of " + paths_[i] + " failed: " + ErrnoText(err));
+      }
+    }
+    return Status::Ok();
+  }
+
+  const std::string& PathOfFd(int fd) const {
+    for (size_t i = 0; i < fds_.size(); ++i)
+      if (fds_[i] == fd) return paths_[i];
+    return paths_[0];
+  }
+  std::string JoinedPaths() const {
+    std::string s;
+    for (const auto& p : paths_) s += (s.empty() ? "" : ",") + p;
+    return s;
+  }
+
+ private:
+  std::vector<int> fds_;
+  std::vector<std::string> paths_;
+  uint64_t base_, unit_;
+};
+
+Status PartError(const FileSet& files, const FileSet::Part& p, bool write, int err) {
+  return Status::IoError(err, std::string(write ? "write" : "read") + " of " +
+                                  std::to_string(p.len) + " bytes at offset " +
+                                  std::to_string(p.file_offset) + " of " +
+                                  files.PathOfFd(p.fd) + " failed: " + ErrnoText(err));
+}
+
+// io_uring engine: keeps up to queue_depth parts in flight per call.
+class UringFileDevice final : public Device {
+ public:
+  UringFileDevice(const FileDeviceOptions& o, std::unique_ptr<FileSet> files, io_uring ring)
+      : Device(o.size, o.alignment), files_(std::move(files)), ring_(ring),
+        depth_(o.queue_depth) {}
+  ~UringFileDevice() override { io_uring_queue_exit(&ring_); }
+  std::string Describe() const override {
+    return "io_uring qd=" + std::to_string(depth_) + " on " + files_->JoinedPaths();
+  }
+
+ protected:
+  Status ReadImpl(IoOp* ops, size_t n) override { return Run(ops, n, false); }
+  Status WriteImpl(const IoOp* ops, size_t n) override { return Run(ops, n, true); }
+  Status SyncImpl() override { return files_->SyncAll(); }
+
+ private:
+  Status Run(const IoOp* ops, size_t n, bool write) {
+    std::lock_guard<std::mutex> lock(mu_);  // one ring: one batch at a time
+    std::vector<FileSet::Part> parts;
+    files_->Map(ops, n, &parts);
+    std::vector<uint32_t> progress(parts.size(), 0);
+    std::vector<uint64_t> started(parts.size(), 0);
+    std::deque<size_t> queue;
+    for (size_t i = 0; i < parts.size(); ++i) queue.push_back(i);
+    size_t inflight = 0;
+    Status first_error;
+    while (!queue.empty() || inflight > 0) {
+      while (first_error.ok() && !queue.empty() && inflight < depth_) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (sqe == nullptr) break;
+        const size_t i = queue.front();
+        queue.pop_front();
+        const FileSet::Part& p = parts[i];
+        const uint32_t done = progress[i];
+        if (write) {
+          io_uring_prep_write(sqe, p.fd, p.buf + done, p.len - done, p.file_offset + done);
+        } else {
+          io_uring_prep_read(sqe, p.fd, p.buf + done, p.len - done, p.file_offset + done);
+        }
+        io_uring_sqe_set_data64(sqe, i);
+        if (started[i] == 0) started[i] = NowNanos();
+        ++inflight;
+      }
+      if (inflight == 0) break;  // an error stopped new submissions and all have drained
+      int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+        // The ring itself failed; nothing more can be reaped safely through it.
+        return Status::IoError(-rc, "io_uring_submit failed: " + ErrnoText(-rc));
+      }
+      io_uring_cqe* cqe;
+      unsigned head, seen = 0;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++seen;
+        --inflight;
+        const size_t i = io_uring_cqe_get_data64(cqe);
+        const int res = cqe->res;
+        const FileSet::Part& p = parts[i];
+        if (res == -EINTR || res == -EAGAIN) {
+          queue.push_back(i);
+        } else if (res < 0) {
+          if (first_error.ok()) first_error = PartError(*files_, p, write, -res);
+        } else if (res == 0 && !write) {
+          std::memset(p.buf + progress[i], 0, p.len - progress[i]);  // past end of file
+          Finish(write, started[i]);
+        } else if (res == 0) {
+          if (first_error.ok()) first_error = PartError(*files_, p, write, EIO);
+        } else {
+          progress[i] += static_cast<uint32_t>(res);
+          if (progress[i] < p.len) {
+            queue.push_back(i);
+          } else {
+            Finish(write, started[i]);
+          }
+        }
+      }
+      io_uring_cq_advance(&ring_, seen);
+      if (!first_error.ok()) queue.clear();
+    }
+    return first_error;
+  }
+
+  void Finish(bool write, uint64_t started) {
+    const uint64_t dt = NowNanos() - started;
+    write ? RecordWriteLatency(dt) : RecordReadLatency(dt);
+  }
+
+  std::unique_ptr<FileSet> files_;
+  std::mutex mu_;
+  io_uring ring_;  // GUARDED_BY(mu_)
+  const uint32_t depth_;
+};
+
+// A fixed pool of threads that runs index ranges of one job at a time.
+class ThreadPool {
+ public:
+  explicit ThreadPool(uint32_t n) {
+    for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { Loop(); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  // Calls fn(i) for i in [0, n) on the pool and the caller; returns when all are done.
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
+    std::lock_guard<std::mutex> job_lock(job_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = &fn;
+      n_ = n;
+      next_.store(0);
+      active_ = static_cast<uint32_t>(workers_.size());
+      ++generation_;
+    }
+    cv_.notify_all();
+    Work();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return active_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  void Work() {
+    for (size_t i = next_.fetch_add(1); i < n_; i = next_.fetch_add(1)) (*fn_)(i);
+  }
+  void Loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      Work();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_ == 0) done_cv_.notify_all();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex job_mu_;  // one ParallelFor at a time
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(size_t)>* fn_ = nullptr;
+  size_t n_ = 0;
+  std::atomic<size_t> next_{0};
+  uint32_t active_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+// pread/pwrite engine on a thread pool.
+class ThreadPoolFileDevice final : public Device {
+ public:
+  ThreadPoolFileDevice(const FileDeviceOptions& o, std::unique_ptr<FileSet> files)
+      : Device(o.size, o.alignment), files_(std::move(files)), pool_(o.io_threads - 1),
+        threads_(o.io_threads) {}
+  std::string Describe() const override {
+    return "threads n=" + std::to_string(threads_) + " on " + files_->JoinedPaths();
+  }
+
+ protected:
+  Status ReadImpl(IoOp* ops, size_t n) override { return Run(ops, n, false); }
+  Status WriteImpl(const IoOp* ops, size_t n) override { return Run(ops, n, true); }
+  Status SyncImpl() override { return files_->SyncAll(); }
+
+ private:
+  Status Run(const IoOp* ops, size_t n, bool write) {
+    std::vector<FileSet::Part> parts;
+    files_->Map(ops, n, &parts);
+    std::mutex err_mu;
+    Status first_error;
+    pool_.ParallelFor(parts.size(), [&](size_t i) {
+      const FileSet::Part& p = parts[i];
+      const uint64_t t0 = NowNanos();
+      uint32_t done = 0;
+      while (done < p.len) {
+        const ssize_t r = write ? pwrite(p.fd, p.buf + done, p.len - done, p.file_offset + done)
+                                : pread(p.fd, p.buf + done, p.len - done, p.file_offset + done);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0 || (r == 0 && write)) {
+          const int err = r < 0 ? errno : EIO;
+          std::lock_guard<std::mutex> lock(err_mu);
+          if (first_error.ok()) first_error = PartError(*files_, p, write, err);
+          return;
+        }
+        if (r == 0) {  // past end of file reads as zeros
+          std::memset(p.buf + done, 0, p.len - done);
+          break;
+        }
+        done += static_cast<uint32_t>(r);
+      }
+      write ? RecordWriteLatency(NowNanos() - t0) : RecordReadLatency(NowNanos() - t0);
+    });
+    return first_error;
+  }
+
+  std::unique_ptr<FileSet> files_;
+  ThreadPool pool_;
+  const uint32_t threads_;
+};
+
+}  // namespace
+
+FileDeviceOpenResult OpenFileDevice(const FileDeviceOptions& o) {
+  FileDeviceOpenResult result;
+  if (o.paths.empty()) {
+    result.status = Status::InvalidArgument("no file paths given");
+    return result;
+  }
+  if (o.paths.size() > 1 && (o.stripe_unit == 0 || o.stripe_unit % o.alignment != 0)) {
+    result.status = Status::InvalidArgument("stripe_unit " + std::to_string(o.stripe_unit) +
+                                            " must be a positive multiple of the alignment");
+    return result;
+  }
+  if (o.queue_depth == 0 || o.io_threads == 0) {
+    result.status = Status::InvalidArgument("queue_depth and io_threads must be positive");
+    return result;
+  }
+  bool direct = o.direct_io;
+  std::vector<int> fds;
+  for (const auto& path : o.paths) {
+    const int base_flags = (o.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
+    int fd = open(path.c_str(), base_flags | (direct ? O_DIRECT : 0));
+    if (fd < 0 && direct && errno == EINVAL) {
+      direct = false;  // filesystem without O_DIRECT (e.g. some tmpfs): buffered I/O
+      result.warning = "O_DIRECT is not supported on the filesystem of " + path +
+                       "; falling back to buffered I/O (the page cache will hold table data)";
+      fd = open(path.c_str(), base_flags);
+    }
+    if (fd < 0) {
+      const int err = errno;
+      for (int f : fds) close(f);
+      result.status = Status::IoError(err, "cannot open " + path + ": " + ErrnoText(err));
+      return result;
+    }
+    fds.push_back(fd);
+  }
+  if (!direct && o.direct_io) {
+    // Mixed modes across stripes would be confusing: make them all buffered.
+    for (size_t i = 0; i < fds.size(); ++i) {
+      const int flags = fcntl(fds[i], F_GETFL);
+      if (flags >= 0 && (flags & O_DIRECT)) fcntl(fds[i], F_SETFL, flags & ~O_DIRECT);
+    }
+  }
+  auto files = std::make_unique<FileSet>(std::move(fds), o.paths, o.base_offset, o.stripe_unit);
+  result.direct_io = direct;
+  if (o.engine != IoEngineKind::kThreads) {
+    io_uring ring;
+    const int rc = io_uring_queue_init(std::max<uint32_t>(o.queue_depth, 8), &ring, 0);
+    if (rc == 0) {
+      result.device = std::make_unique<UringFileDevice>(o, std::move(files), ring);
+      result.engine = "io_uring";
+      return result;
+    }
+    if (o.engine == IoEngineKind::kUring) {
+      result.status = Status::IoError(-rc, "io_uring is unavailable: " + ErrnoText(-rc));
+      return result;
+    }
+    result.warning += (result.warning.empty() ? "" : "; ") +
+                      std::string("io_uring is unavailable (") + ErrnoText(-rc) +
+                      "); using the pread/pwrite thread pool";
+  }
+  result.device = std::make_unique<ThreadPoolFileDevice>(o, std::move(files));
+  result.engine = "threads";
+  return result;
+}
+
+}  // namespace mtrains

@@ -1,0 +1,96 @@
+#include "storage/row_cache.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace mtrains {
+
+RowCache::RowCache(uint64_t capacity, uint32_t row_bytes)
+    : capacity_(capacity), row_bytes_(row_bytes) {
+  if (capacity > (1ull << 31))
+    throw std::invalid_argument("DRAM cache of " + std::to_string(capacity) +
+                                " rows exceeds the 2^31-row limit");
+  data_.resize(capacity * row_bytes);
+  slot_row_.assign(capacity, kEmpty);
+  ref_.assign(capacity, 0);
+  dirty_.assign(capacity, 0);
+  uint64_t table = 16;
+  while (table < capacity * 2) table <<= 1;
+  mask_ = table - 1;
+  table_keys_.assign(capacity ? table : 0, kEmpty);
+  table_slots_.assign(capacity ? table : 0, 0);
+}
+
+uint64_t RowCache::FindIndex(uint64_t row) const {
+  if (capacity_ == 0) return kNone;
+  for (uint64_t i = Hash(row) & mask_;; i = (i + 1) & mask_) {
+    if (table_keys_[i] == row) return i;
+    if (table_keys_[i] == kEmpty) return kNone;
+  }
+}
+
+uint8_t* RowCache::Lookup(uint64_t row) {
+  const uint64_t idx = FindIndex(row);
+  if (idx == kNone) return nullptr;
+  const uint32_t slot = table_slots_[idx];
+  ref_[slot] = 1;
+  return data_.data() + uint64_t(slot) * row_bytes_;
+}
+
+void RowCache::EraseIndex(uint64_t idx) {
+  // Backward-shift deletion keeps probe sequences intact without tombstones.
+  uint64_t hole = idx;
+  for (uint64_t i = (hole + 1) & mask_; table_keys_[i] != kEmpty; i = (i + 1) & mask_) {
+    const uint64_t home = Hash(table_keys_[i]) & mask_;
+    // Move entry i into the hole if its home is not in the cyclic range (hole, i].
+    const bool in_range = hole <= i ? (home > hole && home <= i) : (home > hole || home <= i);
+    if (!in_range) {
+      table_keys_[hole] = table_keys_[i];
+      table_slots_[hole] = table_slots_[i];
+      hole = i;
+    }
+  }
+  table_keys_[hole] = kEmpty;
+}
+
+RowCache::Reservation RowCache::Insert(uint64_t row) {
+  Reservation r;
+  uint64_t slot;
+  if (size_ < capacity_) {
+    slot = size_++;
+  } else {
+    // CLOCK: skip recently used slots, clearing their bit.
+    while (ref_[hand_]) {
+      ref_[hand_] = 0;
+      hand_ = (hand_ + 1) % capacity_;
+    }
+    slot = hand_;
+    hand_ = (hand_ + 1) % capacity_;
+    r.evicted = true;
+    r.victim_row = slot_row_[slot];
+    r.victim_dirty = dirty_[slot] != 0;
+    if (r.victim_dirty) --dirty_count_;
+    dirty_[slot] = 0;
+    EraseIndex(FindIndex(r.victim_row));
+  }
+  slot_row_[slot] = row;
+  ref_[slot] = 1;
+  uint64_t i = Hash(row) & mask_;
+  while (table_keys_[i] != kEmpty) i = (i + 1) & mask_;
+  table_keys_[i] = row;
+  table_slots_[i] = static_cast<uint32_t>(slot);
+  r.data = data_.data() + slot * row_bytes_;
+  return r;
+}
+
+void RowCache::MarkDirty(uint64_t row) {
+  const uint64_t idx = FindIndex(row);
+  if (idx == kNone) return;
+  const uint32_t slot = table_slots_[idx];
+  if (!dirty_[slot]) {
+    dirty_[slot] = 1;
+    ++dirty_count_;
+  }
+}
+
+}  // namespace mtrains

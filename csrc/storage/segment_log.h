@@ -1,0 +1,122 @@
+// SegmentLog: the log-structured row layout under a BlockStore.
+//
+// Rows are appended to an in-memory head segment; full segments are written with large
+// sequential I/O. A location map (one u64 per row, held in memory and persisted in the main
+// file) says which log slot holds each row's latest version. Superseded slots are dead;
+// a greedy garbage collector rewrites the live rows of the emptiest segments and frees
+// them. Crash safety: a freed segment is reused only after a Commit has made a map that no
+// longer references it durable, and Commit makes log data durable before the map pages
+// that point to it. So the persisted map always names durable, intact slots.
+//
+// Not thread-safe: the owning BlockStore serialises all calls.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "common/aligned_buffer.h"
+#include "common/status.h"
+#include "storage/block_format.h"
+#include "storage/device.h"
+
+namespace mtrains {
+
+struct SegmentLogCounters {
+  uint64_t rows_appended = 0;   // appends from the store (user writes, evictions, flushes)
+  uint64_t gc_rows_moved = 0;   // appends by the garbage collector
+  uint64_t gc_segments_freed = 0;
+  uint64_t commits = 0;
+  uint64_t buffer_reads = 0;    // rows served from segments not yet on disk
+};
+
+class SegmentLog {
+ public:
+  // `log` holds the segments (offset 0 = segment 0); `meta` is the main file, whose map
+  // region starts at header.map_offset. Both must outlive the log.
+  SegmentLog(const TableHeader& header, Device* log, Device* meta);
+  ~SegmentLog();
+  SegmentLog(const SegmentLog&) = delete;
+  SegmentLog& operator=(const SegmentLog&) = delete;
+
+  // Reads and verifies the persisted map (skipping holes of the sparse file through
+  // `meta_fd`, a plain descriptor of the main file) and rebuilds segment liveness.
+  Status LoadMap(int meta_fd);
+
+  // Slot of the row's latest version + 1, or 0 when the row was never written.
+  uint64_t Location(uint64_t row) const { return map_[row]; }
+
+  // Makes the next `appends` calls of Append infallible, collecting garbage and committing
+  // as needed. `appends` must not exceed MaxReserve().
+  Status Reserve(uint64_t appends);
+  uint64_t MaxReserve() const;
+  // Appends a row version and points the map at it. Precondition: covered by Reserve.
+  void Append(uint64_t row, const uint8_t* data);
+
+  // Writes full segments waiting in memory (sequential, batched).
+  Status FlushQueue();
+  // Persists everything appended so far and the map: after it returns ok, a reopen sees
+  // every row as of this call.
+  Status Commit();
+
+  // The first block of `slot`, and the slot's index inside its block (packed rows).
+  uint64_t BlockOfSlot(uint64_t slot) const;
+  uint32_t IndexInBlock(uint64_t slot) const;
+  // Blocks per slot read (1, or blocks_per_row for rows wider than a block).
+  uint32_t BlocksPerSlot() const { return h_.blocks_per_row; }
+  // Copies the row at `slot` out of a segment still in memory; false if it is on disk only.
+  bool CopyBufferedRow(uint64_t slot, uint64_t row, uint8_t* out);
+  // Copies the row at `slot` from its blocks read from disk at `blocks` (BlocksPerSlot
+  // blocks, already verified), checking the stored row id.
+  Status ExtractRow(const uint8_t* blocks, uint64_t slot, uint64_t row, uint8_t* out) const;
+
+  const SegmentLogCounters& counters() const { return counters_; }
+  uint64_t free_segments() const { return free_.size(); }
+  uint64_t live_rows() const { return live_rows_; }
+
+ private:
+  enum class SegState : uint8_t { kFree, kHead, kSealed, kPending, kQuarantined };
+  struct Head {
+    uint64_t seg = 0;
+    AlignedBuffer buf;
+    uint32_t next_block = 0;     // first block not yet complete
+    uint32_t index_in_block = 0; // next slot in next_block (packed rows)
+    uint32_t persisted = 0;      // blocks [0, persisted) are on disk
+  };
+  struct Queued {
+    uint64_t seg;
+    AlignedBuffer buf;
+    uint32_t from_block;  // blocks before this one are already on disk
+  };
+
+  uint64_t SegmentOfSlot(uint64_t slot) const { return BlockOfSlot(slot) / h_.segment_blocks; }
+  uint64_t HeadSlotsLeft() const;
+  void RotateHead();              // queue the full head, take a free segment
+  void SealOpenBlock();           // seal the partially filled head block
+  void DecLive(uint64_t seg);
+  void MarkMapDirty(uint64_t row) { map_dirty_[row / entries_per_page_] = 1; }
+  const uint8_t* BufferedSegment(uint64_t seg) const;
+  Status CollectGarbage(uint64_t target_free);
+  Status MoveLiveRows(uint64_t victim);
+  Status WriteDirtyMapPages();
+  AlignedBuffer TakeSegmentBuffer();
+
+  const TableHeader h_;
+  Device* const log_;
+  Device* const meta_;
+  const uint64_t entries_per_page_;
+  const uint64_t seg_bytes_;
+  uint64_t* map_ = nullptr;  // num_rows entries, anonymous mmap (lazily zero)
+  std::vector<uint8_t> map_dirty_;
+  std::vector<uint32_t> live_;
+  std::vector<SegState> state_;
+  std::vector<uint64_t> free_, pending_;
+  std::unique_ptr<Head> head_;
+  std::vector<Queued> queue_;
+  std::unordered_map<uint64_t, const uint8_t*> buffered_;  // segment -> bytes in memory
+  std::vector<AlignedBuffer> spare_buffers_;
+  uint64_t live_rows_ = 0;
+  SegmentLogCounters counters_;
+};
+
+}  // namespace mtrains

@@ -1,0 +1,392 @@
+"""BlockStore: embedding rows on a block device (the SSD tier), backed by csrc/storage.
+
+The C++ store keeps rows in a log of crc32c-checked 4 KiB blocks found through a
+direct-mapped location map (dense ids need no index), reads with batched O_DIRECT io_uring
+I/O, and keeps a write-back DRAM row cache in front. This module validates input where it
+enters and turns the C++ status codes into Python exceptions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+
+from torchrec_mtrains._ops import load_extension
+from torchrec_mtrains.storage.types import CorruptionError, RowStore
+
+__all__ = ["BlockStore", "StoreRuntimeConfig", "TableConfig"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPE_BY_NAME = {v: k for k, v in _DTYPES.items()}
+_ENGINES = ("auto", "uring", "threads")
+
+# Status codes of csrc/common/status.h.
+_OK, _INVALID, _OUT_OF_RANGE, _IO, _CORRUPTION, _CLOSED, _FORMAT = range(7)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreRuntimeConfig:
+    """How an open store runs; not persisted.
+
+    Attributes:
+        dram_cache_mb: MiB of write-back row cache in DRAM; 0 disables it.
+        direct_io: O_DIRECT I/O (falls back to buffered I/O, with a warning, where the
+            filesystem refuses it).
+        io_engine: "auto" (io_uring when the kernel allows it), "uring" or "threads"
+            (a pread/pwrite thread pool).
+        queue_depth: I/O operations in flight per batch (io_uring).
+        io_threads: threads of the pread/pwrite engine.
+    """
+
+    dram_cache_mb: float = 64.0
+    direct_io: bool = True
+    io_engine: str = "auto"
+    queue_depth: int = 64
+    io_threads: int = 8
+
+    def __post_init__(self) -> None:
+        _check_number("dram_cache_mb", self.dram_cache_mb, 0.0)
+        if not isinstance(self.direct_io, bool):
+            raise ValueError(f"direct_io={self.direct_io!r} must be a bool")
+        if self.io_engine not in _ENGINES:
+            raise ValueError(f"io_engine={self.io_engine!r} must be one of {_ENGINES}")
+        _check_int("queue_depth", self.queue_depth, 1, 4096)
+        _check_int("io_threads", self.io_threads, 1, 256)
+
+    def settings(self) -> Dict[str, str]:
+        return {
+            "dram_cache_mb": repr(float(self.dram_cache_mb)),
+            "direct_io": "1" if self.direct_io else "0",
+            "io_engine": self.io_engine,
+            "queue_depth": str(self.queue_depth),
+            "io_threads": str(self.io_threads),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """The shape and on-disk layout of a new table (persisted in its header).
+
+    Attributes:
+        num_rows: rows in the table.
+        dim: weights per row (multiples of 4 suit FBGEMM).
+        state_dim: optimizer-state values stored after the weights of each row.
+        dtype: torch.float32, torch.float16 or torch.bfloat16, for weights and state.
+        init_range: rows never written read as uniform(lo, hi) weights, zero state.
+        seed: seeds those initial values (a pure function of seed, row and column).
+        block_size: bytes per block: a power of two from 4096 to 1 MiB.
+        segment_blocks: blocks per log segment, the unit of sequential writes and of
+            garbage collection (256 x 4 KiB = 1 MiB).
+        overprovision: log space beyond what all rows need, as a fraction (>= 0.1);
+            more space means less garbage-collection traffic on rewrites.
+        stripe_paths: spread the log over these files (e.g. one per SSD); the main file
+            then holds only the header and the location map.
+    """
+
+    num_rows: int
+    dim: int
+    state_dim: int = 1
+    dtype: torch.dtype = torch.float32
+    init_range: Tuple[float, float] = (-0.01, 0.01)
+    seed: int = 0
+    block_size: int = 4096
+    segment_blocks: int = 256
+    overprovision: float = 0.5
+    stripe_paths: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_int("num_rows", self.num_rows, 1, 2**48)
+        _check_int("dim", self.dim, 1, 2**20)
+        _check_int("state_dim", self.state_dim, 0, 2**20)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype={self.dtype} must be one of {list(_DTYPES)}")
+        if (
+            not isinstance(self.init_range, (tuple, list))
+            or len(self.init_range) != 2
+            or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in self.init_range)
+            or self.init_range[0] > self.init_range[1]
+        ):
+            raise ValueError(f"init_range={self.init_range!r} must be (lo, hi), finite, lo <= hi")
+        _check_int("seed", self.seed, 0, 2**64 - 1)
+        _check_int("block_size", self.block_size, 4096, 2**20)
+        _check_int("segment_blocks", self.segment_blocks, 1, 65536)
+        _check_number("overprovision", self.overprovision, 0.1)
+        for p in self.stripe_paths:
+            if "\n" in os.fspath(p):
+                raise ValueError(f"stripe path {p!r} contains a newline")
+
+    def settings(self) -> Dict[str, str]:
+        return {
+            "num_rows": str(self.num_rows),
+            "dim": str(self.dim),
+            "state_dim": str(self.state_dim),
+            "dtype": _DTYPES[self.dtype],
+            "init_lo": repr(float(self.init_range[0])),
+            "init_hi": repr(float(self.init_range[1])),
+            "seed": str(self.seed),
+            "block_size": str(self.block_size),
+            "segment_blocks": str(self.segment_blocks),
+            "overprovision": repr(float(self.overprovision)),
+            "stripe_paths": "\n".join(os.path.abspath(os.fspath(p)) for p in self.stripe_paths),
+        }
+
+
+class BlockStore(RowStore):
+    """A table of embedding rows on a block device (file), with a DRAM row cache.
+
+    ``BlockStore(path, num_rows, dim, ...)`` creates a new table (instantly, whatever its
+    size: the file is sparse and rows never written read as their deterministic initial
+    value); ``BlockStore.open(path)`` opens an existing one. Thread-safe: reads and writes
+    may come from several threads (e.g. a prefetch thread and the training thread).
+
+    Raises (from every method): ``ValueError`` for bad arguments or a file of another
+    format, ``IndexError`` for row ids outside ``[0, num_rows)``, ``OSError`` (with
+    ``errno``) for I/O failures such as a full disk, ``CorruptionError`` when data read
+    back fails its checksum. Messages name the table file and the offending value. After
+    any of these the store stays usable and nothing it had accepted is lost.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        num_rows: int,
+        dim: int,
+        state_dim: int = 1,
+        dtype: torch.dtype = torch.float32,
+        dram_cache_mb: float = 64.0,
+        init_range: Tuple[float, float] = (-0.01, 0.01),
+        seed: int = 0,
+        direct_io: bool = True,
+        *,
+        block_size: int = 4096,
+        segment_blocks: int = 256,
+        overprovision: float = 0.5,
+        stripe_paths: Sequence[PathLike] = (),
+        io_engine: str = "auto",
+        queue_depth: int = 64,
+        io_threads: int = 8,
+        overwrite: bool = False,
+    ) -> None:
+        table = TableConfig(
+            num_rows=num_rows,
+            dim=dim,
+            state_dim=state_dim,
+            dtype=dtype,
+            init_range=tuple(init_range),
+            seed=seed,
+            block_size=block_size,
+            segment_blocks=segment_blocks,
+            overprovision=overprovision,
+            stripe_paths=tuple(os.fspath(p) for p in stripe_paths),
+        )
+        runtime = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
+        path = _check_path(path)
+        self._handle = _new_handle()
+        _raise_for(self._handle.create(path, {**table.settings(), **runtime.settings()}, overwrite))
+        self._after_open()
+
+    @classmethod
+    def open(
+        cls,
+        path: PathLike,
+        dram_cache_mb: float = 64.0,
+        direct_io: bool = True,
+        *,
+        io_engine: str = "auto",
+        queue_depth: int = 64,
+        io_threads: int = 8,
+    ) -> "BlockStore":
+        """Opens an existing table, validating its header, file sizes and location map."""
+        runtime = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
+        store = cls.__new__(cls)
+        store._handle = _new_handle()
+        _raise_for(store._handle.open(_check_path(path), runtime.settings()))
+        store._after_open()
+        return store
+
+    def _after_open(self) -> None:
+        info = dict(self._handle.info())
+        self._info = info
+        self.num_rows = int(info["num_rows"])
+        self.dim = int(info["dim"])
+        self.state_dim = int(info["state_dim"])
+        self.dtype = _DTYPE_BY_NAME[info["dtype"]]
+        self._closed = False
+        if info["warning"]:
+            warnings.warn(f"{info['path']}: {info['warning']}", RuntimeWarning, stacklevel=3)
+
+    # Properties ---------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The table's main file."""
+        return self._info["path"]
+
+    @property
+    def io_engine(self) -> str:
+        """The I/O engine in use: "io_uring" or "threads"."""
+        return self._info["io_engine"]
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether O_DIRECT is in effect (False after a fallback to buffered I/O)."""
+        return self._info["direct_io"] == "1"
+
+    @property
+    def layout(self) -> Dict[str, str]:
+        """Header fields: block size, rows per block, segments, init range, stripes, ..."""
+        return dict(self._info)
+
+    # Data path ----------------------------------------------------------------------
+    def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Returns rows ``ids`` as ``[len(ids), dim + state_dim]`` (into ``out`` if given).
+
+        Args:
+            ids: 1-D integer tensor (or sequence) of row ids in ``[0, num_rows)``.
+            out: optional contiguous CPU tensor of the store's dtype and that shape,
+                reused to avoid allocating (and page-faulting) a new result per batch.
+        """
+        ids = self._as_ids(ids)
+        if out is None:
+            out = torch.empty((ids.numel(), self.row_width), dtype=self.dtype)
+        else:
+            self._check_rows(out, ids.numel(), "out")
+            if not out.is_contiguous():
+                raise ValueError("out must be contiguous")
+        _raise_for(self._live().read_into(ids, out))
+        return out
+
+    def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Stores ``rows[i]`` as row ``ids[i]``; for a repeated id the last row wins.
+
+        Rows go to the DRAM cache (write-back) or the log; ``flush()`` makes them durable.
+        """
+        ids = self._as_ids(ids)
+        self._check_rows(rows, ids.numel(), "rows")
+        _raise_for(self._live().write(ids, rows.contiguous()))
+
+    def flush(self) -> None:
+        """Writes every dirty row and the location map, then fsyncs."""
+        _raise_for(self._live().flush())
+
+    def snapshot(self, dst_path: PathLike) -> None:
+        """Flushes, then writes a consistent point-in-time copy to ``dst_path``.
+
+        The copy is a reflink where the filesystem allows it, else a sparse copy; it is
+        written under a temporary name and renamed, so ``dst_path`` is never half-written.
+        Stripe files are copied beside it as ``dst_path.stripeN``.
+        """
+        _raise_for(self._live().snapshot(_check_path(dst_path)))
+
+    def close(self) -> None:
+        """Flushes and releases the files. Idempotent; if the flush fails the store stays
+        open (and the error is raised) so no accepted row is dropped."""
+        if self._closed:
+            return
+        _raise_for(self._handle.close())
+        self._closed = True
+
+    def stats(self) -> Dict[str, float]:
+        """Counters (rows and bytes read/written, cache hits/misses, garbage collection,
+        write amplification) and device latency percentiles (microseconds)."""
+        return dict(self._live().stats())
+
+    def _inject_fault(
+        self, kind: str, after: int = 0, count: int = 1, errno_code: int = 5, on_map: bool = False
+    ) -> None:
+        """Testing hook: fail (or, with "corrupt_read", corrupt) upcoming device operations.
+
+        Args:
+            kind: "read_error", "write_error", "sync_error" or "corrupt_read".
+            after: operations of that kind to let through first.
+            count: operations to fail.
+            errno_code: errno of the injected failure (e.g. errno.ENOSPC).
+            on_map: target the location-map device instead of the log.
+        """
+        self._live().arm_fault(kind, after, count, errno_code, on_map)
+
+    def __enter__(self) -> "BlockStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if getattr(self, "_closed", True) else self.io_engine
+        return (
+            f"BlockStore({self._info.get('path')!r}, num_rows={self.num_rows}, dim={self.dim}, "
+            f"state_dim={self.state_dim}, dtype={self.dtype}, {state})"
+        )
+
+    # Helpers ------------------------------------------------------------------------
+    def _live(self) -> torch.ScriptObject:
+        if self._closed:
+            raise ValueError(f"{self.path} is closed")
+        return self._handle
+
+    def _as_ids(self, ids: object) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.as_tensor(ids)
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise ValueError(f"{self.path}: ids must be an integer tensor, got dtype {ids.dtype}")
+        if ids.dim() != 1:
+            raise ValueError(f"{self.path}: ids must be 1-D, got shape {tuple(ids.shape)}")
+        if ids.device.type != "cpu":
+            raise ValueError(f"{self.path}: ids must be on the CPU, got {ids.device}")
+        return ids.to(torch.int64).contiguous()
+
+    def _check_rows(self, rows: torch.Tensor, n: int, name: str) -> None:
+        if not isinstance(rows, torch.Tensor):
+            raise ValueError(f"{self.path}: {name} must be a torch.Tensor, got {type(rows).__name__}")
+        if rows.dtype != self.dtype:
+            raise ValueError(f"{self.path}: {name} has dtype {rows.dtype}, the table holds {self.dtype}")
+        if tuple(rows.shape) != (n, self.row_width):
+            raise ValueError(
+                f"{self.path}: {name} has shape {tuple(rows.shape)}, expected ({n}, {self.row_width})"
+                f" = (len(ids), dim + state_dim)"
+            )
+        if rows.device.type != "cpu":
+            raise ValueError(f"{self.path}: {name} must be on the CPU, got {rows.device}")
+
+
+def _new_handle() -> torch.ScriptObject:
+    load_extension()
+    return torch.classes.mtrains.BlockStore()
+
+
+def _check_path(path: PathLike) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    text = os.fspath(path)
+    if not text or "\0" in text:
+        raise ValueError(f"path {text!r} is empty or contains a NUL byte")
+    return os.path.abspath(text)
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name}={value!r} must be an integer in [{lo}, {hi}]")
+
+
+def _check_number(name: str, value: object, lo: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lo:
+        raise ValueError(f"{name}={value!r} must be a finite number >= {lo}")
+
+
+def _raise_for(status: Tuple[int, int, str]) -> None:
+    code, err, message = status
+    if code == _OK:
+        return
+    if code in (_INVALID, _CLOSED, _FORMAT):
+        raise ValueError(message)
+    if code == _OUT_OF_RANGE:
+        raise IndexError(message)
+    if code == _CORRUPTION:
+        raise CorruptionError(err, message)
+    raise OSError(err, message)
