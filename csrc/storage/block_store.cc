@@ -251,13 +251,13 @@ Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
 Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out) {
   const uint32_t rb = h_.row_bytes;
   std::vector<std::pair<uint64_t, uint64_t>> misses;  // (row, position)
+  hit_ptrs_.resize(n);
+  cache_->LookupMany(ids, n, hit_ptrs_.data());
   for (size_t i = 0; i < n; ++i) {
-    const uint64_t row = static_cast<uint64_t>(ids[i]);
-    const uint8_t* p = cache_->capacity() ? cache_->Lookup(row) : nullptr;
-    if (p != nullptr) {
-      std::memcpy(out + i * rb, p, rb);
+    if (hit_ptrs_[i] != nullptr) {
+      std::memcpy(out + i * rb, hit_ptrs_[i], rb);
     } else {
-      misses.emplace_back(row, i);
+      misses.emplace_back(static_cast<uint64_t>(ids[i]), i);
     }
   }
   cache_hits_ += n - misses.size();

@@ -108,6 +108,7 @@ class BlockStore {
   std::unique_ptr<SegmentLog> seg_log_;
   std::unique_ptr<RowCache> cache_;
   uint32_t read_chunk_blocks_ = 8192;
+  std::vector<uint8_t*> hit_ptrs_;  // scratch of ReadLocked
   std::string engine_, warning_;
   bool direct_io_ = false;
   uint64_t rows_read_ = 0, rows_written_ = 0, cache_hits_ = 0, cache_misses_ = 0;

@@ -1,5 +1,6 @@
 #include "storage/row_cache.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -17,40 +18,60 @@ RowCache::RowCache(uint64_t capacity, uint32_t row_bytes)
   uint64_t table = 16;
   while (table < capacity * 2) table <<= 1;
   mask_ = table - 1;
-  table_keys_.assign(capacity ? table : 0, kEmpty);
-  table_slots_.assign(capacity ? table : 0, 0);
+  table_.assign(capacity ? table : 0, Entry{kEmpty, 0});
 }
 
 uint64_t RowCache::FindIndex(uint64_t row) const {
   if (capacity_ == 0) return kNone;
   for (uint64_t i = Hash(row) & mask_;; i = (i + 1) & mask_) {
-    if (table_keys_[i] == row) return i;
-    if (table_keys_[i] == kEmpty) return kNone;
+    if (table_[i].key == row) return i;
+    if (table_[i].key == kEmpty) return kNone;
   }
 }
 
 uint8_t* RowCache::Lookup(uint64_t row) {
   const uint64_t idx = FindIndex(row);
   if (idx == kNone) return nullptr;
-  const uint32_t slot = table_slots_[idx];
+  const uint64_t slot = table_[idx].slot;
   ref_[slot] = 1;
-  return data_.data() + uint64_t(slot) * row_bytes_;
+  return data_.data() + slot * row_bytes_;
+}
+
+void RowCache::LookupMany(const int64_t* rows, size_t n, uint8_t** ptrs) {
+  if (capacity_ == 0) {
+    for (size_t i = 0; i < n; ++i) ptrs[i] = nullptr;
+    return;
+  }
+  // Two-stage pipeline: prefetch the table entry kAhead rows ahead, then look up and
+  // prefetch the row's first cache lines kAhead/2 rows ahead of its use by the caller.
+  constexpr size_t kAhead = 16;
+  for (size_t i = 0; i < std::min(n, kAhead); ++i)
+    __builtin_prefetch(&table_[Hash(static_cast<uint64_t>(rows[i])) & mask_]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n)
+      __builtin_prefetch(&table_[Hash(static_cast<uint64_t>(rows[i + kAhead])) & mask_]);
+    uint8_t* p = Lookup(static_cast<uint64_t>(rows[i]));
+    if (p != nullptr) {
+      __builtin_prefetch(p);
+      __builtin_prefetch(p + 64);
+    }
+    ptrs[i] = p;
+  }
 }
 
 void RowCache::EraseIndex(uint64_t idx) {
   // Backward-shift deletion keeps probe sequences intact without tombstones.
   uint64_t hole = idx;
-  for (uint64_t i = (hole + 1) & mask_; table_keys_[i] != kEmpty; i = (i + 1) & mask_) {
-    const uint64_t home = Hash(table_keys_[i]) & mask_;
+  for (uint64_t i = (hole + 1) & mask_; table_[i].key != kEmpty; i = (i + 1) & mask_) {
+    const uint64_t home = Hash(table_[i].key) & mask_;
     // Move entry i into the hole if its home is not in the cyclic range (hole, i].
     const bool in_range = hole <= i ? (home > hole && home <= i) : (home > hole || home <= i);
     if (!in_range) {
-      table_keys_[hole] = table_keys_[i];
-      table_slots_[hole] = table_slots_[i];
+      table_[hole] = table_[i];
       hole = i;
     }
   }
-  table_keys_[hole] = kEmpty;
+  table_[hole].key = kEmpty;
 }
 
 RowCache::Reservation RowCache::Insert(uint64_t row) {
@@ -76,9 +97,8 @@ RowCache::Reservation RowCache::Insert(uint64_t row) {
   slot_row_[slot] = row;
   ref_[slot] = 1;
   uint64_t i = Hash(row) & mask_;
-  while (table_keys_[i] != kEmpty) i = (i + 1) & mask_;
-  table_keys_[i] = row;
-  table_slots_[i] = static_cast<uint32_t>(slot);
+  while (table_[i].key != kEmpty) i = (i + 1) & mask_;
+  table_[i] = Entry{row, slot};
   r.data = data_.data() + slot * row_bytes_;
   return r;
 }
@@ -86,7 +106,7 @@ RowCache::Reservation RowCache::Insert(uint64_t row) {
 void RowCache::MarkDirty(uint64_t row) {
   const uint64_t idx = FindIndex(row);
   if (idx == kNone) return;
-  const uint32_t slot = table_slots_[idx];
+  const uint64_t slot = table_[idx].slot;
   if (!dirty_[slot]) {
     dirty_[slot] = 1;
     ++dirty_count_;
