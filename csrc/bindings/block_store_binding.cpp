@@ -5,6 +5,7 @@
 // CorruptionError. Settings arrive as one Dict[str, str] built from a Python dataclass, so
 // the boundary never carries a long positional list; unknown keys are rejected.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -14,6 +15,7 @@
 #include <tuple>
 
 #include "storage/block_store.h"
+#include "storage/lazy_init.h"
 
 namespace mtrains {
 namespace {
@@ -242,10 +244,38 @@ class BlockStoreHandle : public torch::CustomClassHolder {
   std::unique_ptr<BlockStore> store_;
 };
 
+// Initial values of rows `ids` (as a never-written BlockStore row reads): [n, dim + state_dim].
+at::Tensor LazyInitRows(const at::Tensor& ids, int64_t dim, int64_t state_dim, int64_t seed,
+                        double lo, double hi, at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(ids.device().is_cpu() && ids.scalar_type() == at::kLong && ids.dim() == 1,
+                    "ids must be a 1-D int64 CPU tensor");
+  TORCH_CHECK_VALUE(dim >= 1 && state_dim >= 0, "dim must be >= 1 and state_dim >= 0");
+  TORCH_CHECK_VALUE(lo <= hi, "init range lo=", lo, " must be <= hi=", hi);
+  DType d;
+  if (dtype == at::kFloat) d = DType::kFloat32;
+  else if (dtype == at::kHalf) d = DType::kFloat16;
+  else if (dtype == at::kBFloat16) d = DType::kBFloat16;
+  else TORCH_CHECK_VALUE(false, "dtype ", dtype, " must be float32, float16 or bfloat16");
+  const at::Tensor c = ids.contiguous();
+  at::Tensor out = at::empty({c.numel(), dim + state_dim}, at::TensorOptions().dtype(dtype));
+  const int64_t* p = c.data_ptr<int64_t>();
+  const size_t row_bytes = static_cast<size_t>(dim + state_dim) * DTypeBytes(d);
+  auto* o = static_cast<uint8_t*>(out.data_ptr());
+  at::parallel_for(0, c.numel(), 1024, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      LazyInitRow(static_cast<uint64_t>(seed), static_cast<uint64_t>(p[i]), lo, hi,
+                  static_cast<uint32_t>(dim), static_cast<uint32_t>(state_dim), d, o + i * row_bytes);
+  });
+  return out;
+}
+
 }  // namespace
 }  // namespace mtrains
 
 TORCH_LIBRARY(mtrains, m) {
+  m.def("lazy_init_rows(Tensor ids, int dim, int state_dim, int seed, float lo, float hi, "
+        "ScalarType dtype) -> Tensor");
+  m.impl("lazy_init_rows", c10::DispatchKey::CPU, &mtrains::LazyInitRows);
   using mtrains::BlockStoreHandle;
   m.class_<BlockStoreHandle>("BlockStore")
       .def(torch::init<>(), "An empty handle; call create() or open().")

@@ -9,19 +9,25 @@ enters and turns the C++ status codes into Python exceptions.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import warnings
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
 from torchrec_mtrains._ops import load_extension
+from torchrec_mtrains.storage._validation import (
+    PathLike,
+    as_ids,
+    check_init_range,
+    check_int,
+    check_number,
+    check_path,
+    check_rows,
+)
 from torchrec_mtrains.storage.types import CorruptionError, RowStore
 
 __all__ = ["BlockStore", "StoreRuntimeConfig", "TableConfig"]
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _DTYPE_BY_NAME = {v: k for k, v in _DTYPES.items()}
@@ -52,13 +58,13 @@ class StoreRuntimeConfig:
     io_threads: int = 8
 
     def __post_init__(self) -> None:
-        _check_number("dram_cache_mb", self.dram_cache_mb, 0.0)
+        check_number("dram_cache_mb", self.dram_cache_mb, 0.0)
         if not isinstance(self.direct_io, bool):
             raise ValueError(f"direct_io={self.direct_io!r} must be a bool")
         if self.io_engine not in _ENGINES:
             raise ValueError(f"io_engine={self.io_engine!r} must be one of {_ENGINES}")
-        _check_int("queue_depth", self.queue_depth, 1, 4096)
-        _check_int("io_threads", self.io_threads, 1, 256)
+        check_int("queue_depth", self.queue_depth, 1, 4096)
+        check_int("io_threads", self.io_threads, 1, 256)
 
     def settings(self) -> Dict[str, str]:
         return {
@@ -102,22 +108,16 @@ class TableConfig:
     stripe_paths: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_int("num_rows", self.num_rows, 1, 2**48)
-        _check_int("dim", self.dim, 1, 2**20)
-        _check_int("state_dim", self.state_dim, 0, 2**20)
+        check_int("num_rows", self.num_rows, 1, 2**48)
+        check_int("dim", self.dim, 1, 2**20)
+        check_int("state_dim", self.state_dim, 0, 2**20)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype={self.dtype} must be one of {list(_DTYPES)}")
-        if (
-            not isinstance(self.init_range, (tuple, list))
-            or len(self.init_range) != 2
-            or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in self.init_range)
-            or self.init_range[0] > self.init_range[1]
-        ):
-            raise ValueError(f"init_range={self.init_range!r} must be (lo, hi), finite, lo <= hi")
-        _check_int("seed", self.seed, 0, 2**64 - 1)
-        _check_int("block_size", self.block_size, 4096, 2**20)
-        _check_int("segment_blocks", self.segment_blocks, 1, 65536)
-        _check_number("overprovision", self.overprovision, 0.1)
+        check_init_range(self.init_range)
+        check_int("seed", self.seed, 0, 2**64 - 1)
+        check_int("block_size", self.block_size, 4096, 2**20)
+        check_int("segment_blocks", self.segment_blocks, 1, 65536)
+        check_number("overprovision", self.overprovision, 0.1)
         for p in self.stripe_paths:
             if "\n" in os.fspath(p):
                 raise ValueError(f"stripe path {p!r} contains a newline")
@@ -187,7 +187,7 @@ class BlockStore(RowStore):
             stripe_paths=tuple(os.fspath(p) for p in stripe_paths),
         )
         runtime = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
-        path = _check_path(path)
+        path = check_path(path)
         self._handle = _new_handle()
         _raise_for(self._handle.create(path, {**table.settings(), **runtime.settings()}, overwrite))
         self._after_open()
@@ -207,7 +207,7 @@ class BlockStore(RowStore):
         runtime = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
         store = cls.__new__(cls)
         store._handle = _new_handle()
-        _raise_for(store._handle.open(_check_path(path), runtime.settings()))
+        _raise_for(store._handle.open(check_path(path), runtime.settings()))
         store._after_open()
         return store
 
@@ -282,7 +282,7 @@ class BlockStore(RowStore):
         written under a temporary name and renamed, so ``dst_path`` is never half-written.
         Stripe files are copied beside it as ``dst_path.stripeN``.
         """
-        _raise_for(self._live().snapshot(_check_path(dst_path)))
+        _raise_for(self._live().snapshot(check_path(dst_path)))
 
     def close(self) -> None:
         """Flushes and releases the files. Idempotent; if the flush fails the store stays
@@ -331,52 +331,15 @@ class BlockStore(RowStore):
         return self._handle
 
     def _as_ids(self, ids: object) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            ids = torch.as_tensor(ids)
-        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise ValueError(f"{self.path}: ids must be an integer tensor, got dtype {ids.dtype}")
-        if ids.dim() != 1:
-            raise ValueError(f"{self.path}: ids must be 1-D, got shape {tuple(ids.shape)}")
-        if ids.device.type != "cpu":
-            raise ValueError(f"{self.path}: ids must be on the CPU, got {ids.device}")
-        return ids.to(torch.int64).contiguous()
+        return as_ids(self.path, ids)
 
     def _check_rows(self, rows: torch.Tensor, n: int, name: str) -> None:
-        if not isinstance(rows, torch.Tensor):
-            raise ValueError(f"{self.path}: {name} must be a torch.Tensor, got {type(rows).__name__}")
-        if rows.dtype != self.dtype:
-            raise ValueError(f"{self.path}: {name} has dtype {rows.dtype}, the table holds {self.dtype}")
-        if tuple(rows.shape) != (n, self.row_width):
-            raise ValueError(
-                f"{self.path}: {name} has shape {tuple(rows.shape)}, expected ({n}, {self.row_width})"
-                f" = (len(ids), dim + state_dim)"
-            )
-        if rows.device.type != "cpu":
-            raise ValueError(f"{self.path}: {name} must be on the CPU, got {rows.device}")
+        check_rows(self.path, rows, n, self.row_width, self.dtype, name)
 
 
 def _new_handle() -> torch.ScriptObject:
     load_extension()
     return torch.classes.mtrains.BlockStore()
-
-
-def _check_path(path: PathLike) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    text = os.fspath(path)
-    if not text or "\0" in text:
-        raise ValueError(f"path {text!r} is empty or contains a NUL byte")
-    return os.path.abspath(text)
-
-
-def _check_int(name: str, value: object, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name}={value!r} must be an integer in [{lo}, {hi}]")
-
-
-def _check_number(name: str, value: object, lo: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lo:
-        raise ValueError(f"{name}={value!r} must be a finite number >= {lo}")
 
 
 def _raise_for(status: Tuple[int, int, str]) -> None:

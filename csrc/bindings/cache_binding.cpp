@@ -1,0 +1,93 @@
+// TorchScript binding of the row-cache index: torch.classes.mtrains.SetAssociativeCache.
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <memory>
+#include <tuple>
+
+#include "cache/set_associative_cache.h"
+
+namespace mtrains {
+namespace {
+
+at::Tensor ToTensor(const std::vector<int64_t>& v) {
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+  if (!v.empty()) std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+class CacheHandle : public torch::CustomClassHolder {
+ public:
+  CacheHandle(int64_t num_slots, int64_t ways, const std::string& policy) {
+    TORCH_CHECK_VALUE(num_slots >= 1, "cache num_slots=", num_slots, " must be >= 1");
+    TORCH_CHECK_VALUE(ways >= 1 && ways <= 1024, "cache ways=", ways, " must be in [1, 1024]");
+    TORCH_CHECK_VALUE(policy == "lru" || policy == "lfu", "cache_algorithm='", policy,
+                      "' must be 'lru' or 'lfu'");
+    cache_ = std::make_unique<SetAssociativeCache>(
+        num_slots, static_cast<uint32_t>(ways), policy == "lru" ? CachePolicy::kLru : CachePolicy::kLfu);
+  }
+
+  // -> (slot per index, load_rows, load_slots, evict_rows, evict_slots)
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> plan(
+      const at::Tensor& indices, int64_t step, int64_t oldest_live_step, bool train) {
+    TORCH_CHECK_VALUE(indices.device().is_cpu() && indices.scalar_type() == at::kLong &&
+                          indices.dim() == 1 && indices.is_contiguous(),
+                      "indices must be a contiguous 1-D int64 CPU tensor");
+    cache_->Plan(indices.data_ptr<int64_t>(), indices.numel(), step, oldest_live_step, train, &plan_);
+    return {ToTensor(plan_.slot_of_index), ToTensor(plan_.load_rows), ToTensor(plan_.load_slots),
+            ToTensor(plan_.evict_rows), ToTensor(plan_.evict_slots)};
+  }
+
+  std::tuple<at::Tensor, at::Tensor> take_dirty(int64_t live_step) {
+    std::vector<int64_t> rows, slots;
+    cache_->TakeDirty(live_step, &rows, &slots);
+    return {ToTensor(rows), ToTensor(slots)};
+  }
+
+  std::tuple<at::Tensor, at::Tensor> occupied() {
+    std::vector<int64_t> rows, slots;
+    cache_->Occupied(&rows, &slots);
+    return {ToTensor(rows), ToTensor(slots)};
+  }
+
+  int64_t capacity() { return static_cast<int64_t>(cache_->capacity()); }
+
+  c10::Dict<std::string, int64_t> counters() {
+    const CacheCounters& c = cache_->counters();
+    c10::Dict<std::string, int64_t> d;
+    d.insert("lookups", c.lookups);
+    d.insert("unique_rows", c.unique_rows);
+    d.insert("hits", c.hits);
+    d.insert("misses", c.misses);
+    d.insert("evictions", c.evictions);
+    d.insert("overflow_assignments", c.overflow_assignments);
+    return d;
+  }
+
+ private:
+  std::unique_ptr<SetAssociativeCache> cache_;
+  StepPlan plan_;
+};
+
+}  // namespace
+}  // namespace mtrains
+
+TORCH_LIBRARY_FRAGMENT(mtrains, m) {
+  using mtrains::CacheHandle;
+  m.class_<CacheHandle>("SetAssociativeCache")
+      .def(torch::init<int64_t, int64_t, std::string>(),
+           "(num_slots, ways, policy 'lru'|'lfu'): a set-associative row-cache index.")
+      .def("plan", &CacheHandle::plan,
+           "(indices, step, oldest_live_step, train) -> (slot per index, load_rows, "
+           "load_slots, evict_rows, evict_slots): assigns and locks slots for one step.")
+      .def("take_dirty", &CacheHandle::take_dirty,
+           "(live_step) -> (rows, slots) of dirty slots; those not locked by a step >= "
+           "live_step become clean.")
+      .def("occupied", &CacheHandle::occupied, "-> (rows, slots) of occupied slots.")
+      .def("capacity", &CacheHandle::capacity,
+           "Regular + overflow slots: the rows the storage behind the cache must have.")
+      .def("counters", &CacheHandle::counters,
+           "lookups, unique_rows, hits, misses, evictions, overflow_assignments.");
+}

@@ -1,0 +1,91 @@
+// SetAssociativeCache: the row-cache index of TieredEmbeddingBags (one per table).
+//
+// Maps row ids to slots of a cache whose rows live elsewhere (the FBGEMM TBE's weights).
+// `num_slots` regular slots form sets of `ways`; a row's set is a hash of its id. Each
+// step's rows are locked in their slots until the step is done (slot locking), so the
+// prefetch of step i+1 never evicts a row that step i is computing on. When every way of a
+// row's set is locked, the row takes a slot of the overflow pool (fully associative,
+// slots [num_slots, num_slots + overflow)), which grows on demand: callers must size the
+// storage behind the slots to capacity() before touching slots at or above its old value.
+//
+// Replacement: LRU (least recently used step) or LFU (fewest accesses, counted in a
+// count-min sketch with periodic halving so that counts outlive eviction, as in TinyLFU).
+// Not thread-safe: one caller at a time (TieredEmbeddingBags serialises prefetches).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace mtrains {
+
+enum class CachePolicy { kLru, kLfu };
+
+struct CacheCounters {
+  uint64_t lookups = 0;       // indices seen
+  uint64_t unique_rows = 0;   // distinct rows per step, summed
+  uint64_t hits = 0, misses = 0;
+  uint64_t evictions = 0;     // misses that displaced a row
+  uint64_t overflow_assignments = 0;
+};
+
+// What one step needs from the backing tier.
+struct StepPlan {
+  std::vector<int64_t> slot_of_index;  // remapped indices (slot per input index)
+  std::vector<int64_t> load_rows, load_slots;    // misses: read these rows into these slots
+  std::vector<int64_t> evict_rows, evict_slots;  // dirty rows displaced: write back first
+};
+
+class SetAssociativeCache {
+ public:
+  // `num_slots` >= 1; ways in [1, 1024] (a cache smaller than `ways` is one set).
+  // Throws std::invalid_argument on bad values.
+  SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy);
+
+  // Plans step `step` over `indices` (row ids, validated by the caller): finds or assigns a
+  // slot for each distinct row and locks it for `step`. Slots locked by a step >=
+  // `oldest_live_step` are never evicted. When `train`, the step's slots become dirty
+  // (their rows will be updated), so evicting them later means writing them back.
+  void Plan(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step, bool train,
+            StepPlan* plan);
+
+  // Slots whose rows are dirty, with their rows (flush). Marks them clean, except slots
+  // locked by a step >= `live_step` (planned or running: their rows will change again).
+  void TakeDirty(int64_t live_step, std::vector<int64_t>* rows, std::vector<int64_t>* slots);
+  // Occupied slots and their rows (reading the table through the cache).
+  void Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const;
+
+  uint64_t num_slots() const { return num_slots_; }
+  // Regular + overflow slots: the storage behind the slots must have this many rows.
+  uint64_t capacity() const { return slot_row_.size(); }
+  const CacheCounters& counters() const { return counters_; }
+
+ private:
+  static constexpr int64_t kEmpty = -1;
+  uint64_t SetOf(int64_t row) const;
+  int64_t FindSlot(int64_t row) const;
+  int64_t PickVictim(uint64_t first, uint64_t count, int64_t oldest_live_step) const;
+  int64_t TakeOverflowSlot(int64_t oldest_live_step);
+  uint32_t Frequency(int64_t row) const;
+  void CountAccess(int64_t row);
+  void Place(int64_t row, int64_t slot, int64_t step, bool train, StepPlan* plan);
+
+  const uint64_t num_slots_;
+  const uint32_t ways_;
+  const uint64_t num_sets_;
+  const CachePolicy policy_;
+  std::vector<int64_t> slot_row_;     // row in each slot, kEmpty if none
+  std::vector<int64_t> slot_step_;    // last step that locked the slot
+  std::vector<uint64_t> slot_stamp_;  // last access time (LRU; LFU tie-break)
+  std::vector<uint8_t> slot_dirty_;
+  uint64_t overflow_cursor_ = 0;      // CLOCK hand over the overflow slots
+  std::unordered_map<int64_t, int64_t> overflow_map_;  // row -> overflow slot
+  uint64_t clock_ = 0;
+  // Count-min sketch for LFU: 4 rows of `sketch_width_` 16-bit counters.
+  std::vector<uint16_t> sketch_;
+  uint64_t sketch_width_ = 0, sketch_adds_ = 0;
+  CacheCounters counters_;
+};
+
+}  // namespace mtrains

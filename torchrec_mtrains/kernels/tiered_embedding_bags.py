@@ -1,0 +1,430 @@
+"""TieredEmbeddingBags: FBGEMM's TBE computing on a row cache over a DRAM, SCM or SSD tier.
+
+Each table's rows live in a backing store on its tier; a set-associative row cache
+(csrc/cache) keeps the rows in use in the weights of one FBGEMM
+``SplitTableBatchedEmbeddingBagsCodegen`` (HOST/CPU), whose table t has one row per cache
+slot. A step's indices are remapped to slots, so forward, backward and the fused optimizer
+are FBGEMM's own code. Before a step, its missing rows are read from the tier into their
+slots and the dirty rows they displace (weights + optimizer state) are written back; slots
+in use by a step still running are locked and never displaced. ``prefetch()`` does this for
+the next batch on a background thread while the current one computes.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+
+from torchrec_mtrains._ops import load_extension
+from torchrec_mtrains.kernels.batch import Batch, split_batch
+from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
+from torchrec_mtrains.kernels.row_codec import SUPPORTED_OPTIMIZERS, SUPPORTED_PRECISIONS, RowCodec
+from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
+from torchrec_mtrains.storage import RowStore
+from torchrec_mtrains.types import Tier
+
+__all__ = ["TieredEmbeddingBags"]
+
+_DEFAULT_LOAD_FACTOR = 0.2
+_READ_CHUNK_ROWS = 1 << 16  # rows per store read when materialising a whole table
+
+
+@dataclasses.dataclass
+class _Step:
+    """One planned step: its batch, its remapped indices once planned."""
+
+    step: int
+    batch: Batch
+    future: "object" = None
+    remapped: Optional[torch.Tensor] = None
+
+
+@dataclasses.dataclass
+class _TableCounters:
+    rows_loaded: int = 0
+    rows_written_back: int = 0
+    tier_seconds: float = 0.0
+
+
+class TieredEmbeddingBags(torch.nn.Module):
+    """Pooled embedding bags over tables stored on a tier behind a row cache.
+
+    A drop-in for FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` forward: indices are
+    laid out table-major, ``offsets`` has ``T * B + 1`` entries.
+
+    Args:
+        embedding_specs: ``(num_rows, dim)`` per table; dims must be multiples of 4.
+        tier: where the tables live (Tier.DRAM, Tier.SCM or Tier.SSD).
+        cache_rows: cache slots per table (an int for all tables, or one per table);
+            may exceed the table. Default: ``cache_load_factor`` of each table's rows.
+        cache_load_factor: cache size as a fraction of each table's rows (default 0.2).
+        storage_dir: directory for the SCM/SSD table files (created if missing; files of
+            the same table names there are replaced: this is working storage).
+        optimizer: EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD or EXACT_SGD (fused, FBGEMM's).
+        learning_rate, eps: optimizer hyper-parameters.
+        pooling_mode: PoolingMode.SUM or PoolingMode.MEAN.
+        cache_algorithm: "lru" or "lfu".
+        prefetch_pipeline: run ``prefetch()`` on a background thread (False: inline).
+        weights_precision: SparseType.FP32 or SparseType.FP16.
+        cache_ways: ways per cache set (default 32).
+        init_range: initial weights are uniform(lo, hi), one pair for all tables or one
+            per table; default ``(-1/sqrt(rows), 1/sqrt(rows))`` per table as in TorchRec.
+        seed: seeds the initial weights (a pure function of seed, table and row).
+        table_names: names used in file names, errors and stats (default "table_<t>").
+        ssd_dram_cache_mb: DRAM cache of each SSD block store, under the row cache.
+    """
+
+    def __init__(
+        self,
+        embedding_specs: Sequence[Tuple[int, int]],
+        tier: Tier = Tier.SSD,
+        cache_rows: Optional[Union[int, Sequence[int]]] = None,
+        cache_load_factor: Optional[float] = None,
+        storage_dir: Optional[str] = None,
+        optimizer: EmbOptimType = EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate: float = 0.01,
+        eps: float = 1.0e-8,
+        pooling_mode: PoolingMode = PoolingMode.SUM,
+        cache_algorithm: str = "lru",
+        prefetch_pipeline: bool = True,
+        *,
+        weights_precision: SparseType = SparseType.FP32,
+        cache_ways: int = 32,
+        init_range: Optional[Union[Tuple[float, float], Sequence[Tuple[float, float]]]] = None,
+        seed: int = 0,
+        table_names: Optional[Sequence[str]] = None,
+        ssd_dram_cache_mb: float = 0.0,
+    ) -> None:
+        super().__init__()
+        load_extension()
+        specs = _check_specs(embedding_specs)
+        if optimizer not in SUPPORTED_OPTIMIZERS:
+            raise ValueError(f"optimizer={optimizer} must be one of {list(SUPPORTED_OPTIMIZERS)}")
+        if weights_precision not in SUPPORTED_PRECISIONS:
+            raise ValueError(f"weights_precision={weights_precision} must be one of {list(SUPPORTED_PRECISIONS)}")
+        if pooling_mode not in (PoolingMode.SUM, PoolingMode.MEAN):
+            raise ValueError(f"pooling_mode={pooling_mode} must be PoolingMode.SUM or PoolingMode.MEAN")
+        if cache_algorithm not in ("lru", "lfu"):
+            raise ValueError(f"cache_algorithm={cache_algorithm!r} must be 'lru' or 'lfu'")
+        if not isinstance(tier, Tier):
+            raise ValueError(f"tier={tier!r} must be a torchrec_mtrains.Tier")
+        for name, v in (("learning_rate", learning_rate), ("eps", eps)):
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}={v!r} must be a finite number >= 0")
+        self.tier = tier
+        self.embedding_specs = specs
+        self.table_names = _check_names(table_names, len(specs))
+        self.optimizer = optimizer
+        self.pooling_mode = pooling_mode
+        self.weights_precision = weights_precision
+        self.learning_rate = float(learning_rate)
+        self.eps = float(eps)
+        self.cache_algorithm = cache_algorithm
+        self.cache_ways = cache_ways
+        self.cache_rows = _cache_sizes(specs, cache_rows, cache_load_factor)
+        self._codecs = [RowCodec(dim, optimizer, weights_precision) for _, dim in specs]
+        ranges = _init_ranges(specs, init_range)
+        self._stores: List[RowStore] = [
+            create_store(
+                tier,
+                StoreSpec(
+                    name=self.table_names[t], num_rows=rows, row_width_dim=dim,
+                    state_slots=self._codecs[t].state_slots, dtype=self._codecs[t].dtype,
+                    init_range=ranges[t], seed=seed * 1_000_003 + t, storage_dir=storage_dir,
+                    ssd_dram_cache_mb=ssd_dram_cache_mb,
+                ),
+            )
+            for t, (rows, dim) in enumerate(specs)
+        ]
+        self._caches = [
+            torch.classes.mtrains.SetAssociativeCache(n, cache_ways, cache_algorithm)
+            for n in self.cache_rows
+        ]
+        self._tbe_rows = [n + max(cache_ways, n // 8) for n in self.cache_rows]
+        self._tbe = self._make_tbe(self._tbe_rows)
+        self._pipeline = PrefetchPipeline(background=prefetch_pipeline)
+        self._pending: Deque[_Step] = collections.deque()
+        self._deferred: List[Tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._next_step = 0
+        self._last_forward_step = -1
+        self._broken: Optional[str] = None
+        self._counters = [_TableCounters() for _ in specs]
+        self._wait_seconds = 0.0
+
+    # ---------------------------------------------------------------- FBGEMM TBE ----
+    def _make_tbe(self, rows: List[int]) -> SplitTableBatchedEmbeddingBagsCodegen:
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(r, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, (_, dim) in zip(rows, self.embedding_specs)],
+            optimizer=self.optimizer,
+            learning_rate=self.learning_rate,
+            eps=self.eps,
+            pooling_mode=self.pooling_mode,
+            weights_precision=self.weights_precision,
+            output_dtype=SparseType.FP32,
+        )
+        # Aliases with their own autograd version counters: the prefetch thread fills slots
+        # of the next step while autograd holds the weights of the current one, and those
+        # writes (to other rows) must not invalidate its saved tensors.
+        self._weights = [_alias(w) for w in tbe.split_embedding_weights()]
+        states = tbe.split_optimizer_states() if self._codecs[0].state_values else []
+        self._states = [_alias(s[0]) for s in states] if states else [None] * len(rows)
+        return tbe
+
+    def _grow_tbe(self) -> None:
+        """Resizes the TBE when an overflow pool grew past it. Call only between steps."""
+        need = [c.capacity() for c in self._caches]
+        if all(n <= r for n, r in zip(need, self._tbe_rows)):
+            return
+        old_w, old_s, old_rows = self._weights, self._states, self._tbe_rows
+        new_rows = [max(r, n + max(self.cache_ways, n // 4)) if n > r else r for n, r in zip(need, old_rows)]
+        self._tbe = self._make_tbe(new_rows)
+        self._tbe_rows = new_rows
+        with torch.no_grad():
+            for t in range(len(new_rows)):
+                self._weights[t][: old_rows[t]].copy_(old_w[t])
+                if old_s[t] is not None:
+                    self._states[t][: old_rows[t]].copy_(old_s[t])
+        deferred, self._deferred = self._deferred, []
+        for t, slots, rows in deferred:
+            self._codecs[t].scatter(self._weights[t], self._states[t], slots, rows)
+
+    # ------------------------------------------------------------------- steps ----
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Starts loading the rows of the batch that the next ``forward`` (after any already
+        prefetched) will compute, so the tier I/O overlaps the current step."""
+        self._check_usable()
+        self._pending.append(self._submit(indices, offsets))
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Pooled embeddings ``[B, sum(dims)]`` of a batch (FBGEMM's layout)."""
+        self._check_usable()
+        if self._pending:
+            job = self._pending.popleft()
+            if not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets):
+                self._pending.appendleft(job)
+                raise ValueError("forward() got a batch different from the one prefetch() was given")
+        else:
+            job = self._submit(indices, offsets)
+        n = job.batch.indices.numel()
+        if per_sample_weights is not None and (
+            not isinstance(per_sample_weights, torch.Tensor)
+            or not per_sample_weights.is_floating_point()
+            or tuple(per_sample_weights.shape) != (n,)
+        ):
+            raise ValueError(f"per_sample_weights must be a float tensor of shape ({n},) like indices")
+        self._finish(job)
+        self._last_forward_step = job.step
+        return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
+
+    def _submit(self, indices: torch.Tensor, offsets: torch.Tensor) -> _Step:
+        batch = split_batch(indices, offsets, self.embedding_specs, self.table_names)
+        job = _Step(self._next_step, batch)
+        self._next_step += 1
+        # Rows of the step that may still be running (its backward) and of every step
+        # planned after it stay locked.
+        oldest_live = max(0, self._last_forward_step)
+        train = self.training
+        job.future = self._pipeline.submit(lambda: self._plan(job, oldest_live, train))
+        return job
+
+    def _plan(self, job: _Step, oldest_live: int, train: bool) -> None:
+        remapped = []
+        for t, part in enumerate(job.batch.per_table):
+            slots, load_rows, load_slots, evict_rows, evict_slots = self._caches[t].plan(
+                part.contiguous(), job.step, oldest_live, train
+            )
+            codec, store, counters = self._codecs[t], self._stores[t], self._counters[t]
+            t0 = time.perf_counter()
+            if evict_rows.numel():
+                store.write(evict_rows, codec.gather(self._weights[t], self._states[t], evict_slots))
+                counters.rows_written_back += evict_rows.numel()
+            if load_rows.numel():
+                rows = store.read(load_rows)
+                counters.rows_loaded += load_rows.numel()
+                ready = load_slots < self._tbe_rows[t]
+                if bool(ready.all()):
+                    codec.scatter(self._weights[t], self._states[t], load_slots, rows)
+                else:  # overflow slots past the TBE: filled once it grows, between steps
+                    codec.scatter(self._weights[t], self._states[t], load_slots[ready], rows[ready])
+                    self._deferred.append((t, load_slots[~ready], rows[~ready]))
+            counters.tier_seconds += time.perf_counter() - t0
+            remapped.append(slots)
+        job.remapped = torch.cat(remapped) if len(remapped) > 1 else remapped[0]
+
+    def _finish(self, job: _Step) -> None:
+        """Waits for the job's plan; grows the TBE (between steps) if the cache overflowed."""
+        t0 = time.perf_counter()
+        try:
+            job.future.result()
+        except BaseException as e:
+            self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
+            raise
+        self._wait_seconds += time.perf_counter() - t0
+        if self._deferred or any(c.capacity() > r for c, r in zip(self._caches, self._tbe_rows)):
+            self._drain()
+            self._grow_tbe()
+
+    def _drain(self) -> None:
+        """Waits for every queued plan."""
+        for job in list(self._pending):
+            try:
+                job.future.result()
+            except BaseException as e:
+                self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
+                raise
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise RuntimeError(
+                f"TieredEmbeddingBags is unusable: {self._broken}; the cache may no longer match "
+                "the tier. Rebuild the module and restore the last checkpoint."
+            )
+
+    # ------------------------------------------------------- whole-table access ----
+    def flush(self) -> None:
+        """Writes every dirty cached row (weights + optimizer state) to its tier and makes
+        the tier durable (fsync / msync)."""
+        self._check_usable()
+        self._drain()
+        live = max(0, self._last_forward_step)
+        for t, cache in enumerate(self._caches):
+            rows, slots = cache.take_dirty(live)
+            ready = slots < self._tbe_rows[t]
+            rows, slots = rows[ready], slots[ready]
+            if rows.numel():
+                self._stores[t].write(rows, self._codecs[t].gather(self._weights[t], self._states[t], slots))
+                self._counters[t].rows_written_back += rows.numel()
+            self._stores[t].flush()
+
+    def _full_rows(self, t: int) -> torch.Tensor:
+        """Table t as store rows: read through the tier, overlaid with the cached rows."""
+        self._drain()
+        rows_t = self.embedding_specs[t][0]
+        codec = self._codecs[t]
+        out = torch.empty((rows_t, codec.row_width), dtype=codec.dtype)
+        for start in range(0, rows_t, _READ_CHUNK_ROWS):
+            ids = torch.arange(start, min(rows_t, start + _READ_CHUNK_ROWS))
+            out[start : start + ids.numel()] = self._stores[t].read(ids)
+        rows, slots = self._caches[t].occupied()
+        ready = slots < self._tbe_rows[t]
+        # Rows of deferred (overflow) loads came from the tier, which is still current.
+        with torch.no_grad():
+            out[rows[ready]] = codec.gather(self._weights[t], self._states[t], slots[ready])
+        return out
+
+    def split_embedding_weights(self) -> List[torch.Tensor]:
+        """Each table's full weights ``[rows, dim]`` (copies, read through every tier)."""
+        return [self._codecs[t].split(self._full_rows(t))[0].clone() for t in range(len(self.embedding_specs))]
+
+    def split_optimizer_states(self) -> List[List[torch.Tensor]]:
+        """Each table's optimizer state in FBGEMM's layout (``[[momentum]]`` per table;
+        ``[]`` for SGD, as FBGEMM returns)."""
+        if self._codecs[0].state_values == 0:
+            return []
+        return [[self._codecs[t].split(self._full_rows(t))[1].clone()] for t in range(len(self.embedding_specs))]
+
+    def cache_stats(self) -> Dict[str, Dict[str, float]]:
+        """Per table: lookups, unique rows, hits, misses, hit_rate, evictions, rows and bytes
+        moved to and from the tier, seconds spent on tier I/O; plus forward's wait."""
+        out: Dict[str, Dict[str, float]] = {}
+        for t, name in enumerate(self.table_names):
+            c = dict(self._caches[t].counters())
+            k = self._counters[t]
+            unique = max(1, c["unique_rows"])
+            row_bytes = self._codecs[t].row_bytes
+            out[name] = {
+                **{key: float(v) for key, v in c.items()},
+                "hit_rate": c["hits"] / unique,
+                "rows_loaded": float(k.rows_loaded),
+                "rows_written_back": float(k.rows_written_back),
+                "bytes_read_from_tier": float(k.rows_loaded * row_bytes),
+                "bytes_written_to_tier": float(k.rows_written_back * row_bytes),
+                "tier_seconds": k.tier_seconds,
+                "cache_capacity_rows": float(self._caches[t].capacity()),
+                "prefetch_wait_seconds": self._wait_seconds,
+            }
+        return out
+
+    def close(self) -> None:
+        """Flushes, stops the prefetch thread and closes the stores."""
+        if self._broken is None:
+            self.flush()
+        self._pipeline.shutdown()
+        for store in self._stores:
+            store.close()
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over the same memory as ``t`` with a version counter of its own."""
+    with torch.no_grad():
+        return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+def _same(a: torch.Tensor, b: object) -> bool:
+    return a is b or (isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b.to(torch.int64)))
+
+
+def _check_specs(specs: Sequence[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    if not isinstance(specs, (list, tuple)) or not specs:
+        raise ValueError("embedding_specs must be a non-empty list of (num_rows, dim)")
+    out = []
+    for t, spec in enumerate(specs):
+        if not isinstance(spec, (list, tuple)) or len(spec) != 2:
+            raise ValueError(f"embedding_specs[{t}]={spec!r} must be (num_rows, dim)")
+        rows, dim = spec
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"embedding_specs[{t}]: num_rows={rows!r} must be a positive integer")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 4 or dim % 4:
+            raise ValueError(f"embedding_specs[{t}]: dim={dim!r} must be a positive multiple of 4 (FBGEMM)")
+        out.append((rows, dim))
+    return out
+
+
+def _check_names(names: Optional[Sequence[str]], n: int) -> List[str]:
+    if names is None:
+        return [f"table_{t}" for t in range(n)]
+    names = list(names)
+    if len(names) != n or len(set(names)) != n or not all(isinstance(x, str) and x and "/" not in x for x in names):
+        raise ValueError(f"table_names={names!r} must be {n} distinct non-empty names without '/'")
+    return names
+
+
+def _cache_sizes(specs, cache_rows, load_factor) -> List[int]:
+    if cache_rows is not None and load_factor is not None:
+        raise ValueError("give cache_rows or cache_load_factor, not both")
+    if cache_rows is None:
+        lf = _DEFAULT_LOAD_FACTOR if load_factor is None else load_factor
+        if isinstance(lf, bool) or not isinstance(lf, (int, float)) or not 0 < lf <= 1e6:
+            raise ValueError(f"cache_load_factor={lf!r} must be a number > 0")
+        return [max(1, int(math.ceil(rows * lf))) for rows, _ in specs]
+    sizes = [cache_rows] * len(specs) if isinstance(cache_rows, int) else list(cache_rows)
+    if len(sizes) != len(specs) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"cache_rows={cache_rows!r} must be a positive int or one per table")
+    return sizes
+
+
+def _init_ranges(specs, init_range) -> List[Tuple[float, float]]:
+    if init_range is None:
+        return [(-math.sqrt(1.0 / rows), math.sqrt(1.0 / rows)) for rows, _ in specs]
+    if isinstance(init_range, tuple) and len(init_range) == 2 and all(isinstance(v, (int, float)) for v in init_range):
+        return [tuple(map(float, init_range))] * len(specs)
+    ranges = list(init_range)
+    if len(ranges) != len(specs):
+        raise ValueError(f"init_range must be one (lo, hi) or one per table, got {init_range!r}")
+    return [tuple(map(float, r)) for r in ranges]

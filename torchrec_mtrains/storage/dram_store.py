@@ -1,0 +1,76 @@
+"""DramStore: a table held whole in a host tensor (the DRAM tier)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from torchrec_mtrains.storage._validation import (
+    as_ids,
+    check_id_range,
+    check_init_range,
+    check_int,
+    check_rows,
+    last_occurrence,
+)
+from torchrec_mtrains.storage.lazy_init import lazy_init_rows
+from torchrec_mtrains.storage.types import RowStore
+
+__all__ = ["DramStore"]
+
+_INIT_CHUNK_ROWS = 1 << 16
+
+
+class DramStore(RowStore):
+    """All rows in one ``[num_rows, dim + state_dim]`` host tensor, initialised with the
+    same deterministic values a never-written BlockStore row reads as."""
+
+    def __init__(
+        self,
+        num_rows: int,
+        dim: int,
+        state_dim: int = 1,
+        dtype: torch.dtype = torch.float32,
+        init_range: Tuple[float, float] = (-0.01, 0.01),
+        seed: int = 0,
+        name: str = "dram table",
+    ) -> None:
+        check_int("num_rows", num_rows, 1, 2**40)
+        check_int("dim", dim, 1, 2**20)
+        check_int("state_dim", state_dim, 0, 2**20)
+        check_init_range(init_range)
+        self.num_rows, self.dim, self.state_dim, self.dtype = num_rows, dim, state_dim, dtype
+        self.name = name
+        self.data = torch.empty((num_rows, dim + state_dim), dtype=dtype)
+        for start in range(0, num_rows, _INIT_CHUNK_ROWS):
+            ids = torch.arange(start, min(num_rows, start + _INIT_CHUNK_ROWS))
+            self.data[start : start + ids.numel()] = lazy_init_rows(
+                ids, dim, state_dim, init_range, seed, dtype
+            )
+        self._rows_read = self._rows_written = 0
+
+    def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        ids = as_ids(self.name, ids)
+        check_id_range(self.name, ids, self.num_rows)
+        if out is not None:
+            check_rows(self.name, out, ids.numel(), self.row_width, self.dtype, "out")
+        self._rows_read += ids.numel()
+        return torch.index_select(self.data, 0, ids, out=out) if out is not None else self.data[ids]
+
+    def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        ids = as_ids(self.name, ids)
+        check_id_range(self.name, ids, self.num_rows)
+        check_rows(self.name, rows, ids.numel(), self.row_width, self.dtype, "rows")
+        keep = last_occurrence(ids)
+        self.data.index_copy_(0, ids[keep], rows[keep])
+        self._rows_written += ids.numel()
+
+    def flush(self) -> None:
+        """Nothing to persist: DRAM is volatile (checkpoints save it)."""
+
+    def close(self) -> None:
+        self.data = torch.empty(0, self.row_width, dtype=self.dtype)
+
+    def stats(self) -> Dict[str, float]:
+        return {"rows_read": float(self._rows_read), "rows_written": float(self._rows_written)}

@@ -1,0 +1,180 @@
+"""ScmStore: a table in byte-addressable storage-class memory (the SCM tier).
+
+The table is a memory-mapped file: on a DAX mount of PMem or CXL memory the loads and
+stores go straight to the device; on any other filesystem it is an mmap through the page
+cache (which is how it is tested here). Rows are read and written in place with
+vectorised gathers and scatters, without block I/O.
+
+File layout (little-endian): a 4 KiB header (magic ``MTRNSCM1`` then a JSON object with the
+table's shape, dtype, init range and seed), then ``num_rows`` rows of
+``(dim + state_dim) * itemsize`` bytes, then one byte per row that is 1 once the row has been
+written. Rows never written read as their deterministic initial value (lazy_init.py), so a
+table is created instantly as a sparse file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from torchrec_mtrains.storage._validation import (
+    PathLike,
+    as_ids,
+    check_id_range,
+    check_init_range,
+    check_int,
+    check_path,
+    check_rows,
+    last_occurrence,
+)
+from torchrec_mtrains.storage.lazy_init import lazy_init_rows
+from torchrec_mtrains.storage.types import RowStore
+
+__all__ = ["ScmStore"]
+
+_MAGIC = b"MTRNSCM1"
+_HEADER_BYTES = 4096
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ScmStore(RowStore):
+    """A table in a memory-mapped file. Create with ``ScmStore(path, num_rows, dim, ...)``,
+    reopen with ``ScmStore.open(path)``. Not thread-safe for concurrent writes to the same
+    rows (callers serialise, as TieredEmbeddingBags does)."""
+
+    def __init__(
+        self,
+        path: PathLike,
+        num_rows: int,
+        dim: int,
+        state_dim: int = 1,
+        dtype: torch.dtype = torch.float32,
+        init_range: Tuple[float, float] = (-0.01, 0.01),
+        seed: int = 0,
+        overwrite: bool = False,
+    ) -> None:
+        check_int("num_rows", num_rows, 1, 2**40)
+        check_int("dim", dim, 1, 2**20)
+        check_int("state_dim", state_dim, 0, 2**20)
+        check_init_range(init_range)
+        names = {v: k for k, v in _DTYPES.items()}
+        if dtype not in names:
+            raise ValueError(f"dtype={dtype} must be one of {list(_DTYPES.values())}")
+        path = check_path(path)
+        meta = {
+            "num_rows": num_rows, "dim": dim, "state_dim": state_dim, "dtype": names[dtype],
+            "init_range": [float(init_range[0]), float(init_range[1])], "seed": seed,
+        }
+        header = _MAGIC + json.dumps(meta).encode()
+        row_bytes = (dim + state_dim) * torch.empty(0, dtype=dtype).element_size()
+        size = _HEADER_BYTES + num_rows * row_bytes + num_rows
+        flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileExistsError as e:
+            raise FileExistsError(e.errno, f"{path} already exists (pass overwrite=True)") from None
+        except FileNotFoundError as e:
+            raise FileNotFoundError(e.errno, f"the directory of {path} does not exist") from None
+        try:
+            os.ftruncate(fd, size)
+            os.pwrite(fd, header.ljust(_HEADER_BYTES, b"\0"), 0)
+            os.fsync(fd)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(path)
+            raise OSError(e.errno, f"cannot create {path}: {e.strerror}") from None
+        os.close(fd)
+        self._map(path, meta)
+
+    @classmethod
+    def open(cls, path: PathLike) -> "ScmStore":
+        """Opens an existing table file, validating its header and size."""
+        path = check_path(path)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_HEADER_BYTES)
+        except FileNotFoundError:
+            raise FileNotFoundError(2, f"table file {path} does not exist") from None
+        if not head.startswith(_MAGIC):
+            raise ValueError(f"{path} is not an SCM table (bad magic)")
+        try:
+            meta = json.loads(head[len(_MAGIC) :].rstrip(b"\0"))
+            dtype = _DTYPES[meta["dtype"]]
+            num_rows, dim, state_dim = int(meta["num_rows"]), int(meta["dim"]), int(meta["state_dim"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: corrupted SCM header ({e})") from None
+        row_bytes = (dim + state_dim) * torch.empty(0, dtype=dtype).element_size()
+        expected = _HEADER_BYTES + num_rows * row_bytes + num_rows
+        if os.path.getsize(path) < expected:
+            raise ValueError(f"{path} is truncated: {os.path.getsize(path)} bytes, expected {expected}")
+        store = cls.__new__(cls)
+        store._map(path, meta)
+        return store
+
+    def _map(self, path: str, meta: dict) -> None:
+        self.path = path
+        self.num_rows, self.dim, self.state_dim = meta["num_rows"], meta["dim"], meta["state_dim"]
+        self.dtype = _DTYPES[meta["dtype"]]
+        self.init_range = tuple(meta["init_range"])
+        self.seed = meta["seed"]
+        row_bytes = self.row_width * torch.empty(0, dtype=self.dtype).element_size()
+        self._rows_mm = np.memmap(path, np.uint8, "r+", _HEADER_BYTES, (self.num_rows, row_bytes))
+        self._written_mm = np.memmap(
+            path, np.uint8, "r+", _HEADER_BYTES + self.num_rows * row_bytes, (self.num_rows,)
+        )
+        self.data = torch.from_numpy(self._rows_mm).view(self.dtype)
+        self._written = torch.from_numpy(self._written_mm).view(torch.bool)
+        self._rows_read = self._rows_written = self._lazy_rows = 0
+
+    def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        ids = self._checked(ids)
+        rows = self.data[ids]
+        fresh = ~self._written[ids]
+        if bool(fresh.any()):
+            pos = fresh.nonzero().squeeze(1)
+            rows[pos] = lazy_init_rows(ids[pos], self.dim, self.state_dim, self.init_range, self.seed, self.dtype)
+            self._lazy_rows += pos.numel()
+        self._rows_read += ids.numel()
+        if out is None:
+            return rows
+        check_rows(self.path, out, ids.numel(), self.row_width, self.dtype, "out")
+        out.copy_(rows)
+        return out
+
+    def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        ids = self._checked(ids)
+        check_rows(self.path, rows, ids.numel(), self.row_width, self.dtype, "rows")
+        keep = last_occurrence(ids)
+        self.data.index_copy_(0, ids[keep], rows[keep])
+        self._written[ids] = True
+        self._rows_written += ids.numel()
+
+    def flush(self) -> None:
+        """msyncs the mapping (on PMem/CXL DAX mounts this persists the stores)."""
+        self._rows_mm.flush()
+        self._written_mm.flush()
+
+    def close(self) -> None:
+        if getattr(self, "_rows_mm", None) is None:
+            return
+        self.flush()
+        del self.data, self._written
+        self._rows_mm = self._written_mm = None
+
+    def stats(self) -> Dict[str, float]:
+        return {
+            "rows_read": float(self._rows_read),
+            "rows_written": float(self._rows_written),
+            "lazy_init_rows": float(self._lazy_rows),
+        }
+
+    def _checked(self, ids: object) -> torch.Tensor:
+        if getattr(self, "_rows_mm", None) is None:
+            raise ValueError(f"{self.path} is closed")
+        ids = as_ids(self.path, ids)
+        check_id_range(self.path, ids, self.num_rows)
+        return ids
