@@ -1,0 +1,243 @@
+"""Block-store benchmark (issue 2): BlockStore side by side with its baselines.
+
+Runs, in one process and on one filesystem: fio's device limits, the block store
+("ours"), RocksDB through its C++ API, and numpy.memmap, over the same rows and the
+same ids, then prints rows/s per phase, the ratios and the issue's targets
+(PASS/MISS). Defaults come from ``benchmarks/configs/store.yaml``; CLI flags override
+it; ``--quick`` applies the config's ``quick:`` overlay (flags still win).
+
+Usage::
+
+    python benchmarks/bench_store.py [--quick] [--json out.json] [...]
+    mtrains bench store [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from torchrec_mtrains.benchmarks.common import check_filesystem, drop_page_cache, make_workload
+from torchrec_mtrains.benchmarks.report import Results, format_report, write_json
+from torchrec_mtrains.benchmarks.types import BaselineUnavailable, StoreBenchConfig
+
+__all__ = ["load_config", "main", "parse_args"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""Repository root when running from a checkout (editable install)."""
+
+DEFAULT_CONFIG = REPO_ROOT / "benchmarks" / "configs" / "store.yaml"
+
+_FLAGS: list[tuple[str, type, str]] = [
+    ("rows", int, "rows of the table"),
+    ("dim", int, "float32 weights per row"),
+    ("state_dim", int, "float32 optimizer-state values per row"),
+    ("batch", int, "rows per batched read/write call"),
+    ("batches", int, "batches of the cold uniform read phase"),
+    ("zipf_batches", int, "batches of the cold Zipf read phase"),
+    ("write_batches", int, "batches of each write phase"),
+    ("warm_repeats", int, "re-reads of the last uniform batch (warm phase)"),
+    ("cache_fraction", float, "DRAM cache / RocksDB block cache as a share of the table bytes"),
+    ("dir", Path, "data directory on the filesystem under test (not tmpfs)"),
+    ("queue_depth", int, "I/O queue depth of the store and of fio's random reads"),
+    ("io_threads", int, "I/O threads of the store (and RocksDB MultiGet threads)"),
+    ("rocksdb_threads", int, "RocksDB MultiGet threads (default: --io-threads)"),
+    ("io_engine", str, "store I/O engine: auto | uring | threads"),
+    ("zipf_alpha", float, "Zipf exponent of the skewed reads"),
+    ("seed", int, "seed of ids and row values"),
+    ("fio_runtime_s", float, "seconds per fio job"),
+    ("fio_size_mb", int, "fio test file size in MiB"),
+    ("memmap_madvise", str, "memmap readahead advice: random | normal"),
+]
+_SWITCHES = ("skip_rocksdb", "skip_fio", "skip_memmap", "skip_ours", "keep", "quick")
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """Parses flags; options not given are absent from the namespace (config decides)."""
+    p = argparse.ArgumentParser(
+        prog="mtrains bench store", description=__doc__.split("\n\n")[1],
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--config", type=Path, help=f"YAML config (default {DEFAULT_CONFIG})")
+    for name, typ, help_ in _FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=help_)
+    p.add_argument("--json", dest="json_path", type=Path, help="write every figure to this JSON file")
+    for name in _SWITCHES:
+        p.add_argument("--" + name.replace("_", "-"), dest=name, action="store_true",
+                       help={"quick": "small run (the config's quick: overlay), well under a minute",
+                             "keep": "keep data files"}.get(name, f"do not run the {name[5:]} side"))
+    return p.parse_args(argv)
+
+
+def load_config(path: Optional[Path], quick: bool) -> dict[str, Any]:
+    """Reads the YAML config (top level, then its ``quick:`` section when ``quick``).
+
+    Raises:
+        ValueError: unknown keys or a malformed file.
+    """
+    if path is None:
+        if not DEFAULT_CONFIG.is_file():
+            return {}
+        path = DEFAULT_CONFIG
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"config {path}: expected a mapping, got {type(doc).__name__}")
+    overlay = doc.pop("quick", {}) or {}
+    known = {f.name for f in dataclasses.fields(StoreBenchConfig)}
+    for section in (doc, overlay):
+        unknown = set(section) - known
+        if unknown:
+            raise ValueError(f"config {path}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+    merged = dict(doc)
+    if quick:
+        merged.update(overlay)
+    return merged
+
+
+def _default_dir() -> Path:
+    if (REPO_ROOT / "benchmarks").is_dir():
+        return REPO_ROOT / "build" / "bench-data"
+    return Path(os.environ.get("TMPDIR", tempfile.gettempdir()))
+
+
+def build_config(argv: Optional[Sequence[str]]) -> StoreBenchConfig:
+    """Dataclass defaults < config file < config's quick overlay < CLI flags."""
+    ns = vars(parse_args(argv))
+    config_path = ns.pop("config", None)
+    settings = load_config(config_path, bool(ns.get("quick", False)))
+    settings.update(ns)
+    for key in ("dir", "json_path"):
+        if settings.get(key) is not None:
+            settings[key] = Path(settings[key])
+    if settings.get("dir") is None:
+        settings["dir"] = _default_dir()
+    return StoreBenchConfig(**settings)
+
+
+def _progress() -> Callable[[str, int], Callable[[int], None]]:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return lambda desc, total: (lambda n: None)
+
+    def factory(desc: str, total: int) -> Callable[[int], None]:
+        bar = tqdm(total=total, desc=desc, leave=False, disable=None, file=sys.stderr)
+
+        def update(n: int) -> None:
+            bar.update(n)
+            if bar.n >= total:
+                bar.close()
+
+        return update
+
+    return factory
+
+
+def _tool_versions() -> dict[str, str]:
+    out: dict[str, str] = {"python": platform.python_version(), "kernel": platform.release(),
+                           "cpus": str(os.cpu_count())}
+    if shutil.which("fio"):
+        out["fio"] = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
+    ver = Path("/usr/include/rocksdb/version.h")
+    if ver.is_file():
+        nums = {k: line.split()[-1] for line in ver.read_text().splitlines()
+                for k in ("MAJOR", "MINOR", "PATCH") if line.startswith(f"#define ROCKSDB_{k} ")}
+        out["rocksdb"] = ".".join(nums.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
+    return out
+
+
+def run(cfg: StoreBenchConfig,
+        log: Callable[[str], None] = print) -> tuple[Results, dict[str, str], list[str], dict]:
+    """Runs every enabled system; returns (results, skipped reasons, header lines, meta)."""
+    from torchrec_mtrains.benchmarks.baselines import fio, memmap, rocksdb
+    from torchrec_mtrains.benchmarks.blockstore import run_store
+
+    if cfg.dir is None:
+        raise ValueError("dir must be set (build_config fills in the default)")
+    cfg.dir.mkdir(parents=True, exist_ok=True)
+    work_dir = Path(tempfile.mkdtemp(prefix="mtrains-bench-store-", dir=cfg.dir))
+    fs = check_filesystem(work_dir, need_bytes=4 * cfg.table_bytes + cfg.fio_size_mb * 2**20)
+    meta = {"fs": dataclasses.asdict(fs), "work_dir": str(work_dir), **_tool_versions(),
+            "cache_drop": drop_page_cache([])}
+    header = [
+        f"store benchmark: {cfg.rows:,} rows x ({cfg.dim}+{cfg.state_dim}) fp32 = {cfg.row_bytes} B/row, "
+        f"table {cfg.table_bytes / 2**20:,.1f} MiB; cache {cfg.cache_mb:,.1f} MiB ({cfg.cache_fraction:.1%}); "
+        f"batch {cfg.batch:,}; QD {cfg.queue_depth}; io_threads {cfg.io_threads}; "
+        f"rocksdb threads {cfg.reader_threads}",
+        f"dir {work_dir} ({fs.fs_type} on {fs.device}{', IN MEMORY' if fs.in_memory else ''}); "
+        f"page cache dropped via {meta['cache_drop']}; {meta['cpus']} CPUs; kernel {meta['kernel']}; "
+        f"rocksdb {meta.get('rocksdb', '?')}; {meta.get('fio', 'fio ?')}",
+    ]
+    work = make_workload(cfg.rows, cfg.batch, cfg.batches, cfg.zipf_batches, cfg.write_batches,
+                         cfg.zipf_alpha, cfg.seed)
+    progress = _progress()
+    res: Results = {}
+    skipped: dict[str, str] = {}
+    steps: list[tuple[str, bool, Callable[[], Any]]] = [
+        ("fio", cfg.skip_fio, lambda: fio.run_fio(work_dir, fio.default_jobs(cfg.queue_depth),
+                                                  cfg.fio_size_mb, cfg.fio_runtime_s, cfg.keep)),
+        ("ours", cfg.skip_ours, lambda: run_store(cfg, work, work_dir, progress, log)),
+        # The device's speed drifts (shared / virtual disks): measure its read limit again
+        # right after our phases; the read target uses the mean of both fio runs.
+        ("fio", cfg.skip_fio or cfg.skip_ours, lambda: {**res.get("fio", {}), **fio.run_fio(
+            work_dir, [fio.FioJob("randread_4k_qd32_after", "randread", 4096, 32)],
+            cfg.fio_size_mb, cfg.fio_runtime_s, cfg.keep)}),
+        ("rocksdb", cfg.skip_rocksdb, lambda: rocksdb.run_rocksdb(
+            cfg, work, work_dir, REPO_ROOT / "build" / "bench", log)),
+        ("memmap", cfg.skip_memmap, lambda: memmap.run_memmap(cfg, work, work_dir, progress, log)),
+    ]
+    try:
+        for system, skip, step in steps:
+            if skip:
+                skipped.setdefault(system, "disabled by --skip-" + system)
+                continue
+            if system in skipped:  # a second step of a system that could not run
+                continue
+            log(f"running {system} ...")
+            try:
+                res[system] = step()
+            except BaselineUnavailable as e:
+                skipped[system] = str(e)
+                log(f"SKIPPED {system}: {e}")
+    finally:
+        if not cfg.keep:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    return res, skipped, header, meta
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``mtrains bench store`` and ``benchmarks/bench_store.py``.
+
+    Returns:
+        0; 1 when a system returned wrong rows (verification errors); 2 for a bad
+        flag or config value.
+    """
+    try:
+        cfg = build_config(argv)
+    except ValueError as e:  # a bad flag or config value: a usage error, no traceback
+        print(f"mtrains bench store: error: {e}", file=sys.stderr)
+        return 2
+    res, skipped, header, meta = run(cfg)
+    print()
+    print(format_report(res, cfg, header, skipped))
+    if cfg.json_path is not None:
+        write_json(cfg.json_path, res, cfg, meta, skipped)
+        print(f"figures written to {cfg.json_path}")
+    bad = any(r.extra.get(k) for ph in res.values() for r in ph.values()
+              for k in ("errors", "reopen_errors"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
