@@ -34,7 +34,7 @@ struct StoreRuntimeOptions {
   IoEngineKind engine = IoEngineKind::kAuto;
   uint32_t queue_depth = 64;
   uint32_t io_threads = 8;
-  uint32_t read_chunk_blocks = 8192;  // blocks per batched device read
+  uint32_t read_chunk_blocks = 128;  // read buffers in flight or being verified (extents)
 };
 
 // What a new table looks like (persisted in its header).
@@ -107,7 +107,7 @@ class BlockStore {
   std::unique_ptr<FaultInjectingDevice> meta_, log_;
   std::unique_ptr<SegmentLog> seg_log_;
   std::unique_ptr<RowCache> cache_;
-  uint32_t read_chunk_blocks_ = 8192;
+  uint32_t read_window_ = 128;  // extents in the read pipeline (buffers)
   std::vector<uint8_t*> hit_ptrs_;  // scratch of ReadLocked
   std::string engine_, warning_;
   bool direct_io_ = false;

@@ -1,27 +1,34 @@
 #include "storage/device.h"
 
+#include <algorithm>
 #include <cstring>
+
+#include "common/aligned_buffer.h"
 
 namespace mtrains {
 
 Device::Device(uint64_t size, uint32_t alignment) : size_(size), alignment_(alignment) {}
 
+Status Device::ValidateExtent(uint64_t offset, uint64_t len, const char* what) const {
+  if (offset % alignment_ != 0 || len % alignment_ != 0) {
+    return Status::InvalidArgument(std::string(what) + " at offset " + std::to_string(offset) +
+                                   " of " + std::to_string(len) + " bytes is not aligned to " +
+                                   std::to_string(alignment_));
+  }
+  if (offset + len > size_ || offset + len < offset) {
+    return Status::InvalidArgument(std::string(what) + " at offset " + std::to_string(offset) +
+                                   " of " + std::to_string(len) +
+                                   " bytes is past the device end " + std::to_string(size_));
+  }
+  return Status::Ok();
+}
+
 Status Device::Validate(const IoOp* ops, size_t n, const char* what) const {
   for (size_t i = 0; i < n; ++i) {
-    const IoOp& op = ops[i];
-    if (op.offset % alignment_ != 0 || op.len % alignment_ != 0 ||
-        reinterpret_cast<uintptr_t>(op.buf) % alignment_ != 0) {
-      return Status::InvalidArgument(std::string(what) + " at offset " +
-                                     std::to_string(op.offset) + " of " +
-                                     std::to_string(op.len) + " bytes is not aligned to " +
+    if (reinterpret_cast<uintptr_t>(ops[i].buf) % alignment_ != 0)
+      return Status::InvalidArgument(std::string(what) + " buffer is not aligned to " +
                                      std::to_string(alignment_));
-    }
-    if (op.offset + op.len > size_ || op.offset + op.len < op.offset) {
-      return Status::InvalidArgument(std::string(what) + " at offset " +
-                                     std::to_string(op.offset) + " of " +
-                                     std::to_string(op.len) + " bytes is past the device end " +
-                                     std::to_string(size_));
-    }
+    MTRAINS_RETURN_IF_ERROR(ValidateExtent(ops[i].offset, ops[i].len, what));
   }
   return Status::Ok();
 }
@@ -48,6 +55,31 @@ Status Device::Write(const IoOp* ops, size_t n) {
     bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
   }
   return st;
+}
+
+Status Device::ReadStream(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
+                          const ReadCallback& on_done) {
+  for (size_t i = 0; i < n; ++i) MTRAINS_RETURN_IF_ERROR(ValidateExtent(offsets[i], len, "read"));
+  Status st = ReadStreamImpl(offsets, n, len, std::max<uint32_t>(window, 1), on_done);
+  if (st.ok()) {
+    reads_.fetch_add(n, std::memory_order_relaxed);
+    bytes_read_.fetch_add(uint64_t(n) * len, std::memory_order_relaxed);
+  }
+  return st;
+}
+
+Status Device::ReadStreamImpl(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
+                              const ReadCallback& on_done) {
+  AlignedBuffer buf(size_t(std::min<size_t>(window, n)) * len, alignment_);
+  std::vector<IoOp> ops;
+  for (size_t start = 0; start < n; start += window) {
+    const size_t k = std::min<size_t>(window, n - start);
+    ops.clear();
+    for (size_t i = 0; i < k; ++i) ops.push_back({offsets[start + i], buf.data() + i * len, len});
+    MTRAINS_RETURN_IF_ERROR(ReadImpl(ops.data(), k));
+    for (size_t i = 0; i < k; ++i) MTRAINS_RETURN_IF_ERROR(on_done(start + i, buf.data() + i * len));
+  }
+  return Status::Ok();
 }
 
 Status Device::Sync() {
@@ -126,6 +158,17 @@ Status FaultInjectingDevice::ReadImpl(IoOp* ops, size_t n) {
     static_cast<uint8_t*>(ops[0].buf)[ops[0].len / 2] ^= 0x40;
   }
   return Status::Ok();
+}
+
+Status FaultInjectingDevice::ReadStreamImpl(const uint64_t* offsets, size_t n, uint32_t len,
+                                            uint32_t window, const ReadCallback& on_done) {
+  bool armed;  // scripted faults apply through ReadImpl, one window at a time
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed = armed_;
+  }
+  if (armed) return Device::ReadStreamImpl(offsets, n, len, window, on_done);
+  return inner_->ReadStream(offsets, n, len, window, on_done);
 }
 
 Status FaultInjectingDevice::WriteImpl(const IoOp* ops, size_t n) {

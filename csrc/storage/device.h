@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,15 @@ class Device {
   // Makes completed writes durable (fdatasync).
   Status Sync();
 
+  // Called as each streamed read completes with (extent index, its bytes); the bytes are
+  // valid only during the call. A non-ok return stops the stream.
+  using ReadCallback = std::function<Status(size_t, const uint8_t*)>;
+  // Reads `n` extents of `len` bytes at `offsets`, keeping up to `window` in flight, and
+  // hands each to `on_done` in the calling thread as it completes (in any order), so the
+  // caller's CPU work overlaps the device's. Stops at the first failure.
+  Status ReadStream(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
+                    const ReadCallback& on_done);
+
   uint64_t size() const { return size_; }
   uint32_t alignment() const { return alignment_; }
   // A short human-readable description ("io_uring qd=64 on /path", ...).
@@ -63,11 +73,15 @@ class Device {
   virtual Status ReadImpl(IoOp* ops, size_t n) = 0;
   virtual Status WriteImpl(const IoOp* ops, size_t n) = 0;
   virtual Status SyncImpl() = 0;
+  // Default: reads `window` extents at a time through ReadImpl.
+  virtual Status ReadStreamImpl(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
+                                const ReadCallback& on_done);
   void RecordReadLatency(uint64_t nanos) { read_latency_.Record(nanos); }
   void RecordWriteLatency(uint64_t nanos) { write_latency_.Record(nanos); }
 
  private:
   Status Validate(const IoOp* ops, size_t n, const char* what) const;
+  Status ValidateExtent(uint64_t offset, uint64_t len, const char* what) const;
 
   const uint64_t size_;
   const uint32_t alignment_;
@@ -111,6 +125,8 @@ class FaultInjectingDevice final : public Device {
   Status ReadImpl(IoOp* ops, size_t n) override;
   Status WriteImpl(const IoOp* ops, size_t n) override;
   Status SyncImpl() override;
+  Status ReadStreamImpl(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
+                        const ReadCallback& on_done) override;
 
  private:
   // Returns true when the current operation of `kind` must fail (and consumes one fault).

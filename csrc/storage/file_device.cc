@@ -11,6 +11,8 @@
 #include <functional>
 #include <thread>
 
+#include "common/aligned_buffer.h"
+
 namespace mtrains {
 namespace {
 
@@ -57,6 +59,20 @@ class FileSet {
         left -= len;
       }
     }
+  }
+
+  // The single file and offset of an extent; false if it crosses a stripe boundary.
+  bool Locate(uint64_t off, uint64_t len, int* fd, uint64_t* file_off) const {
+    if (fds_.size() == 1) {
+      *fd = fds_[0];
+      *file_off = base_ + off;
+      return true;
+    }
+    const uint64_t stripe = off / unit_, within = off % unit_;
+    if (within + len > unit_) return false;
+    *fd = fds_[stripe % fds_.size()];
+    *file_off = base_ + (stripe / fds_.size()) * unit_ + within;
+    return true;
   }
 
   Status SyncAll() const {
@@ -108,6 +124,102 @@ class UringFileDevice final : public Device {
   Status ReadImpl(IoOp* ops, size_t n) override { return Run(ops, n, false); }
   Status WriteImpl(const IoOp* ops, size_t n) override { return Run(ops, n, true); }
   Status SyncImpl() override { return files_->SyncAll(); }
+
+  // Keeps the ring full while the caller processes completed extents: buffers come from a
+  // pool of max(window, 2 * depth) and return to it after the callback.
+  Status ReadStreamImpl(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
+                        const ReadCallback& on_done) override {
+    struct Extent {
+      size_t index;
+      int fd;
+      uint64_t file_off;
+      uint32_t done;
+      uint64_t started;
+    };
+    std::vector<Extent> where(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (!files_->Locate(offsets[i], len, &where[i].fd, &where[i].file_off))
+        return Device::ReadStreamImpl(offsets, n, len, window, on_done);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint32_t pool_size = std::max<uint32_t>(window, 2 * depth_);
+    AlignedBuffer pool(size_t(pool_size) * len, alignment());
+    std::vector<Extent> slot(pool_size);
+    std::vector<uint32_t> free_slots, completed;
+    for (uint32_t s = pool_size; s-- > 0;) free_slots.push_back(s);
+    std::deque<uint32_t> retry;
+    size_t next = 0, inflight = 0;
+    Status err;
+    auto submit_more = [&] {
+      while (err.ok() && inflight < depth_) {
+        uint32_t s;
+        if (!retry.empty()) {
+          s = retry.front();
+        } else if (next < n && !free_slots.empty()) {
+          s = free_slots.back();
+        } else {
+          break;
+        }
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (sqe == nullptr) break;
+        if (!retry.empty()) {
+          retry.pop_front();
+        } else {
+          free_slots.pop_back();
+          slot[s] = where[next];
+          slot[s].index = next++;
+          slot[s].done = 0;
+          slot[s].started = NowNanos();
+        }
+        const Extent& e = slot[s];
+        io_uring_prep_read(sqe, e.fd, pool.data() + size_t(s) * len + e.done, len - e.done,
+                           e.file_off + e.done);
+        io_uring_sqe_set_data64(sqe, s);
+        ++inflight;
+      }
+    };
+    while (true) {
+      submit_more();
+      if (inflight == 0) break;
+      const int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+        return Status::IoError(-rc, "io_uring_submit failed: " + ErrnoText(-rc));
+      io_uring_cqe* cqe;
+      unsigned head, seen = 0;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++seen;
+        --inflight;
+        const uint32_t s = static_cast<uint32_t>(io_uring_cqe_get_data64(cqe));
+        const int res = cqe->res;
+        Extent& e = slot[s];
+        if (res == -EINTR || res == -EAGAIN) {
+          retry.push_back(s);
+        } else if (res < 0) {
+          if (err.ok())
+            err = PartError(*files_, {e.fd, e.file_off, nullptr, len, e.index}, false, -res);
+          free_slots.push_back(s);
+        } else if (res == 0) {  // past end of file reads as zeros
+          std::memset(pool.data() + size_t(s) * len + e.done, 0, len - e.done);
+          completed.push_back(s);
+        } else if ((e.done += static_cast<uint32_t>(res)) < len) {
+          retry.push_back(s);
+        } else {
+          completed.push_back(s);
+        }
+      }
+      io_uring_cq_advance(&ring_, seen);
+      submit_more();  // refill the ring before spending CPU on the completed extents
+      if (inflight > 0) io_uring_submit(&ring_);
+      for (uint32_t s : completed) {
+        RecordReadLatency(NowNanos() - slot[s].started);
+        if (err.ok()) err = on_done(slot[s].index, pool.data() + size_t(s) * len);
+        free_slots.push_back(s);
+      }
+      completed.clear();
+      if (!err.ok()) retry.clear();
+    }
+    return err;
+  }
 
  private:
   Status Run(const IoOp* ops, size_t n, bool write) {
