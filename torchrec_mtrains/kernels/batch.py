@@ -64,9 +64,9 @@ def split_batch(
     for t, (rows, _) in enumerate(specs):
         part = indices[bounds[t] : bounds[t + 1]]
         if part.numel():
-            bad = (part < 0) | (part >= rows)
-            if bool(bad.any()):
-                pos = int(bad.nonzero()[0, 0])
+            lo, hi = torch.aminmax(part)
+            if int(lo) < 0 or int(hi) >= rows:
+                pos = int(((part < 0) | (part >= rows)).nonzero()[0, 0])
                 raise IndexError(
                     f"table {names[t]}: id {int(part[pos])} at position {bounds[t] + pos} of indices "
                     f"is outside [0, {rows})"

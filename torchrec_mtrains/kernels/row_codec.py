@@ -44,20 +44,18 @@ class RowCodec:
 
     def gather(self, weights: torch.Tensor, state: Optional[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
         """Rows of cache ``slots``: ``[len(slots), row_width]`` in the store dtype."""
-        w = weights.index_select(0, slots)
-        if self.state_values == 0:
-            return w
-        s = state.index_select(0, slots).reshape(slots.numel(), self.state_values)
-        return torch.cat([w, s.view(self.dtype)], dim=1)
+        return torch.ops.mtrains.pack_rows(weights, self._state_2d(state), slots, self.dtype)
 
     def scatter(
         self, weights: torch.Tensor, state: Optional[torch.Tensor], slots: torch.Tensor, rows: torch.Tensor
     ) -> None:
         """Writes store ``rows`` into cache ``slots``."""
-        weights.index_copy_(0, slots, rows[:, : self.dim])
-        if self.state_values:
-            s = rows[:, self.dim :].contiguous().view(torch.float32)
-            state.index_copy_(0, slots, s.reshape((slots.numel(),) + tuple(state.shape[1:])))
+        torch.ops.mtrains.unpack_rows(rows.contiguous(), slots, weights, self._state_2d(state))
+
+    def _state_2d(self, state: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if self.state_values == 0:
+            return None
+        return state.view(state.shape[0], -1)
 
     def split(self, rows: torch.Tensor):
         """(weights, fp32 state shaped like FBGEMM's split_optimizer_states, or None)."""

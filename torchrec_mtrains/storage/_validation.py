@@ -86,12 +86,3 @@ def check_path(path: PathLike) -> str:
     if not text or "\0" in text:
         raise ValueError(f"path {text!r} is empty or contains a NUL byte")
     return os.path.abspath(text)
-
-
-def last_occurrence(ids: torch.Tensor) -> torch.Tensor:
-    """Positions of the last occurrence of each distinct id (so the last write wins)."""
-    uniq, inverse = torch.unique(ids, return_inverse=True)
-    if uniq.numel() == ids.numel():
-        return torch.arange(ids.numel())
-    pos = torch.arange(ids.numel())
-    return torch.zeros(uniq.numel(), dtype=torch.int64).scatter_reduce_(0, inverse, pos, "amax")

@@ -12,8 +12,8 @@ from torchrec_mtrains.storage._validation import (
     check_init_range,
     check_int,
     check_rows,
-    last_occurrence,
 )
+from torchrec_mtrains._ops import load_extension
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 from torchrec_mtrains.storage.types import RowStore
 
@@ -40,6 +40,7 @@ class DramStore(RowStore):
         check_int("dim", dim, 1, 2**20)
         check_int("state_dim", state_dim, 0, 2**20)
         check_init_range(init_range)
+        load_extension()
         self.num_rows, self.dim, self.state_dim, self.dtype = num_rows, dim, state_dim, dtype
         self.name = name
         self.data = torch.empty((num_rows, dim + state_dim), dtype=dtype)
@@ -56,14 +57,15 @@ class DramStore(RowStore):
         if out is not None:
             check_rows(self.name, out, ids.numel(), self.row_width, self.dtype, "out")
         self._rows_read += ids.numel()
-        return torch.index_select(self.data, 0, ids, out=out) if out is not None else self.data[ids]
+        rows = torch.ops.mtrains.pack_rows(self.data, None, ids, self.dtype)
+        return out.copy_(rows) if out is not None else rows
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         ids = as_ids(self.name, ids)
         check_id_range(self.name, ids, self.num_rows)
         check_rows(self.name, rows, ids.numel(), self.row_width, self.dtype, "rows")
-        keep = last_occurrence(ids)
-        self.data.index_copy_(0, ids[keep], rows[keep])
+        # Rows are copied in order, so for a repeated id the last one wins.
+        torch.ops.mtrains.unpack_rows(rows.contiguous(), ids, self.data, None)
         self._rows_written += ids.numel()
 
     def flush(self) -> None:

@@ -29,8 +29,8 @@ from torchrec_mtrains.storage._validation import (
     check_int,
     check_path,
     check_rows,
-    last_occurrence,
 )
+from torchrec_mtrains._ops import load_extension
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 from torchrec_mtrains.storage.types import RowStore
 
@@ -116,6 +116,7 @@ class ScmStore(RowStore):
         return store
 
     def _map(self, path: str, meta: dict) -> None:
+        load_extension()
         self.path = path
         self.num_rows, self.dim, self.state_dim = meta["num_rows"], meta["dim"], meta["state_dim"]
         self.dtype = _DTYPES[meta["dtype"]]
@@ -132,7 +133,7 @@ class ScmStore(RowStore):
 
     def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         ids = self._checked(ids)
-        rows = self.data[ids]
+        rows = torch.ops.mtrains.pack_rows(self.data, None, ids, self.dtype)
         fresh = ~self._written[ids]
         if bool(fresh.any()):
             pos = fresh.nonzero().squeeze(1)
@@ -148,8 +149,8 @@ class ScmStore(RowStore):
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         ids = self._checked(ids)
         check_rows(self.path, rows, ids.numel(), self.row_width, self.dtype, "rows")
-        keep = last_occurrence(ids)
-        self.data.index_copy_(0, ids[keep], rows[keep])
+        # Rows are copied in order, so for a repeated id the last one wins.
+        torch.ops.mtrains.unpack_rows(rows.contiguous(), ids, self.data, None)
         self._written[ids] = True
         self._rows_written += ids.numel()
 

@@ -1,0 +1,93 @@
+// Row gathers and scatters between the TBE's cache slots and store rows (torch.ops.mtrains).
+//
+// Plain per-row memcpy in the calling thread: the prefetch thread runs these beside the
+// training step, and on a small machine an extra OpenMP team would only fight the step's
+// own threads for cores. Byte copies also move fp32 optimizer state inside fp16 rows
+// without conversion (see torchrec_mtrains/kernels/row_codec.py).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+namespace mtrains {
+namespace {
+
+void CheckMatrix(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), name,
+                    " must be a contiguous 2-D CPU tensor");
+}
+
+void CheckSlots(const at::Tensor& slots, int64_t rows, const char* what) {
+  TORCH_CHECK_VALUE(slots.device().is_cpu() && slots.scalar_type() == at::kLong && slots.dim() == 1 &&
+                        slots.is_contiguous(),
+                    what, " indices must be a contiguous 1-D int64 CPU tensor");
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < slots.numel(); ++i)
+    TORCH_CHECK_INDEX(s[i] >= 0 && s[i] < rows, what, " index ", s[i], " at position ", i,
+                      " is outside [0, ", rows, ")");
+}
+
+size_t RowBytes(const at::Tensor& t) { return size_t(t.size(1)) * t.element_size(); }
+
+// rows[i] = weights[slots[i]] ++ state[slots[i]] (bytes), in `out_dtype`.
+at::Tensor PackRows(const at::Tensor& weights, const c10::optional<at::Tensor>& state,
+                    const at::Tensor& slots, at::ScalarType out_dtype) {
+  CheckMatrix(weights, "weights");
+  CheckSlots(slots, weights.size(0), "pack_rows");
+  const size_t wb = RowBytes(weights);
+  size_t sb = 0;
+  if (state.has_value()) {
+    CheckMatrix(*state, "state");
+    TORCH_CHECK_VALUE(state->size(0) == weights.size(0), "state and weights differ in rows");
+    sb = RowBytes(*state);
+  }
+  const size_t elem = c10::elementSize(out_dtype);
+  TORCH_CHECK_VALUE((wb + sb) % elem == 0, "row bytes ", wb + sb, " are not a multiple of ", elem);
+  const int64_t n = slots.numel();
+  at::Tensor out = at::empty({n, int64_t((wb + sb) / elem)}, at::TensorOptions().dtype(out_dtype));
+  auto* o = static_cast<uint8_t*>(out.data_ptr());
+  const auto* w = static_cast<const uint8_t*>(weights.data_ptr());
+  const auto* st = sb ? static_cast<const uint8_t*>(state->data_ptr()) : nullptr;
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(o + i * (wb + sb), w + s[i] * wb, wb);
+    if (sb) std::memcpy(o + i * (wb + sb) + wb, st + s[i] * sb, sb);
+  }
+  return out;
+}
+
+// weights[slots[i]] ++ state[slots[i]] = rows[i] (bytes).
+void UnpackRows(const at::Tensor& rows, const at::Tensor& slots, const at::Tensor& weights,
+                const c10::optional<at::Tensor>& state) {
+  CheckMatrix(rows, "rows");
+  CheckMatrix(weights, "weights");
+  CheckSlots(slots, weights.size(0), "unpack_rows");
+  const size_t wb = RowBytes(weights), sb = state.has_value() ? RowBytes(*state) : 0;
+  if (state.has_value()) {
+    CheckMatrix(*state, "state");
+    TORCH_CHECK_VALUE(state->size(0) == weights.size(0), "state and weights differ in rows");
+  }
+  TORCH_CHECK_VALUE(rows.size(0) == slots.numel() && RowBytes(rows) == wb + sb, "rows have ",
+                    RowBytes(rows), " bytes per row for ", slots.numel(), " slots; expected ", wb + sb);
+  const auto* r = static_cast<const uint8_t*>(rows.data_ptr());
+  auto* w = static_cast<uint8_t*>(weights.data_ptr());
+  auto* st = sb ? static_cast<uint8_t*>(state->data_ptr()) : nullptr;
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < slots.numel(); ++i) {
+    std::memcpy(w + s[i] * wb, r + i * (wb + sb), wb);
+    if (sb) std::memcpy(st + s[i] * sb, r + i * (wb + sb) + wb, sb);
+  }
+}
+
+}  // namespace
+}  // namespace mtrains
+
+TORCH_LIBRARY_FRAGMENT(mtrains, m) {
+  m.def("pack_rows(Tensor weights, Tensor? state, Tensor slots, ScalarType out_dtype) -> Tensor");
+  m.def("unpack_rows(Tensor rows, Tensor slots, Tensor(a!) weights, Tensor(b!)? state) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(mtrains, CPU, m) {
+  m.impl("pack_rows", &mtrains::PackRows);
+  m.impl("unpack_rows", &mtrains::UnpackRows);
+}
