@@ -312,6 +312,49 @@ class TieredEmbeddingBags(torch.nn.Module):
                 self._counters[t].rows_written_back += rows.numel()
             self._stores[t].flush()
 
+    def set_rows(
+        self,
+        table: int,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        optimizer_state: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Overwrites rows ``ids`` of ``table`` (weights ``[n, dim]`` in the weights' dtype,
+        optimizer state in FBGEMM's layout: ``[n]`` row-wise, ``[n, dim]`` per element; zero
+        when omitted) on the tier and in the cache. For initialising or restoring tables."""
+        self._check_usable()
+        if not 0 <= table < len(self.embedding_specs):
+            raise IndexError(f"table {table} is outside [0, {len(self.embedding_specs)})")
+        name, (rows_t, dim) = self.table_names[table], self.embedding_specs[table]
+        codec = self._codecs[table]
+        ids = torch.as_tensor(ids).to(torch.int64).contiguous()
+        n = ids.numel()
+        if ids.dim() != 1 or (n and (int(ids.min()) < 0 or int(ids.max()) >= rows_t)):
+            raise IndexError(f"table {name}: ids must be 1-D row ids in [0, {rows_t})")
+        if weights.dtype != codec.dtype or tuple(weights.shape) != (n, dim):
+            raise ValueError(f"table {name}: weights must be {codec.dtype} of shape ({n}, {dim})")
+        state_shape = (n,) if codec.state_values == 1 else (n, codec.state_values)
+        if codec.state_values == 0:
+            state = None
+        elif optimizer_state is None:
+            state = torch.zeros(state_shape, dtype=torch.float32)
+        elif optimizer_state.dtype != torch.float32 or tuple(optimizer_state.shape) != state_shape:
+            raise ValueError(f"table {name}: optimizer_state must be float32 of shape {state_shape}")
+        else:
+            state = optimizer_state
+        rows = weights if state is None else torch.cat(
+            [weights, state.reshape(n, -1).contiguous().view(codec.dtype)], dim=1
+        )
+        self._drain()
+        self._stores[table].write(ids, rows.contiguous())
+        cached_rows, slots = self._caches[table].occupied()
+        hit = torch.isin(cached_rows, ids) & (slots < self._tbe_rows[table])
+        if bool(hit.any()):
+            # The row of each cached id, last occurrence winning as in the store.
+            order = torch.argsort(ids, stable=True)
+            pos = torch.searchsorted(ids[order], cached_rows[hit], right=True) - 1
+            codec.scatter(self._weights[table], self._states[table], slots[hit], rows[order[pos]])
+
     def _full_rows(self, t: int) -> torch.Tensor:
         """Table t as store rows: read through the tier, overlaid with the cached rows."""
         self._drain()
