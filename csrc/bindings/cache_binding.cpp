@@ -40,6 +40,17 @@ class CacheHandle : public torch::CustomClassHolder {
             ToTensor(plan_.evict_rows), ToTensor(plan_.evict_slots)};
   }
 
+  void mark_dirty(const at::Tensor& slots) {
+    TORCH_CHECK_VALUE(slots.device().is_cpu() && slots.scalar_type() == at::kLong && slots.dim() == 1,
+                      "slots must be a 1-D int64 CPU tensor");
+    const at::Tensor c = slots.contiguous();
+    try {
+      cache_->MarkDirty(c.data_ptr<int64_t>(), c.numel());
+    } catch (const std::out_of_range& e) {
+      TORCH_CHECK_INDEX(false, e.what());
+    }
+  }
+
   std::tuple<at::Tensor, at::Tensor> take_dirty(int64_t live_step) {
     std::vector<int64_t> rows, slots;
     cache_->TakeDirty(live_step, &rows, &slots);
@@ -82,6 +93,8 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
       .def("plan", &CacheHandle::plan,
            "(indices, step, oldest_live_step, train) -> (slot per index, load_rows, "
            "load_slots, evict_rows, evict_slots): assigns and locks slots for one step.")
+      .def("mark_dirty", &CacheHandle::mark_dirty,
+           "(slots): marks occupied slots dirty (their rows will be updated).")
       .def("take_dirty", &CacheHandle::take_dirty,
            "(live_step) -> (rows, slots) of dirty slots; those not locked by a step >= "
            "live_step become clean.")

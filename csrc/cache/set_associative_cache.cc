@@ -168,6 +168,14 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
   }
 }
 
+void SetAssociativeCache::MarkDirty(const int64_t* slots, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= slot_row_.size())
+      throw std::out_of_range("slot " + std::to_string(slots[i]) + " is outside the cache");
+    if (slot_row_[slots[i]] != kEmpty) slot_dirty_[slots[i]] = 1;
+  }
+}
+
 void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* rows,
                                     std::vector<int64_t>* slots) {
   rows->clear();

@@ -50,6 +50,8 @@ class SetAssociativeCache {
   void Plan(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step, bool train,
             StepPlan* plan);
 
+  // Marks `slots` dirty (a step planned in eval mode that trains after all).
+  void MarkDirty(const int64_t* slots, size_t n);
   // Slots whose rows are dirty, with their rows (flush). Marks them clean, except slots
   // locked by a step >= `live_step` (planned or running: their rows will change again).
   void TakeDirty(int64_t live_step, std::vector<int64_t>* rows, std::vector<int64_t>* slots);

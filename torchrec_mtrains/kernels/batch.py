@@ -7,7 +7,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-__all__ = ["Batch", "split_batch"]
+__all__ = ["Batch", "check_index_tensor", "split_batch"]
 
 _INT_DTYPES = (torch.int64, torch.int32)
 
@@ -21,7 +21,9 @@ class Batch:
     per_table: List[torch.Tensor]
 
 
-def _as_index_tensor(name: str, t: object) -> torch.Tensor:
+def check_index_tensor(name: str, t: object) -> torch.Tensor:
+    """Returns ``t`` as a contiguous 1-D int64 CPU tensor; ValueError naming ``name`` if it
+    is not an int32/int64 1-D CPU tensor."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _INT_DTYPES:
@@ -43,8 +45,8 @@ def split_batch(
             not end at ``len(indices)``, or whose length is not ``T * B + 1``.
         IndexError: an id outside its table, naming the table, the id and its position.
     """
-    indices = _as_index_tensor("indices", indices)
-    offsets = _as_index_tensor("offsets", offsets)
+    indices = check_index_tensor("indices", indices)
+    offsets = check_index_tensor("offsets", offsets)
     num_tables = len(specs)
     if offsets.numel() < 1 or (offsets.numel() - 1) % num_tables:
         raise ValueError(

@@ -27,7 +27,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from torchrec_mtrains._ops import load_extension
-from torchrec_mtrains.kernels.batch import Batch, split_batch
+from torchrec_mtrains.kernels.batch import Batch, check_index_tensor, split_batch
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_codec import SUPPORTED_OPTIMIZERS, SUPPORTED_PRECISIONS, RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
@@ -46,8 +46,20 @@ class _Step:
 
     step: int
     batch: Batch
+    train: bool = True
     future: "object" = None
+    slots: List[torch.Tensor] = dataclasses.field(default_factory=list)  # per table
     remapped: Optional[torch.Tensor] = None
+
+
+@dataclasses.dataclass
+class _Deferred:
+    """Rows loaded for overflow slots past the TBE's current size, copied in once it grows."""
+
+    table: int
+    slots: torch.Tensor
+    ids: torch.Tensor
+    rows: torch.Tensor
 
 
 @dataclasses.dataclass
@@ -155,10 +167,11 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._tbe = self._make_tbe(self._tbe_rows)
         self._pipeline = PrefetchPipeline(background=prefetch_pipeline)
         self._pending: Deque[_Step] = collections.deque()
-        self._deferred: List[Tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._deferred: List[_Deferred] = []
         self._next_step = 0
         self._last_forward_step = -1
         self._broken: Optional[str] = None
+        self._closed = False
         self._counters = [_TableCounters() for _ in specs]
         self._wait_seconds = 0.0
 
@@ -196,8 +209,8 @@ class TieredEmbeddingBags(torch.nn.Module):
                 if old_s[t] is not None:
                     self._states[t][: old_rows[t]].copy_(old_s[t])
         deferred, self._deferred = self._deferred, []
-        for t, slots, rows in deferred:
-            self._codecs[t].scatter(self._weights[t], self._states[t], slots, rows)
+        for d in deferred:
+            self._codecs[d.table].scatter(self._weights[d.table], self._states[d.table], d.slots, d.rows)
 
     # ------------------------------------------------------------------- steps ----
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -214,21 +227,28 @@ class TieredEmbeddingBags(torch.nn.Module):
     ) -> torch.Tensor:
         """Pooled embeddings ``[B, sum(dims)]`` of a batch (FBGEMM's layout)."""
         self._check_usable()
-        if self._pending:
-            job = self._pending.popleft()
-            if not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets):
-                self._pending.appendleft(job)
-                raise ValueError("forward() got a batch different from the one prefetch() was given")
-        else:
-            job = self._submit(indices, offsets)
-        n = job.batch.indices.numel()
+        # Everything about the input is checked before a queued plan is consumed or a new
+        # one made, so a bad call changes nothing and can be retried.
+        indices, offsets = check_index_tensor("indices", indices), check_index_tensor("offsets", offsets)
+        n = indices.numel()
         if per_sample_weights is not None and (
             not isinstance(per_sample_weights, torch.Tensor)
             or not per_sample_weights.is_floating_point()
             or tuple(per_sample_weights.shape) != (n,)
         ):
             raise ValueError(f"per_sample_weights must be a float tensor of shape ({n},) like indices")
+        if self._pending:
+            job = self._pending[0]
+            if not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets):
+                raise ValueError("forward() got a batch different from the one prefetch() was given")
+            self._pending.popleft()
+        else:
+            job = self._submit(indices, offsets)
         self._finish(job)
+        if self.training and not job.train:
+            # Planned in eval mode, computed in train mode: its rows are about to change.
+            for t, cache in enumerate(self._caches):
+                cache.mark_dirty(job.slots[t])
         self._last_forward_step = job.step
         return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
 
@@ -239,7 +259,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         # Rows of the step that may still be running (its backward) and of every step
         # planned after it stay locked.
         oldest_live = max(0, self._last_forward_step)
-        train = self.training
+        job.train = train = self.training
         job.future = self._pipeline.submit(lambda: self._plan(job, oldest_live, train))
         return job
 
@@ -262,9 +282,10 @@ class TieredEmbeddingBags(torch.nn.Module):
                     codec.scatter(self._weights[t], self._states[t], load_slots, rows)
                 else:  # overflow slots past the TBE: filled once it grows, between steps
                     codec.scatter(self._weights[t], self._states[t], load_slots[ready], rows[ready])
-                    self._deferred.append((t, load_slots[~ready], rows[~ready]))
+                    self._deferred.append(_Deferred(t, load_slots[~ready], load_rows[~ready], rows[~ready]))
             counters.tier_seconds += time.perf_counter() - t0
             remapped.append(slots)
+        job.slots = remapped
         job.remapped = torch.cat(remapped) if len(remapped) > 1 else remapped[0]
 
     def _finish(self, job: _Step) -> None:
@@ -290,6 +311,8 @@ class TieredEmbeddingBags(torch.nn.Module):
                 raise
 
     def _check_usable(self) -> None:
+        if self._closed:
+            raise ValueError("TieredEmbeddingBags is closed")
         if self._broken is not None:
             raise RuntimeError(
                 f"TieredEmbeddingBags is unusable: {self._broken}; the cache may no longer match "
@@ -327,7 +350,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             raise IndexError(f"table {table} is outside [0, {len(self.embedding_specs)})")
         name, (rows_t, dim) = self.table_names[table], self.embedding_specs[table]
         codec = self._codecs[table]
-        ids = torch.as_tensor(ids).to(torch.int64).contiguous()
+        ids = check_index_tensor("ids", torch.as_tensor(ids))
         n = ids.numel()
         if ids.dim() != 1 or (n and (int(ids.min()) < 0 or int(ids.max()) >= rows_t)):
             raise IndexError(f"table {name}: ids must be 1-D row ids in [0, {rows_t})")
@@ -345,15 +368,25 @@ class TieredEmbeddingBags(torch.nn.Module):
         rows = weights if state is None else torch.cat(
             [weights, state.reshape(n, -1).contiguous().view(codec.dtype)], dim=1
         )
+        rows = rows.contiguous()
         self._drain()
-        self._stores[table].write(ids, rows.contiguous())
+        self._stores[table].write(ids, rows)
+        # The new row of each given id, the last occurrence winning as in the store.
+        order = torch.argsort(ids, stable=True)
+        sorted_ids = ids[order]
+
+        def new_rows_of(row_ids: torch.Tensor) -> torch.Tensor:
+            return rows[order[torch.searchsorted(sorted_ids, row_ids, right=True) - 1]]
+
         cached_rows, slots = self._caches[table].occupied()
         hit = torch.isin(cached_rows, ids) & (slots < self._tbe_rows[table])
         if bool(hit.any()):
-            # The row of each cached id, last occurrence winning as in the store.
-            order = torch.argsort(ids, stable=True)
-            pos = torch.searchsorted(ids[order], cached_rows[hit], right=True) - 1
-            codec.scatter(self._weights[table], self._states[table], slots[hit], rows[order[pos]])
+            codec.scatter(self._weights[table], self._states[table], slots[hit], new_rows_of(cached_rows[hit]))
+        for d in self._deferred:  # rows waiting for the TBE to grow
+            if d.table == table:
+                hit = torch.isin(d.ids, ids)
+                if bool(hit.any()):
+                    d.rows[hit] = new_rows_of(d.ids[hit])
 
     def _full_rows(self, t: int) -> torch.Tensor:
         """Table t as store rows: read through the tier, overlaid with the cached rows."""
@@ -405,12 +438,15 @@ class TieredEmbeddingBags(torch.nn.Module):
         return out
 
     def close(self) -> None:
-        """Flushes, stops the prefetch thread and closes the stores."""
+        """Flushes, stops the prefetch thread and closes the stores. Idempotent."""
+        if self._closed:
+            return
         if self._broken is None:
             self.flush()
         self._pipeline.shutdown()
         for store in self._stores:
             store.close()
+        self._closed = True
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:

@@ -156,6 +156,8 @@ class ScmStore(RowStore):
 
     def flush(self) -> None:
         """msyncs the mapping (on PMem/CXL DAX mounts this persists the stores)."""
+        if getattr(self, "_rows_mm", None) is None:
+            raise ValueError(f"{self.path} is closed")
         self._rows_mm.flush()
         self._written_mm.flush()
 

@@ -1,0 +1,249 @@
+"""TieredEmbeddingBags: constructor errors and bad batches (CPU only).
+
+Every bad batch raises ValueError / IndexError naming the problem, whether it comes to
+forward() or prefetch(), with or without prefetched batches queued; nothing reaches the tier
+(store rows read / written unchanged), the cache counters do not move, and the module goes
+on training exactly like the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+
+from _tiered_helpers import (
+    Model,
+    Workload,
+    assert_tables_match,
+    make_kernel,
+    make_steps,
+    output_checker,
+    reference_run,
+    single_intra_op_thread,  # noqa: F401  (autouse fixture)
+    store_stats,
+    table_lookups,
+)
+from torchrec_mtrains import Tier
+from torchrec_mtrains.kernels import TieredEmbeddingBags
+
+SPECS = [(1500, 8), (600, 16)]
+
+
+# Constructor --------------------------------------------------------------------------------
+CONSTRUCTOR_ERRORS = {
+    "dim_not_multiple_of_4": (dict(embedding_specs=[(100, 8), (100, 6)]), "multiple of 4"),
+    "dim_zero": (dict(embedding_specs=[(100, 0)]), "dim"),
+    "rows_zero": (dict(embedding_specs=[(0, 8)]), "num_rows"),
+    "no_tables": (dict(embedding_specs=[]), "embedding_specs"),
+    "optimizer_adam": (dict(optimizer=EmbOptimType.ADAM), "optimizer"),
+    "optimizer_lamb": (dict(optimizer=EmbOptimType.LAMB), "optimizer"),
+    "tier_hbm_on_cpu": (dict(tier=Tier.HBM), "HBM"),
+    "scm_without_storage_dir": (dict(tier=Tier.SCM, storage_dir=None), "storage_dir"),
+    "ssd_without_storage_dir": (dict(tier=Tier.SSD, storage_dir=None), "storage_dir"),
+    "cache_rows_and_load_factor": (dict(cache_rows=10, cache_load_factor=0.1), "cache_rows or cache_load_factor"),
+    "cache_rows_zero": (dict(cache_rows=0), "cache_rows"),
+    "cache_rows_wrong_count": (dict(cache_rows=[10]), "cache_rows"),
+    "cache_load_factor_zero": (dict(cache_load_factor=0.0), "cache_load_factor"),
+    "cache_algorithm": (dict(cache_algorithm="fifo"), "cache_algorithm"),
+    "pooling_none": (dict(pooling_mode=PoolingMode.NONE), "pooling_mode"),
+    "precision_int8": (dict(weights_precision=SparseType.INT8), "weights_precision"),
+    "learning_rate_nan": (dict(learning_rate=math.nan), "learning_rate"),
+    "duplicate_table_names": (dict(table_names=["a", "a"]), "table_names"),
+    "tier_not_a_tier": (dict(tier="ssd"), "tier"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONSTRUCTOR_ERRORS))
+def test_constructor_rejects(tmp_path: Path, name: str) -> None:
+    overrides, match = CONSTRUCTOR_ERRORS[name]
+    storage_dir = tmp_path / "store"
+    kwargs = dict(embedding_specs=SPECS, tier=Tier.SSD, storage_dir=str(storage_dir))
+    kwargs.update(overrides)
+    specs = kwargs.pop("embedding_specs")
+    with pytest.raises(ValueError, match=match):
+        TieredEmbeddingBags(specs, **kwargs)
+    # Configuration is validated before any table file is created.
+    assert not storage_dir.exists() or not any(storage_dir.iterdir())
+
+
+# Bad batches ----------------------------------------------------------------------------------
+def _parts(idx: torch.Tensor, off: torch.Tensor) -> Tuple[int, int]:
+    b = (off.numel() - 1) // 2
+    return int(off[b]), b  # start of table 1 in indices, batch size
+
+
+def _set(idx: torch.Tensor, pos: int, value: int) -> torch.Tensor:
+    idx = idx.clone()
+    idx[pos] = value
+    return idx
+
+
+BadBatch = Callable[[torch.Tensor, torch.Tensor], Tuple[object, object]]
+BAD_BATCHES: Dict[str, Tuple[BadBatch, type, str]] = {
+    "id_past_table_0": (lambda i, o: (_set(i, 0, 1500), o), IndexError, r"table_0.*1500"),
+    "id_past_table_1": (lambda i, o: (_set(i, _parts(i, o)[0], 600), o), IndexError, r"table_1.*600"),
+    # 700 is a valid id of table 0 but not of table 1 (600 rows).
+    "id_of_other_table": (lambda i, o: (_set(i, i.numel() - 1, 700), o), IndexError, r"table_1.*700"),
+    "negative_id": (lambda i, o: (_set(i, 1, -3), o), IndexError, r"table_0.*-3"),
+    "offsets_decrease": (lambda i, o: (i, torch.cat([o[:5], o[4:5] - 1, o[6:]])), ValueError, "decrease"),
+    "offsets_length_not_TB_plus_1": (lambda i, o: (i, torch.cat([o[:3], o[4:]])), ValueError, "T \\* B \\+ 1"),
+    "offsets_not_ending_at_len": (lambda i, o: (torch.cat([i, i[:1]]), o), ValueError, "end at len"),
+    "offsets_not_starting_at_0": (lambda i, o: (i, torch.cat([o[:1] + 1, o[1:]])), ValueError, "start at 0"),
+    "float_indices": (lambda i, o: (i.float(), o), ValueError, "indices"),
+    "float_offsets": (lambda i, o: (i, o.double()), ValueError, "offsets"),
+    "indices_2d": (lambda i, o: (i.view(1, -1), o), ValueError, "indices"),
+    "indices_not_a_tensor": (lambda i, o: (i.tolist(), o), ValueError, "indices"),
+}
+_TIMING = ("tier_seconds", "prefetch_wait_seconds")
+
+
+def _quiesce(ker: TieredEmbeddingBags) -> None:
+    """Waits until every plan handed to the prefetch thread has run (internal: the pipeline
+    runs jobs in submission order on one worker, so a no-op job finishing means all have)."""
+    ker._pipeline.submit(lambda: None).result()
+
+
+def _snapshot(ker: TieredEmbeddingBags) -> Tuple[dict, List[Tuple[float, float]]]:
+    _quiesce(ker)
+    cache = {n: {k: v for k, v in st.items() if k not in _TIMING} for n, st in ker.cache_stats().items()}
+    stores = [(st["rows_read"], st["rows_written"]) for st in store_stats(ker)]
+    return cache, stores
+
+
+def _run_with_a_bad_call(tmp_path: Path, tier: Tier, pipeline: bool, workload: Workload,
+                         bad_call: Callable[[TieredEmbeddingBags, list], None], queued: int) -> None:
+    """Trains 10 steps, queues `queued` prefetches of the next batches, makes `bad_call`
+    (which must raise), checks nothing moved, then trains to the end against the reference."""
+    model = Model()
+    traj, steps = reference_run(model, workload), make_steps(model.specs, workload)
+    check = output_checker(traj, model)
+    ker = make_kernel(model, tier, tmp_path, cache_rows=16, cache_ways=4, prefetch_pipeline=pipeline)
+
+    def step(s: int) -> None:
+        st = steps[s]
+        out = ker(st.indices, st.offsets, st.per_sample_weights)
+        check(s, out.detach())
+        out.backward(st.grad)
+
+    for s in range(10):
+        step(s)
+    for s in range(10, 10 + queued):
+        ker.prefetch(steps[s].indices, steps[s].offsets)
+    before = _snapshot(ker)
+    bad_call(ker, steps)
+    assert _snapshot(ker) == before, "a rejected call moved rows or cache counters"
+    for s in range(10, len(steps)):
+        step(s)
+    assert_tables_match(ker, traj, model)
+    # Every step planned exactly once: the rejected call left no plan behind.
+    stats = ker.cache_stats()
+    for t, (lookups, unique) in enumerate(table_lookups(model.specs, steps)):
+        assert (stats[f"table_{t}"]["lookups"], stats[f"table_{t}"]["unique_rows"]) == (lookups, unique)
+    ker.close()
+
+
+ENTRY_POINTS = {
+    # forward(bad) with no prefetched batch waiting
+    "forward": 0,
+    # prefetch(b10), prefetch(bad): the queued batch is kept
+    "prefetch_behind_a_queued_batch": 1,
+}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("bad", list(BAD_BATCHES))
+def test_bad_batch_is_rejected_and_changes_nothing(tmp_path: Path, bad: str, entry: str) -> None:
+    make_bad, exc, match = BAD_BATCHES[bad]
+    tier = [Tier.DRAM, Tier.SCM, Tier.SSD][len(bad) % 3]
+
+    def bad_call(ker: TieredEmbeddingBags, steps: list) -> None:
+        idx, off = make_bad(steps[10].indices, steps[10].offsets)
+        with pytest.raises(exc, match=match):
+            if entry == "forward":
+                ker(idx, off)
+            else:
+                ker.prefetch(idx, off)
+
+    _run_with_a_bad_call(tmp_path, tier, pipeline=len(bad) % 2 == 0, workload=Workload(steps=20, data_seed=30),
+                         bad_call=bad_call, queued=ENTRY_POINTS[entry])
+
+
+@pytest.mark.parametrize("bad", ["id_past_table_1", "offsets_decrease", "float_indices"])
+def test_bad_batch_to_forward_while_batches_are_queued(tmp_path: Path, bad: str) -> None:
+    """prefetch(b10), prefetch(b11), forward(bad): rejected (as a batch other than the one
+    prefetched, or as bad input), and b10, b11 then run normally."""
+    make_bad, _, _ = BAD_BATCHES[bad]
+
+    def bad_call(ker: TieredEmbeddingBags, steps: list) -> None:
+        with pytest.raises((ValueError, IndexError)):
+            ker(*make_bad(steps[10].indices, steps[10].offsets))
+
+    _run_with_a_bad_call(tmp_path, Tier.SSD, True, Workload(steps=20, data_seed=31), bad_call, queued=2)
+
+
+def test_out_of_range_id_message_names_table_and_id(tmp_path: Path) -> None:
+    ker = make_kernel(Model(), Tier.SCM, tmp_path, cache_rows=8, table_names=["users", "items"])
+    idx = torch.tensor([0, 1499, 7, 600])
+    off = torch.tensor([0, 1, 2, 3, 4])  # B = 2: users [0], [1499]; items [7], [600]
+    with pytest.raises(IndexError) as info:
+        ker(idx, off)
+    msg = str(info.value)
+    assert "items" in msg and "600" in msg and "users" not in msg, msg
+    ker.close()
+
+
+# Per-sample weights -------------------------------------------------------------------------
+PSW_BAD = {
+    "one_too_many": lambda w: torch.cat([w, w[:1]]),
+    "one_too_few": lambda w: w[:-1],
+    "2d": lambda w: w.view(-1, 1),
+    "integer": lambda w: (w * 10).long(),
+    "not_a_tensor": lambda w: w.tolist(),
+}
+
+
+@pytest.mark.parametrize("bad", list(PSW_BAD))
+def test_bad_per_sample_weights_raise(tmp_path: Path, bad: str) -> None:
+    model = Model()
+    st = make_steps(model.specs, Workload(steps=1, per_sample_weights=True, data_seed=32))[0]
+    ker = make_kernel(model, Tier.DRAM, None, cache_rows=16)
+    with pytest.raises(ValueError, match="per_sample_weights"):
+        ker(st.indices, st.offsets, PSW_BAD[bad](st.per_sample_weights))
+    ker.close()
+
+
+@pytest.mark.parametrize("queued", [0, 2], ids=["no_prefetch", "two_prefetched"])
+@pytest.mark.parametrize("pipeline", [False, True], ids=["inline", "pipeline"])
+def test_bad_per_sample_weights_change_nothing(tmp_path: Path, pipeline: bool, queued: int) -> None:
+    """forward(b10, bad weights) raises before anything is planned or loaded, and leaves
+    the prefetched b10 (and b11) queued: forward(b10, good weights) then runs."""
+    bad = list(PSW_BAD)[2 * pipeline + queued // 2]
+
+    def bad_call(ker: TieredEmbeddingBags, steps: list) -> None:
+        st = steps[10]
+        with pytest.raises(ValueError, match="per_sample_weights"):
+            ker(st.indices, st.offsets, PSW_BAD[bad](st.per_sample_weights))
+
+    _run_with_a_bad_call(tmp_path, Tier.SSD, pipeline, Workload(steps=20, per_sample_weights=True, data_seed=32),
+                         bad_call, queued=queued)
+
+
+# A batch other than the prefetched one ------------------------------------------------------
+@pytest.mark.parametrize("pipeline", [False, True], ids=["inline", "pipeline"])
+def test_forward_of_a_batch_other_than_the_prefetched_one(tmp_path: Path, pipeline: bool) -> None:
+    def bad_call(ker: TieredEmbeddingBags, steps: list) -> None:
+        with pytest.raises(ValueError, match="prefetch"):
+            ker(steps[11].indices, steps[11].offsets)
+        off = steps[10].offsets.clone()  # same ids, one bag boundary moved
+        i = next(i for i in range(1, off.numel() - 1) if off[i - 1] < off[i + 1])
+        off[i] = off[i - 1] if off[i] > off[i - 1] else off[i + 1]
+        with pytest.raises(ValueError, match="prefetch"):
+            ker(steps[10].indices, off)
+
+    _run_with_a_bad_call(tmp_path, Tier.SCM, pipeline, Workload(steps=20, data_seed=33), bad_call, queued=1)
