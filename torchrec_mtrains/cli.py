@@ -51,6 +51,12 @@ def _bench_store(argv: list[str]) -> int:
     return store.main(argv)
 
 
+def _bench_kernel(argv: list[str]) -> int:
+    from torchrec_mtrains.benchmarks import kernel
+
+    return kernel.main(argv)
+
+
 COMMANDS = Group(
     help="Tiered embedding storage for TorchRec (HBM, DRAM, SCM, SSD).",
     commands={
@@ -60,6 +66,10 @@ COMMANDS = Group(
                 "store": Command(
                     help="Block store vs RocksDB and the fio device limit.",
                     run=_bench_store,
+                ),
+                "kernel": Command(
+                    help="TieredEmbeddingBags (SCM, SSD) vs FBGEMM all in DRAM, fio and Belady.",
+                    run=_bench_kernel,
                 ),
             },
         ),

@@ -4,6 +4,9 @@ Each benchmark is a module with ``main(argv)`` (``mtrains bench <name>`` calls i
 
 - :mod:`torchrec_mtrains.benchmarks.store`: the block store (``BlockStore``) vs RocksDB
   through its C++ API, ``numpy.memmap`` and fio's device limits.
+- :mod:`torchrec_mtrains.benchmarks.kernel`: ``TieredEmbeddingBags`` on the SCM and SSD
+  tiers vs FBGEMM's TBE with the table in DRAM, fio's device limits, and LRU / LFU hit
+  rates vs Belady's optimum.
 """
 
 __all__: list[str] = []

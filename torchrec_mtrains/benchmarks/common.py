@@ -156,7 +156,8 @@ def _distinct_batches(rng: np.random.Generator, rows: int, batch: int, n: int) -
     return out
 
 
-def zipf_ids(rng: np.random.Generator, rows: int, count: int, alpha: float) -> np.ndarray:
+def zipf_ids(rng: np.random.Generator, rows: int, count: int, alpha: float,
+             order: Optional[np.ndarray] = None) -> np.ndarray:
     """Draws ids with P(rank k) proportional to k^-alpha over ``rows`` shuffled ids.
 
     Args:
@@ -164,6 +165,9 @@ def zipf_ids(rng: np.random.Generator, rows: int, count: int, alpha: float) -> n
         rows: Number of distinct ids (the finite support; numpy's zipf is unbounded).
         count: Ids to draw.
         alpha: Zipf exponent (> 0).
+        order: int64 [rows], the id of each rank (most popular first); default a random
+            permutation drawn from ``rng`` after the draws. Pass it to know which ids
+            are hot (e.g. for the best static cache).
 
     Returns:
         int64 [count] ids in [0, rows).
@@ -173,7 +177,11 @@ def zipf_ids(rng: np.random.Generator, rows: int, count: int, alpha: float) -> n
     cdf /= cdf[-1]
     ranks = np.searchsorted(cdf, rng.random(count), side="right")
     np.minimum(ranks, rows - 1, out=ranks)
-    return rng.permutation(rows).astype(np.int64)[ranks]
+    if order is None:
+        order = rng.permutation(rows).astype(np.int64)
+    elif order.shape != (rows,):
+        raise ValueError(f"order must have shape ({rows},), got {order.shape}")
+    return order[ranks]
 
 
 def make_workload(

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from torchrec_mtrains.benchmarks.types import PhaseResult, StoreBenchConfig
 
-__all__ = ["Target", "evaluate_targets", "format_report", "write_json"]
+__all__ = ["Target", "evaluate_targets", "fio_lines", "format_report", "write_json"]
 
 Results = dict[str, dict[str, PhaseResult]]
 """system ("ours", "rocksdb", "memmap", "fio") -> phase -> result."""
@@ -129,16 +129,22 @@ def _fmt(x: Optional[float], spec: str = ",.0f") -> str:
     return format(x, spec)
 
 
+def fio_lines(fio: dict[str, PhaseResult]) -> list[str]:
+    """The device-limit lines of a report: one per fio job (none when fio did not run)."""
+    if not fio:
+        return []
+    lines = ["device limits (fio, io_uring, O_DIRECT, 1 job):"]
+    for name, r in fio.items():
+        x = {k: float(r.extra[k]) for k in ("iops", "MBps", "clat_p50_us", "clat_p99_us")}
+        lines.append(f"  {name:<24} {x['iops']:>10,.0f} IOPS {x['MBps']:>8,.1f} MB/s"
+                     f"  clat p50 {x['clat_p50_us']:,.0f} us p99 {x['clat_p99_us']:,.0f} us")
+    return lines
+
+
 def format_report(res: Results, cfg: StoreBenchConfig, header: list[str], skipped: dict[str, str]) -> str:
     """Renders the header lines, the per-phase table, fio limits and the targets."""
     lines = list(header)
-    fio = res.get("fio", {})
-    if fio:
-        lines.append("device limits (fio, io_uring, O_DIRECT, 1 job):")
-        for name, r in fio.items():
-            x = {k: float(r.extra[k]) for k in ("iops", "MBps", "clat_p50_us", "clat_p99_us")}
-            lines.append(f"  {name:<24} {x['iops']:>10,.0f} IOPS {x['MBps']:>8,.1f} MB/s"
-                         f"  clat p50 {x['clat_p50_us']:,.0f} us p99 {x['clat_p99_us']:,.0f} us")
+    lines += fio_lines(res.get("fio", {}))
     for system, why in skipped.items():
         lines.append(f"SKIPPED {system}: {why}")
     lines.append("")

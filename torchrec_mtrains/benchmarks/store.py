@@ -16,26 +16,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
+from torchrec_mtrains.benchmarks import settings
 from torchrec_mtrains.benchmarks.common import check_filesystem, drop_page_cache, make_workload
 from torchrec_mtrains.benchmarks.report import Results, format_report, write_json
 from torchrec_mtrains.benchmarks.types import BaselineUnavailable, StoreBenchConfig
 
 __all__ = ["load_config", "main", "parse_args"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""Repository root when running from a checkout (editable install)."""
+REPO_ROOT = settings.REPO_ROOT
 
 DEFAULT_CONFIG = REPO_ROOT / "benchmarks" / "configs" / "store.yaml"
 
@@ -86,75 +81,12 @@ def load_config(path: Optional[Path], quick: bool) -> dict[str, Any]:
     Raises:
         ValueError: unknown keys or a malformed file.
     """
-    if path is None:
-        if not DEFAULT_CONFIG.is_file():
-            return {}
-        path = DEFAULT_CONFIG
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(doc, dict):
-        raise ValueError(f"config {path}: expected a mapping, got {type(doc).__name__}")
-    overlay = doc.pop("quick", {}) or {}
-    known = {f.name for f in dataclasses.fields(StoreBenchConfig)}
-    for section in (doc, overlay):
-        unknown = set(section) - known
-        if unknown:
-            raise ValueError(f"config {path}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-    merged = dict(doc)
-    if quick:
-        merged.update(overlay)
-    return merged
-
-
-def _default_dir() -> Path:
-    if (REPO_ROOT / "benchmarks").is_dir():
-        return REPO_ROOT / "build" / "bench-data"
-    return Path(os.environ.get("TMPDIR", tempfile.gettempdir()))
+    return settings.load_config(path, DEFAULT_CONFIG, quick, StoreBenchConfig)
 
 
 def build_config(argv: Optional[Sequence[str]]) -> StoreBenchConfig:
     """Dataclass defaults < config file < config's quick overlay < CLI flags."""
-    ns = vars(parse_args(argv))
-    config_path = ns.pop("config", None)
-    settings = load_config(config_path, bool(ns.get("quick", False)))
-    settings.update(ns)
-    for key in ("dir", "json_path"):
-        if settings.get(key) is not None:
-            settings[key] = Path(settings[key])
-    if settings.get("dir") is None:
-        settings["dir"] = _default_dir()
-    return StoreBenchConfig(**settings)
-
-
-def _progress() -> Callable[[str, int], Callable[[int], None]]:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return lambda desc, total: (lambda n: None)
-
-    def factory(desc: str, total: int) -> Callable[[int], None]:
-        bar = tqdm(total=total, desc=desc, leave=False, disable=None, file=sys.stderr)
-
-        def update(n: int) -> None:
-            bar.update(n)
-            if bar.n >= total:
-                bar.close()
-
-        return update
-
-    return factory
-
-
-def _tool_versions() -> dict[str, str]:
-    out: dict[str, str] = {"python": platform.python_version(), "kernel": platform.release(),
-                           "cpus": str(os.cpu_count())}
-    if shutil.which("fio"):
-        out["fio"] = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
-    ver = Path("/usr/include/rocksdb/version.h")
-    if ver.is_file():
-        nums = {k: line.split()[-1] for line in ver.read_text().splitlines()
-                for k in ("MAJOR", "MINOR", "PATCH") if line.startswith(f"#define ROCKSDB_{k} ")}
-        out["rocksdb"] = ".".join(nums.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
-    return out
+    return settings.build_config(parse_args(argv), DEFAULT_CONFIG, StoreBenchConfig)
 
 
 def run(cfg: StoreBenchConfig,
@@ -168,7 +100,7 @@ def run(cfg: StoreBenchConfig,
     cfg.dir.mkdir(parents=True, exist_ok=True)
     work_dir = Path(tempfile.mkdtemp(prefix="mtrains-bench-store-", dir=cfg.dir))
     fs = check_filesystem(work_dir, need_bytes=4 * cfg.table_bytes + cfg.fio_size_mb * 2**20)
-    meta = {"fs": dataclasses.asdict(fs), "work_dir": str(work_dir), **_tool_versions(),
+    meta = {"fs": dataclasses.asdict(fs), "work_dir": str(work_dir), **settings.tool_versions(),
             "cache_drop": drop_page_cache([])}
     header = [
         f"store benchmark: {cfg.rows:,} rows x ({cfg.dim}+{cfg.state_dim}) fp32 = {cfg.row_bytes} B/row, "
@@ -181,7 +113,7 @@ def run(cfg: StoreBenchConfig,
     ]
     work = make_workload(cfg.rows, cfg.batch, cfg.batches, cfg.zipf_batches, cfg.write_batches,
                          cfg.zipf_alpha, cfg.seed)
-    progress = _progress()
+    progress = settings.progress_factory()
     res: Results = {}
     skipped: dict[str, str] = {}
     steps: list[tuple[str, bool, Callable[[], Any]]] = [

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 __all__ = [
     "BaselineUnavailable",
+    "KernelBenchConfig",
     "PHASES",
     "PhaseResult",
     "StoreBenchConfig",
@@ -215,3 +216,139 @@ class StoreBenchConfig:
         """JSON-ready settings."""
         d = dataclasses.asdict(self)
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+CACHE_POLICIES = ("lru", "lfu")
+"""Replacement policies of TieredEmbeddingBags' row cache."""
+
+
+@dataclass(frozen=True)
+class KernelBenchConfig:
+    """Settings of the kernel benchmark (``benchmarks/configs/kernel.yaml`` + CLI flags).
+
+    The workload is one table of ``rows`` x ``dim`` fp32 trained with FBGEMM's fused
+    EXACT_ROWWISE_ADAGRAD: each step is ``batch`` bags of ``pooling`` ids drawn from a Zipf
+    distribution over shuffled ids (forward, ``sum().backward()``).
+
+    Attributes:
+        rows: Rows of the table.
+        dim: Weights per row (fp32; multiple of 4).
+        batch: Bags per step.
+        pooling: Ids per bag (fixed pooling factor).
+        zipf_alpha: Zipf exponent of the main workload (SCM and SSD runs).
+        high_locality_alpha: Zipf exponent of the high-locality SSD run.
+        cache_load_factor: Row-cache size as a share of the table's rows.
+        cache_algorithm: Policy of the throughput runs ("lru" or "lfu").
+        policies: Policies whose hit rates are reported next to Belady's (each one not
+            used by the throughput runs gets a run of its own on the SCM tier).
+        learning_rate: Learning rate of both FBGEMM and TieredEmbeddingBags.
+        warmup_steps: Steps before the first measured block (fill the cache and
+            reach steady state: evictions and write-backs every step).
+        high_locality_warmup_steps: The same for the high-locality table, whose few
+            misses a step fill the cache more slowly.
+        blocks: Measured blocks per system; the baseline and ours alternate.
+        block_steps: Steps per measured block.
+        fill_chunk_rows: Rows per ``set_rows`` call when writing a whole table first.
+        fill_scm: Write every row of the SCM table before measuring (else rows never
+            written are computed by the store's lazy initialiser).
+        dir: Directory for the table files and fio's file (on the device under test).
+        seed: Seed of the ids and the initial row values.
+        fio_runtime_s: Seconds each fio job runs.
+        fio_size_mb: Size of fio's test file in MiB.
+        skip_fio, skip_scm, skip_ssd, skip_high_locality, skip_policies, skip_belady:
+            Leave that part out.
+        keep: Keep data files after the run.
+        json_path: Where to write every figure as JSON (None: nowhere).
+        quick: Whether the quick overlay of the config was applied.
+    """
+
+    rows: int = 4_000_000
+    dim: int = 128
+    batch: int = 8192
+    pooling: int = 20
+    zipf_alpha: float = 1.05
+    high_locality_alpha: float = 1.3
+    cache_load_factor: float = 0.1
+    cache_algorithm: str = "lru"
+    policies: tuple[str, ...] = CACHE_POLICIES
+    learning_rate: float = 0.01
+    warmup_steps: int = 40
+    high_locality_warmup_steps: int = 160
+    blocks: int = 8
+    block_steps: int = 8
+    fill_chunk_rows: int = 262_144
+    fill_scm: bool = True
+    dir: Optional[Path] = None
+    seed: int = 0
+    fio_runtime_s: float = 5.0
+    fio_size_mb: int = 1024
+    skip_fio: bool = False
+    skip_scm: bool = False
+    skip_ssd: bool = False
+    skip_high_locality: bool = False
+    skip_policies: bool = False
+    skip_belady: bool = False
+    keep: bool = False
+    json_path: Optional[Path] = None
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "dim", "batch", "pooling", "blocks", "block_steps", "fill_chunk_rows",
+                     "fio_size_mb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.dim % 4:
+            raise ValueError(f"dim must be a multiple of 4 (FBGEMM), got {self.dim!r}")
+        for name in ("warmup_steps", "high_locality_warmup_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        for name in ("zipf_alpha", "high_locality_alpha", "learning_rate", "fio_runtime_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if not isinstance(self.cache_load_factor, (int, float)) or not 0.0 < self.cache_load_factor <= 1.0:
+            raise ValueError(f"cache_load_factor must be in (0, 1], got {self.cache_load_factor!r}")
+        if self.cache_algorithm not in CACHE_POLICIES:
+            raise ValueError(f"cache_algorithm must be one of {CACHE_POLICIES}, got {self.cache_algorithm!r}")
+        policies = _as_policies(self.policies)
+        object.__setattr__(self, "policies", policies)
+
+    @property
+    def lookups_per_step(self) -> int:
+        """Ids per step: batch x pooling."""
+        return self.batch * self.pooling
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per row on the tier: fp32 weights + one fp32 row-wise Adagrad state."""
+        return (self.dim + 1) * FLOAT32_BYTES
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes of one copy of the table's weights (fp32, FBGEMM's layout)."""
+        return self.rows * self.dim * FLOAT32_BYTES
+
+    def to_dict(self) -> dict[str, Scalar]:
+        """JSON-ready settings."""
+        d = dataclasses.asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else ",".join(v) if isinstance(v, tuple) else v)
+                for k, v in d.items()}
+
+
+def _as_policies(value: Any) -> tuple[str, ...]:
+    """Policies from a tuple, a YAML list or a comma-separated string."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = []
+    if not items:
+        raise ValueError(f"policies must be a non-empty list from {CACHE_POLICIES}, got {value!r}")
+    out = tuple(str(p).strip() for p in items)
+    bad = [p for p in out if p not in CACHE_POLICIES]
+    if bad or len(set(out)) != len(out):
+        raise ValueError(f"policies must be distinct values from {CACHE_POLICIES}, got {value!r}")
+    return out
