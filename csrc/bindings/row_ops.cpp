@@ -8,6 +8,9 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <tuple>
+
+#include "storage/lazy_init.h"
 
 namespace mtrains {
 namespace {
@@ -79,10 +82,63 @@ void UnpackRows(const at::Tensor& rows, const at::Tensor& slots, const at::Tenso
   }
 }
 
+DType DTypeOf(at::ScalarType t) {
+  if (t == at::kFloat) return DType::kFloat32;
+  if (t == at::kHalf) return DType::kFloat16;
+  TORCH_CHECK_VALUE(t == at::kBFloat16, "dtype ", t, " must be float32, float16 or bfloat16");
+  return DType::kBFloat16;
+}
+
+// Rows `ids` of a table in memory whose never-written rows (written[id] == 0) read as
+// their deterministic initial value. Returns the rows and how many were initialised.
+std::tuple<at::Tensor, int64_t> GatherRowsOrInit(const at::Tensor& data, const at::Tensor& written,
+                                                  const at::Tensor& ids, int64_t dim, int64_t state_dim,
+                                                  int64_t seed, double lo, double hi) {
+  CheckMatrix(data, "data");
+  TORCH_CHECK_VALUE(written.dim() == 1 && written.element_size() == 1 && written.is_contiguous() &&
+                        written.size(0) == data.size(0),
+                    "written must be a contiguous 1-byte mask with one entry per row");
+  TORCH_CHECK_VALUE(dim + state_dim == data.size(1), "dim + state_dim must equal the row width");
+  CheckSlots(ids, data.size(0), "gather_rows_or_init");
+  const DType dtype = DTypeOf(data.scalar_type());
+  const size_t rb = RowBytes(data);
+  const int64_t n = ids.numel();
+  at::Tensor out = at::empty({n, data.size(1)}, data.options());
+  auto* o = static_cast<uint8_t*>(out.data_ptr());
+  const auto* d = static_cast<const uint8_t*>(data.data_ptr());
+  const auto* w = static_cast<const uint8_t*>(written.data_ptr());
+  const int64_t* s = ids.data_ptr<int64_t>();
+  int64_t lazy = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (w[s[i]]) {
+      std::memcpy(o + i * rb, d + s[i] * rb, rb);
+    } else {
+      LazyInitRow(uint64_t(seed), uint64_t(s[i]), lo, hi, uint32_t(dim), uint32_t(state_dim), dtype, o + i * rb);
+      ++lazy;
+    }
+  }
+  return {out, lazy};
+}
+
+// data[ids[i]] = rows[i] (the last of repeated ids wins) and written[ids[i]] = 1.
+void ScatterRowsMark(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data,
+                     const at::Tensor& written) {
+  TORCH_CHECK_VALUE(written.dim() == 1 && written.element_size() == 1 && written.is_contiguous() &&
+                        written.size(0) == data.size(0),
+                    "written must be a contiguous 1-byte mask with one entry per row");
+  UnpackRows(rows, ids, data, c10::nullopt);
+  auto* w = static_cast<uint8_t*>(written.data_ptr());
+  const int64_t* s = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) w[s[i]] = 1;
+}
+
 }  // namespace
 }  // namespace mtrains
 
 TORCH_LIBRARY_FRAGMENT(mtrains, m) {
+  m.def("gather_rows_or_init(Tensor data, Tensor written, Tensor ids, int dim, int state_dim, "
+        "int seed, float lo, float hi) -> (Tensor, int)");
+  m.def("scatter_rows_mark(Tensor rows, Tensor ids, Tensor(a!) data, Tensor(b!) written) -> ()");
   m.def("pack_rows(Tensor weights, Tensor? state, Tensor slots, ScalarType out_dtype) -> Tensor");
   m.def("unpack_rows(Tensor rows, Tensor slots, Tensor(a!) weights, Tensor(b!)? state) -> ()");
 }
@@ -90,4 +146,6 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
 TORCH_LIBRARY_IMPL(mtrains, CPU, m) {
   m.impl("pack_rows", &mtrains::PackRows);
   m.impl("unpack_rows", &mtrains::UnpackRows);
+  m.impl("gather_rows_or_init", &mtrains::GatherRowsOrInit);
+  m.impl("scatter_rows_mark", &mtrains::ScatterRowsMark);
 }

@@ -9,6 +9,7 @@ namespace mtrains {
 namespace {
 
 constexpr int64_t kNeverLocked = std::numeric_limits<int64_t>::min();
+constexpr size_t kPrefetchAhead = 8;  // indices between a set's prefetch and its scan
 
 inline uint64_t Mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -21,16 +22,16 @@ inline uint64_t Mix(uint64_t z) {
 SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy)
     : num_slots_(num_slots),
       ways_(static_cast<uint32_t>(std::min<uint64_t>(ways, num_slots))),
-      num_sets_(ways == 0 ? 0 : num_slots / std::max<uint64_t>(1, std::min<uint64_t>(ways, num_slots))),
+      num_sets_(ways == 0 || num_slots == 0
+                    ? 0
+                    : num_slots / std::min<uint64_t>(ways, num_slots)),
       policy_(policy) {
   if (num_slots == 0) throw std::invalid_argument("cache must have at least one slot");
   if (ways == 0 || ways > 1024)
     throw std::invalid_argument("ways=" + std::to_string(ways) + " must be in [1, 1024]");
   // Slots past num_sets * ways (when num_slots is not a multiple) join the overflow pool.
   slot_row_.assign(num_slots, kEmpty);
-  slot_step_.assign(num_slots, kNeverLocked);
-  slot_stamp_.assign(num_slots, 0);
-  slot_dirty_.assign(num_slots, 0);
+  meta_.assign(num_slots, SlotMeta{kNeverLocked, 0, 0, 0});
   if (policy_ == CachePolicy::kLfu) {
     sketch_width_ = 1024;
     while (sketch_width_ < num_slots * 4) sketch_width_ <<= 1;
@@ -39,13 +40,20 @@ SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, Cach
 }
 
 uint64_t SetAssociativeCache::SetOf(int64_t row) const {
-  return Mix(static_cast<uint64_t>(row)) % num_sets_;
+  // Multiply-shift range reduction: uniform over [0, num_sets) without a division.
+  return static_cast<uint64_t>((__uint128_t(Mix(static_cast<uint64_t>(row))) * num_sets_) >> 64);
+}
+
+void SetAssociativeCache::PrefetchSet(int64_t row) const {
+  const int64_t* tags = slot_row_.data() + SetOf(row) * ways_;
+  for (uint32_t w = 0; w < ways_; w += 8) __builtin_prefetch(tags + w);
 }
 
 int64_t SetAssociativeCache::FindSlot(int64_t row) const {
   const uint64_t first = SetOf(row) * ways_;
-  for (uint64_t s = first; s < first + ways_; ++s)
-    if (slot_row_[s] == row) return static_cast<int64_t>(s);
+  const int64_t* tags = slot_row_.data() + first;
+  for (uint32_t w = 0; w < ways_; ++w)
+    if (tags[w] == row) return static_cast<int64_t>(first + w);
   if (!overflow_map_.empty()) {
     auto it = overflow_map_.find(row);
     if (it != overflow_map_.end()) return it->second;
@@ -69,9 +77,11 @@ void SetAssociativeCache::CountAccess(int64_t row) {
     uint16_t& c = sketch_[k * sketch_width_ + ((h >> (16 * k)) & (sketch_width_ - 1))];
     if (c != std::numeric_limits<uint16_t>::max()) ++c;
   }
-  // Aging: halve every counter after 10 adds per counter, so old popularity fades.
+  // Aging: halve every counter (and the cached frequencies) after 10 adds per counter, so
+  // old popularity fades.
   if (++sketch_adds_ >= 10 * sketch_width_) {
     for (auto& c : sketch_) c >>= 1;
+    for (auto& m : meta_) m.freq >>= 1;
     sketch_adds_ = 0;
   }
 }
@@ -79,19 +89,19 @@ void SetAssociativeCache::CountAccess(int64_t row) {
 int64_t SetAssociativeCache::PickVictim(uint64_t first, uint64_t count,
                                         int64_t oldest_live_step) const {
   int64_t best = kEmpty;
-  uint32_t best_freq = 0;
   for (uint64_t s = first; s < first + count; ++s) {
-    if (slot_step_[s] >= oldest_live_step) continue;  // locked by a live step
+    const SlotMeta& m = meta_[s];
+    if (m.step >= oldest_live_step) continue;  // locked by a live step
     if (slot_row_[s] == kEmpty) return static_cast<int64_t>(s);
-    if (policy_ == CachePolicy::kLru) {
-      if (best == kEmpty || slot_stamp_[s] < slot_stamp_[best]) best = static_cast<int64_t>(s);
-    } else {
-      const uint32_t f = Frequency(slot_row_[s]);
-      if (best == kEmpty || f < best_freq || (f == best_freq && slot_stamp_[s] < slot_stamp_[best])) {
-        best = static_cast<int64_t>(s);
-        best_freq = f;
-      }
+    if (best == kEmpty) {
+      best = static_cast<int64_t>(s);
+      continue;
     }
+    const SlotMeta& b = meta_[best];
+    const bool better = policy_ == CachePolicy::kLru
+                            ? m.stamp < b.stamp
+                            : (m.freq < b.freq || (m.freq == b.freq && m.stamp < b.stamp));
+    if (better) best = static_cast<int64_t>(s);
   }
   return best;
 }
@@ -101,40 +111,41 @@ int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
   const uint64_t pool = slot_row_.size() - first;
   for (uint64_t k = 0; k < pool; ++k) {
     const uint64_t s = first + (overflow_cursor_ + k) % pool;
-    if (slot_step_[s] < oldest_live_step) {
+    if (meta_[s].step < oldest_live_step) {
       overflow_cursor_ = (s - first + 1) % pool;
       return static_cast<int64_t>(s);
     }
   }
   // Every overflow slot is locked: grow the pool (the caller grows the storage behind it).
   slot_row_.push_back(kEmpty);
-  slot_step_.push_back(kNeverLocked);
-  slot_stamp_.push_back(0);
-  slot_dirty_.push_back(0);
+  meta_.push_back(SlotMeta{kNeverLocked, 0, 0, 0});
   return static_cast<int64_t>(slot_row_.size() - 1);
 }
 
 void SetAssociativeCache::Place(int64_t row, int64_t slot, int64_t step, bool train,
                                 StepPlan* plan) {
   const int64_t old = slot_row_[slot];
+  SlotMeta& m = meta_[slot];
+  const bool overflow = static_cast<uint64_t>(slot) >= num_sets_ * ways_;
   if (old != kEmpty) {
     ++counters_.evictions;
-    if (slot_dirty_[slot]) {
+    if (m.dirty) {
       plan->evict_rows.push_back(old);
       plan->evict_slots.push_back(slot);
     }
-    if (static_cast<uint64_t>(slot) >= num_sets_ * ways_) overflow_map_.erase(old);
+    if (overflow) overflow_map_.erase(old);
   }
   slot_row_[slot] = row;
-  slot_dirty_[slot] = train ? 1 : 0;
-  if (static_cast<uint64_t>(slot) >= num_sets_ * ways_) {
+  m.dirty = train ? 1 : 0;
+  m.step = step;
+  m.stamp = ++clock_;
+  m.freq = policy_ == CachePolicy::kLfu ? Frequency(row) : 0;
+  if (overflow) {
     overflow_map_[row] = slot;
     ++counters_.overflow_assignments;
   }
   plan->load_rows.push_back(row);
   plan->load_slots.push_back(slot);
-  slot_step_[slot] = step;
-  slot_stamp_[slot] = ++clock_;
 }
 
 void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
@@ -145,21 +156,29 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
   plan->evict_rows.clear();
   plan->evict_slots.clear();
   counters_.lookups += n;
+  const bool lfu = policy_ == CachePolicy::kLfu;
+  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) PrefetchSet(indices[i]);
   for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) PrefetchSet(indices[i + kPrefetchAhead]);
     const int64_t row = indices[i];
-    if (policy_ == CachePolicy::kLfu) CountAccess(row);
     int64_t slot = FindSlot(row);
     if (slot != kEmpty) {
-      if (slot_step_[slot] != step) {  // first sight of this row in this step
+      SlotMeta& m = meta_[slot];
+      if (m.step != step) {  // first sight of this row in this step
         ++counters_.unique_rows;
         ++counters_.hits;
-        slot_step_[slot] = step;
-        if (train) slot_dirty_[slot] = 1;
+        m.step = step;
+        if (train) m.dirty = 1;
+        if (lfu) {
+          CountAccess(row);
+          if (m.freq < std::numeric_limits<uint32_t>::max()) ++m.freq;
+        }
       }
-      slot_stamp_[slot] = ++clock_;
+      m.stamp = ++clock_;
     } else {
       ++counters_.unique_rows;
       ++counters_.misses;
+      if (lfu) CountAccess(row);
       slot = PickVictim(SetOf(row) * ways_, ways_, oldest_live_step);
       if (slot == kEmpty) slot = TakeOverflowSlot(oldest_live_step);
       Place(row, slot, step, train, plan);
@@ -172,7 +191,7 @@ void SetAssociativeCache::MarkDirty(const int64_t* slots, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= slot_row_.size())
       throw std::out_of_range("slot " + std::to_string(slots[i]) + " is outside the cache");
-    if (slot_row_[slots[i]] != kEmpty) slot_dirty_[slots[i]] = 1;
+    if (slot_row_[slots[i]] != kEmpty) meta_[slots[i]].dirty = 1;
   }
 }
 
@@ -181,10 +200,10 @@ void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* row
   rows->clear();
   slots->clear();
   for (uint64_t s = 0; s < slot_row_.size(); ++s) {
-    if (slot_row_[s] != kEmpty && slot_dirty_[s]) {
+    if (slot_row_[s] != kEmpty && meta_[s].dirty) {
       rows->push_back(slot_row_[s]);
       slots->push_back(static_cast<int64_t>(s));
-      if (slot_step_[s] < live_step) slot_dirty_[s] = 0;
+      if (meta_[s].step < live_step) meta_[s].dirty = 0;
     }
   }
 }

@@ -66,6 +66,7 @@ class SetAssociativeCache {
  private:
   static constexpr int64_t kEmpty = -1;
   uint64_t SetOf(int64_t row) const;
+  void PrefetchSet(int64_t row) const;
   int64_t FindSlot(int64_t row) const;
   int64_t PickVictim(uint64_t first, uint64_t count, int64_t oldest_live_step) const;
   int64_t TakeOverflowSlot(int64_t oldest_live_step);
@@ -73,18 +74,24 @@ class SetAssociativeCache {
   void CountAccess(int64_t row);
   void Place(int64_t row, int64_t slot, int64_t step, bool train, StepPlan* plan);
 
+  struct SlotMeta {
+    int64_t step;    // last step that locked the slot
+    uint64_t stamp;  // last access time (LRU; LFU tie-break)
+    uint32_t freq;   // LFU: the row's access frequency (sketch estimate, then hits)
+    uint8_t dirty;
+  };
+
   const uint64_t num_slots_;
   const uint32_t ways_;
   const uint64_t num_sets_;
   const CachePolicy policy_;
-  std::vector<int64_t> slot_row_;     // row in each slot, kEmpty if none
-  std::vector<int64_t> slot_step_;    // last step that locked the slot
-  std::vector<uint64_t> slot_stamp_;  // last access time (LRU; LFU tie-break)
-  std::vector<uint8_t> slot_dirty_;
-  uint64_t overflow_cursor_ = 0;      // CLOCK hand over the overflow slots
+  std::vector<int64_t> slot_row_;   // row in each slot, kEmpty if none (a set's ways adjacent)
+  std::vector<SlotMeta> meta_;
+  uint64_t overflow_cursor_ = 0;    // CLOCK hand over the overflow slots
   std::unordered_map<int64_t, int64_t> overflow_map_;  // row -> overflow slot
   uint64_t clock_ = 0;
-  // Count-min sketch for LFU: 4 rows of `sketch_width_` 16-bit counters.
+  // Count-min sketch for LFU: 4 rows of `sketch_width_` 16-bit counters, one count per
+  // distinct row per step, halved periodically (aging).
   std::vector<uint16_t> sketch_;
   uint64_t sketch_width_ = 0, sketch_adds_ = 0;
   CacheCounters counters_;

@@ -31,7 +31,6 @@ from torchrec_mtrains.storage._validation import (
     check_rows,
 )
 from torchrec_mtrains._ops import load_extension
-from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 from torchrec_mtrains.storage.types import RowStore
 
 __all__ = ["ScmStore"]
@@ -133,12 +132,11 @@ class ScmStore(RowStore):
 
     def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         ids = self._checked(ids)
-        rows = torch.ops.mtrains.pack_rows(self.data, None, ids, self.dtype)
-        fresh = ~self._written[ids]
-        if bool(fresh.any()):
-            pos = fresh.nonzero().squeeze(1)
-            rows[pos] = lazy_init_rows(ids[pos], self.dim, self.state_dim, self.init_range, self.seed, self.dtype)
-            self._lazy_rows += pos.numel()
+        rows, lazy = torch.ops.mtrains.gather_rows_or_init(
+            self.data, self._written, ids, self.dim, self.state_dim, self.seed,
+            float(self.init_range[0]), float(self.init_range[1]),
+        )
+        self._lazy_rows += lazy
         self._rows_read += ids.numel()
         if out is None:
             return rows
@@ -150,8 +148,7 @@ class ScmStore(RowStore):
         ids = self._checked(ids)
         check_rows(self.path, rows, ids.numel(), self.row_width, self.dtype, "rows")
         # Rows are copied in order, so for a repeated id the last one wins.
-        torch.ops.mtrains.unpack_rows(rows.contiguous(), ids, self.data, None)
-        self._written[ids] = True
+        torch.ops.mtrains.scatter_rows_mark(rows.contiguous(), ids, self.data, self._written)
         self._rows_written += ids.numel()
 
     def flush(self) -> None:
