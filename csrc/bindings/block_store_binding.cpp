@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <charconv>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -121,6 +122,13 @@ void ReadTable(ConfigReader& r, TableOptions* t) {
   }
 }
 
+// Shortest text that parses back to exactly `v` (std::to_string keeps 6 decimals).
+std::string ExactText(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
 at::ScalarType ScalarTypeOf(DType d) {
   switch (d) {
     case DType::kFloat32: return at::kFloat;
@@ -191,8 +199,8 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     d.insert("dtype", DTypeName(h.dtype));
     d.insert("block_size", std::to_string(h.block_size));
     d.insert("seed", std::to_string(h.seed));
-    d.insert("init_lo", std::to_string(h.init_lo));
-    d.insert("init_hi", std::to_string(h.init_hi));
+    d.insert("init_lo", ExactText(h.init_lo));
+    d.insert("init_hi", ExactText(h.init_hi));
     d.insert("segment_blocks", std::to_string(h.segment_blocks));
     d.insert("num_segments", std::to_string(h.num_segments));
     d.insert("rows_per_block", std::to_string(h.rows_per_block));

@@ -95,7 +95,15 @@ Status ComputeLayout(TableHeader* h, double overprovision) {
   return Status::Ok();
 }
 
-void EncodeHeader(const TableHeader& h, uint8_t* block) {
+Status EncodeHeader(const TableHeader& h, uint8_t* block) {
+  size_t need = 96;
+  for (const auto& path : h.stripe_paths) {
+    if (path.size() > 0xFFFF) return Status::InvalidArgument("stripe path is too long: " + path.substr(0, 80) + "...");
+    need += 2 + path.size();
+  }
+  if (need > kHeaderBytes - 4)
+    return Status::InvalidArgument("stripe paths are too long for the header: they take " + std::to_string(need) +
+                                   " bytes; the table header holds " + std::to_string(kHeaderBytes - 4));
   std::memset(block, 0, h.block_size);
   size_t pos = 0;
   std::memcpy(block, kTableMagic, 8);
@@ -120,6 +128,7 @@ void EncodeHeader(const TableHeader& h, uint8_t* block) {
   }
   const uint32_t crc = Crc32c(0, block, kHeaderBytes - 4);
   std::memcpy(block + kHeaderBytes - 4, &crc, 4);
+  return Status::Ok();
 }
 
 Status DecodeHeader(const uint8_t* data, size_t len, TableHeader* h) {

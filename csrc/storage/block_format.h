@@ -69,8 +69,9 @@ struct TableHeader {
 // Returns InvalidArgument naming the field on bad values.
 Status ComputeLayout(TableHeader* h, double overprovision);
 
-// Serialises the header into one block of h.block_size bytes.
-void EncodeHeader(const TableHeader& h, uint8_t* block);
+// Serialises the header into one block of h.block_size bytes. Fails (InvalidArgument)
+// when the stripe paths do not fit in the header's 4 KiB.
+Status EncodeHeader(const TableHeader& h, uint8_t* block);
 // Parses and validates a header read from the first `len` bytes of a file. Never reads
 // past `len`; returns FormatError / Corruption naming the bad field on any inconsistency.
 Status DecodeHeader(const uint8_t* data, size_t len, TableHeader* h);

@@ -104,13 +104,12 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
     h.table_uuid = (uint64_t(rd()) << 32) ^ rd();
   } while (h.table_uuid == 0);
   MTRAINS_RETURN_IF_ERROR(ComputeLayout(&h, t.overprovision));
-  size_t header_bytes = 96;
   for (const auto& s : h.stripe_paths) {
     if (s.empty() || s == path)
       return Status::InvalidArgument("stripe path '" + s + "' must be non-empty and differ from " + path);
-    header_bytes += 2 + s.size();
   }
-  if (header_bytes > 4000) return Status::InvalidArgument("stripe paths are too long for the header");
+  AlignedBuffer header(h.block_size, kAlignment);
+  MTRAINS_RETURN_IF_ERROR(EncodeHeader(h, header.data()));
   std::vector<std::string> files{path};
   files.insert(files.end(), h.stripe_paths.begin(), h.stripe_paths.end());
   for (size_t i = 0; i < files.size(); ++i)
@@ -128,8 +127,6 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
       return st;
     }
   }
-  AlignedBuffer header(h.block_size, kAlignment);
-  EncodeHeader(h, header.data());
   Status st;
   const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -359,7 +356,9 @@ Status BlockStore::Write(const int64_t* ids, size_t n, const uint8_t* rows) {
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(WriteLocked(ids, n, rows));
-  return seg_log_->FlushQueue().WithContext(path_);
+  return seg_log_->FlushQueue().WithContext(
+      path_ + ": the rows were accepted and are held in memory, but writing earlier rows to "
+              "the device failed (flush() retries)");
 }
 
 Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows) {
@@ -413,7 +412,6 @@ Status BlockStore::Snapshot(const std::string& dst) {
   if (closed_) return Status::Closed(path_ + " is closed");
   if (dst.empty() || dst == path_)
     return Status::InvalidArgument("snapshot destination '" + dst + "' must differ from " + path_);
-  MTRAINS_RETURN_IF_ERROR(FlushLocked());
   // Copy under temporary names, then rename: a crash never leaves a half snapshot at dst.
   TableHeader snap = h_;
   std::vector<std::pair<std::string, std::string>> copies;  // (src, final dst)
@@ -421,13 +419,14 @@ Status BlockStore::Snapshot(const std::string& dst) {
     snap.stripe_paths[i] = dst + ".stripe" + std::to_string(i);
     copies.emplace_back(h_.stripe_paths[i], snap.stripe_paths[i]);
   }
+  AlignedBuffer header(h_.block_size, kAlignment);
+  MTRAINS_RETURN_IF_ERROR(EncodeHeader(snap, header.data()).WithContext("snapshot to " + dst));
+  MTRAINS_RETURN_IF_ERROR(FlushLocked());
   copies.emplace_back(path_, dst);  // the main file last: it names the stripes
   for (const auto& [src, final_dst] : copies) {
     const std::string tmp = final_dst + ".tmp";
     Status st = CopyFileSparse(src, tmp);
     if (st.ok() && final_dst == dst && !h_.stripe_paths.empty()) {
-      AlignedBuffer header(h_.block_size, kAlignment);
-      EncodeHeader(snap, header.data());
       const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
       if (fd < 0 || pwrite(fd, header.data(), h_.block_size, 0) != static_cast<ssize_t>(h_.block_size) || fsync(fd) != 0)
         st = Errno(errno, "cannot write the header of " + tmp);
@@ -500,6 +499,7 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   add("commits", sl.commits);
   add("live_rows", seg_log_->live_rows());
   add("free_segments", seg_log_->free_segments());
+  add("gc_reserve_segments", seg_log_->gc_reserve_segments());
   add("log_segments", h_.num_segments);
   // Device bytes written per byte of rows the caller wrote (what wears the flash out), and
   // per byte of rows appended to the log (after the cache merged repeated writes).

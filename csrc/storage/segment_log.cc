@@ -10,11 +10,15 @@
 namespace mtrains {
 namespace {
 
-constexpr uint64_t kMinFreeSegments = 1;   // kept for the collector's own appends
-constexpr size_t kMapChunkPages = 2048;     // map pages per batched I/O
+constexpr uint64_t kMinFreeSegments = 1;   // a collector's victim needs one to move into
+constexpr uint64_t kMapChunkBytes = 8 << 20;  // map bytes per batched I/O (buffer size)
 constexpr size_t kSpareBuffers = 4;
 
 }  // namespace
+
+uint64_t SegmentLog::MapChunkPages(uint64_t pages) const {
+  return std::max<uint64_t>(1, std::min<uint64_t>(pages, kMapChunkBytes / h_.block_size));
+}
 
 SegmentLog::SegmentLog(const TableHeader& header, Device* log, Device* meta)
     : h_(header), log_(log), meta_(meta), entries_per_page_(header.EntriesPerMapPage()),
@@ -32,6 +36,11 @@ SegmentLog::SegmentLog(const TableHeader& header, Device* log, Device* meta)
   state_.assign(h_.num_segments, SegState::kFree);
   free_.reserve(h_.num_segments);
   for (uint64_t s = h_.num_segments; s-- > 0;) free_.push_back(s);
+  // Segments kept free for the collector: consolidating victims that are mostly live takes
+  // several spare segments at once. At most what the log has beyond the rows' own space.
+  const uint64_t needed = (h_.num_rows + h_.slots_per_segment - 1) / h_.slots_per_segment;
+  const uint64_t spare = h_.num_segments > needed + 2 ? h_.num_segments - needed - 2 : 1;
+  gc_reserve_ = std::max<uint64_t>(1, std::min<uint64_t>(spare, std::max<uint64_t>(3, h_.num_segments / 16)));
 }
 
 SegmentLog::~SegmentLog() { munmap(map_, h_.num_rows * sizeof(uint64_t)); }
@@ -47,10 +56,11 @@ uint32_t SegmentLog::IndexInBlock(uint64_t slot) const {
 Status SegmentLog::LoadMap(int meta_fd) {
   const uint64_t B = h_.block_size;
   const uint64_t total_slots = h_.num_segments * h_.slots_per_segment;
-  AlignedBuffer buf(kMapChunkPages * B, 4096);
+  const uint64_t chunk_pages = MapChunkPages(h_.map_pages);
+  AlignedBuffer buf(chunk_pages * B, 4096);
   auto load_pages = [&](uint64_t first, uint64_t count) -> Status {
     while (count > 0) {
-      const uint64_t n = std::min<uint64_t>(count, kMapChunkPages);
+      const uint64_t n = std::min<uint64_t>(count, chunk_pages);
       IoOp op{h_.map_offset + first * B, buf.data(), static_cast<uint32_t>(n * B)};
       MTRAINS_RETURN_IF_ERROR(meta_->Read(&op, 1));
       for (uint64_t i = 0; i < n; ++i) {
@@ -120,16 +130,28 @@ Status SegmentLog::Reserve(uint64_t appends) {
     return Status::InvalidArgument("cannot reserve " + std::to_string(appends) +
                                    " appends at once (limit " + std::to_string(MaxReserve()) + ")");
   const uint64_t batch = std::max<uint64_t>(2, h_.num_segments / 16);
+  uint64_t best_free = free_.size(), stalled_rounds = 0;
   for (;;) {
     const uint64_t left = HeadSlotsLeft();
     if (appends <= left) return Status::Ok();
     const uint64_t need = (appends - left + h_.slots_per_segment - 1) / h_.slots_per_segment;
-    if (free_.size() >= need + kMinFreeSegments) return Status::Ok();
+    if (free_.size() >= need + gc_reserve_) return Status::Ok();
     if (!pending_.empty()) {
       MTRAINS_RETURN_IF_ERROR(Commit());
-      continue;
+    } else {
+      MTRAINS_RETURN_IF_ERROR(CollectGarbage(need + gc_reserve_ + batch));
     }
-    MTRAINS_RETURN_IF_ERROR(CollectGarbage(need + kMinFreeSegments + batch));
+    // Moving live rows and sealing the head at each commit can cost as much space as the
+    // victims free (tiny segments): give up rather than spin.
+    if (free_.size() > best_free) {
+      best_free = free_.size();
+      stalled_rounds = 0;
+    } else if (++stalled_rounds >= 8) {
+      return Status::IoError(
+          ENOSPC, "the log cannot reclaim space: garbage collection frees no more than it uses "
+                  "(" + std::to_string(free_.size()) + " of " + std::to_string(h_.num_segments) +
+                  " segments free; create the table with larger segment_blocks or overprovision)");
+    }
   }
 }
 
@@ -163,7 +185,8 @@ AlignedBuffer SegmentLog::TakeSegmentBuffer() {
 }
 
 void SegmentLog::DecLive(uint64_t seg) {
-  if (--live_[seg] == 0 && state_[seg] == SegState::kSealed) {
+  if (--live_[seg] == 0 &&
+      (state_[seg] == SegState::kSealed || state_[seg] == SegState::kQuarantined)) {
     state_[seg] = SegState::kPending;
     pending_.push_back(seg);
   }
@@ -282,10 +305,10 @@ Status SegmentLog::WriteDirtyMapPages() {
   std::vector<uint64_t> dirty;
   for (uint64_t p = 0; p < h_.map_pages; ++p)
     if (map_dirty_[p]) dirty.push_back(p);
-  AlignedBuffer buf;
-  for (size_t start = 0; start < dirty.size(); start += kMapChunkPages) {
-    const size_t n = std::min(kMapChunkPages, dirty.size() - start);
-    if (buf.size() < n * B) buf = AlignedBuffer(kMapChunkPages * B, 4096);
+  const size_t chunk_pages = MapChunkPages(dirty.size());
+  AlignedBuffer buf(chunk_pages * B, 4096);
+  for (size_t start = 0; start < dirty.size(); start += chunk_pages) {
+    const size_t n = std::min(chunk_pages, dirty.size() - start);
     std::vector<IoOp> ops;
     for (size_t i = 0; i < n; ++i) {
       const uint64_t page = dirty[start + i];
@@ -312,15 +335,22 @@ Status SegmentLog::WriteDirtyMapPages() {
 Status SegmentLog::CollectGarbage(uint64_t target_free) {
   MTRAINS_RETURN_IF_ERROR(FlushQueue());
   Status first_error;
-  while (free_.size() >= kMinFreeSegments && free_.size() + pending_.size() < target_free) {
+  while (free_.size() + pending_.size() < target_free) {
     uint64_t victim = h_.num_segments;
     for (uint64_t s = 0; s < h_.num_segments; ++s) {
       if (state_[s] == SegState::kSealed && (victim == h_.num_segments || live_[s] < live_[victim]))
         victim = s;
     }
     if (victim == h_.num_segments || live_[victim] >= h_.slots_per_segment) break;
+    // The victim's rows go to the head; a head without room for them takes a free segment
+    // (a victim has fewer live rows than a segment holds, so one is enough).
+    if (live_[victim] > HeadSlotsLeft() && free_.size() < kMinFreeSegments) break;
     Status st = MoveLiveRows(victim);
-    if (!st.ok() && first_error.ok()) first_error = st;
+    if (st.code() == StatusCode::kCorruption) {  // the victim is quarantined: go on
+      if (first_error.ok()) first_error = st;
+    } else if (!st.ok()) {
+      return st;  // e.g. the device failed to read the victim: nothing changed, report it
+    }
   }
   if (pending_.empty()) {
     if (!first_error.ok()) return first_error;

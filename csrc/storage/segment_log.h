@@ -72,6 +72,7 @@ class SegmentLog {
 
   const SegmentLogCounters& counters() const { return counters_; }
   uint64_t free_segments() const { return free_.size(); }
+  uint64_t gc_reserve_segments() const { return gc_reserve_; }
   uint64_t live_rows() const { return live_rows_; }
 
  private:
@@ -99,6 +100,8 @@ class SegmentLog {
   Status CollectGarbage(uint64_t target_free);
   Status MoveLiveRows(uint64_t victim);
   Status WriteDirtyMapPages();
+  // Map pages per batched I/O: at most 8 MiB, and no more than `pages`.
+  uint64_t MapChunkPages(uint64_t pages) const;
   AlignedBuffer TakeSegmentBuffer();
 
   const TableHeader h_;
@@ -116,6 +119,7 @@ class SegmentLog {
   std::unordered_map<uint64_t, const uint8_t*> buffered_;  // segment -> bytes in memory
   std::vector<AlignedBuffer> spare_buffers_;
   uint64_t live_rows_ = 0;
+  uint64_t gc_reserve_ = 1;  // free segments user appends leave to the collector
   SegmentLogCounters counters_;
 };
 
