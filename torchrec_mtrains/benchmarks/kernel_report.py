@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from torchrec_mtrains.benchmarks.report import Results, Target, fio_lines
+from torchrec_mtrains.benchmarks.report import Results, Target, fio_lines, write_results_json
 from torchrec_mtrains.benchmarks.types import KernelBenchConfig, PhaseResult
 
 __all__ = ["DeviceTime", "device_time", "evaluate_targets", "format_report", "write_json"]
@@ -293,16 +292,8 @@ def format_report(res: Results, cfg: KernelBenchConfig, header: list[str], skipp
 
 def write_json(path: Path, res: Results, cfg: KernelBenchConfig, meta: dict[str, Any],
                skipped: dict[str, str]) -> None:
-    """Writes every figure, the settings, the targets and what was skipped to ``path``."""
-    doc = {
-        "config": cfg.to_dict(),
-        "meta": meta,
-        "skipped": skipped,
-        "results": {s: {p: r.to_dict() for p, r in ph.items()} for s, ph in res.items()},
-        "targets": [t.__dict__ for t in evaluate_targets(res, cfg)],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    """Writes the kernel benchmark's figures, settings, targets and skipped runs."""
+    write_results_json(path, res, cfg.to_dict(), meta, skipped, evaluate_targets(res, cfg))
 
 
 def noise_lines(res: Results, load_before: tuple[float, ...], load_after: tuple[float, ...]) -> list[str]:

@@ -184,15 +184,22 @@ def format_report(res: Results, cfg: StoreBenchConfig, header: list[str], skippe
     return "\n".join(lines)
 
 
-def write_json(path: Path, res: Results, cfg: StoreBenchConfig, meta: dict[str, Any],
-               skipped: dict[str, str]) -> None:
-    """Writes every figure, the settings, the targets and the skipped baselines to ``path``."""
+def write_results_json(path: Path, res: Results, config: dict[str, Any], meta: dict[str, Any],
+                       skipped: dict[str, str], targets: list[Target]) -> None:
+    """Writes every figure, the settings, the targets and what was skipped to ``path``
+    (the JSON layout shared by every benchmark)."""
     doc = {
-        "config": cfg.to_dict(),
+        "config": config,
         "meta": meta,
         "skipped": skipped,
         "results": {s: {p: r.to_dict() for p, r in ph.items()} for s, ph in res.items()},
-        "targets": [t.__dict__ for t in evaluate_targets(res, cfg)],
+        "targets": [t.__dict__ for t in targets],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def write_json(path: Path, res: Results, cfg: StoreBenchConfig, meta: dict[str, Any],
+               skipped: dict[str, str]) -> None:
+    """Writes the store benchmark's figures, settings, targets and skipped baselines."""
+    write_results_json(path, res, cfg.to_dict(), meta, skipped, evaluate_targets(res, cfg))
