@@ -157,24 +157,42 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
   plan->evict_slots.clear();
   counters_.lookups += n;
   const bool lfu = policy_ == CachePolicy::kLfu;
+  int64_t* slot_of = plan->slot_of_index.data();
+  // Pass 1: find every index's slot (set tags prefetched a few indices ahead).
   for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) PrefetchSet(indices[i]);
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetchAhead < n) PrefetchSet(indices[i + kPrefetchAhead]);
+    slot_of[i] = FindSlot(indices[i]);
+  }
+  // Pass 2: lock every hit before any miss takes a victim, so no row this step uses is
+  // evicted by it (and no row is both written back and loaded in one step).
+  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i)
+    if (slot_of[i] != kEmpty) __builtin_prefetch(&meta_[slot_of[i]]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n && slot_of[i + kPrefetchAhead] != kEmpty)
+      __builtin_prefetch(&meta_[slot_of[i + kPrefetchAhead]]);
+    const int64_t slot = slot_of[i];
+    if (slot == kEmpty) continue;
+    SlotMeta& m = meta_[slot];
+    if (m.step != step) {  // first sight of this row in this step
+      ++counters_.unique_rows;
+      ++counters_.hits;
+      m.step = step;
+      if (train) m.dirty = 1;
+      if (lfu) {
+        CountAccess(indices[i]);
+        if (m.freq < std::numeric_limits<uint32_t>::max()) ++m.freq;
+      }
+    }
+    m.stamp = ++clock_;
+  }
+  // Pass 3: place the misses in order (a row missing at several indices is placed once).
+  for (size_t i = 0; i < n; ++i) {
+    if (slot_of[i] != kEmpty) continue;
     const int64_t row = indices[i];
     int64_t slot = FindSlot(row);
-    if (slot != kEmpty) {
-      SlotMeta& m = meta_[slot];
-      if (m.step != step) {  // first sight of this row in this step
-        ++counters_.unique_rows;
-        ++counters_.hits;
-        m.step = step;
-        if (train) m.dirty = 1;
-        if (lfu) {
-          CountAccess(row);
-          if (m.freq < std::numeric_limits<uint32_t>::max()) ++m.freq;
-        }
-      }
-      m.stamp = ++clock_;
+    if (slot != kEmpty) {  // placed earlier in this pass
+      meta_[slot].stamp = ++clock_;
     } else {
       ++counters_.unique_rows;
       ++counters_.misses;
@@ -183,7 +201,7 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
       if (slot == kEmpty) slot = TakeOverflowSlot(oldest_live_step);
       Place(row, slot, step, train, plan);
     }
-    plan->slot_of_index[i] = slot;
+    slot_of[i] = slot;
   }
 }
 

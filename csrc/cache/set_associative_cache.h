@@ -45,7 +45,8 @@ class SetAssociativeCache {
 
   // Plans step `step` over `indices` (row ids, validated by the caller): finds or assigns a
   // slot for each distinct row and locks it for `step`. Slots locked by a step >=
-  // `oldest_live_step` are never evicted. When `train`, the step's slots become dirty
+  // `oldest_live_step` are never evicted, nor are rows of this step that were resident, so a
+  // row is never both evicted and loaded by one plan. When `train`, the step's slots become dirty
   // (their rows will be updated), so evicting them later means writing them back.
   void Plan(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step, bool train,
             StepPlan* plan);
