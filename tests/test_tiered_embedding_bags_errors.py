@@ -100,7 +100,7 @@ BAD_BATCHES: Dict[str, Tuple[BadBatch, type, str]] = {
     "indices_2d": (lambda i, o: (i.view(1, -1), o), ValueError, "indices"),
     "indices_not_a_tensor": (lambda i, o: (i.tolist(), o), ValueError, "indices"),
 }
-_TIMING = ("tier_seconds", "prefetch_wait_seconds")
+_TIMING = ("plan_seconds", "tier_seconds", "prefetch_wait_seconds")
 
 
 def _quiesce(ker: TieredEmbeddingBags) -> None:

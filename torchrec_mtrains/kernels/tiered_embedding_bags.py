@@ -66,7 +66,8 @@ class _Deferred:
 class _TableCounters:
     rows_loaded: int = 0
     rows_written_back: int = 0
-    tier_seconds: float = 0.0
+    plan_seconds: float = 0.0  # cache index work
+    tier_seconds: float = 0.0  # moving rows to and from the tier
 
 
 class TieredEmbeddingBags(torch.nn.Module):
@@ -266,10 +267,13 @@ class TieredEmbeddingBags(torch.nn.Module):
     def _plan(self, job: _Step, oldest_live: int, train: bool) -> None:
         remapped = []
         for t, part in enumerate(job.batch.per_table):
+            counters = self._counters[t]
+            t0 = time.perf_counter()
             slots, load_rows, load_slots, evict_rows, evict_slots = self._caches[t].plan(
                 part.contiguous(), job.step, oldest_live, train
             )
-            codec, store, counters = self._codecs[t], self._stores[t], self._counters[t]
+            codec, store = self._codecs[t], self._stores[t]
+            counters.plan_seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
             if evict_rows.numel():
                 store.write(evict_rows, codec.gather(self._weights[t], self._states[t], evict_slots))
@@ -417,7 +421,8 @@ class TieredEmbeddingBags(torch.nn.Module):
 
     def cache_stats(self) -> Dict[str, Dict[str, float]]:
         """Per table: lookups, unique rows, hits, misses, hit_rate, evictions, rows and bytes
-        moved to and from the tier, seconds spent on tier I/O; plus forward's wait."""
+        moved to and from the tier, seconds spent planning (cache index) and moving rows
+        (tier I/O, packing); plus forward's wait for prefetches."""
         out: Dict[str, Dict[str, float]] = {}
         for t, name in enumerate(self.table_names):
             c = dict(self._caches[t].counters())
@@ -431,6 +436,7 @@ class TieredEmbeddingBags(torch.nn.Module):
                 "rows_written_back": float(k.rows_written_back),
                 "bytes_read_from_tier": float(k.rows_loaded * row_bytes),
                 "bytes_written_to_tier": float(k.rows_written_back * row_bytes),
+                "plan_seconds": k.plan_seconds,
                 "tier_seconds": k.tier_seconds,
                 "cache_capacity_rows": float(self._caches[t].capacity()),
                 "prefetch_wait_seconds": self._wait_seconds,
