@@ -181,16 +181,9 @@ class UringFileDevice final : public Device {
     while (true) {
       submit_more();
       if (inflight == 0) break;
-      const int rc = io_uring_submit_and_wait(&ring_, 1);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
-        return Status::IoError(-rc, "io_uring_submit failed: " + ErrnoText(-rc));
-      io_uring_cqe* cqe;
-      unsigned head, seen = 0;
-      io_uring_for_each_cqe(&ring_, head, cqe) {
-        ++seen;
+      MTRAINS_RETURN_IF_ERROR(WaitAndReap([&](uint64_t data, int res) {
         --inflight;
-        const uint32_t s = static_cast<uint32_t>(io_uring_cqe_get_data64(cqe));
-        const int res = cqe->res;
+        const uint32_t s = static_cast<uint32_t>(data);
         Extent& e = slot[s];
         if (res == -EINTR || res == -EAGAIN) {
           retry.push_back(s);
@@ -206,8 +199,7 @@ class UringFileDevice final : public Device {
         } else {
           completed.push_back(s);
         }
-      }
-      io_uring_cq_advance(&ring_, seen);
+      }));
       submit_more();  // refill the ring before spending CPU on the completed extents
       if (inflight > 0) io_uring_submit(&ring_);
       for (uint32_t s : completed) {
@@ -250,18 +242,9 @@ class UringFileDevice final : public Device {
         ++inflight;
       }
       if (inflight == 0) break;  // an error stopped new submissions and all have drained
-      int rc = io_uring_submit_and_wait(&ring_, 1);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        // The ring itself failed; nothing more can be reaped safely through it.
-        return Status::IoError(-rc, "io_uring_submit failed: " + ErrnoText(-rc));
-      }
-      io_uring_cqe* cqe;
-      unsigned head, seen = 0;
-      io_uring_for_each_cqe(&ring_, head, cqe) {
-        ++seen;
+      MTRAINS_RETURN_IF_ERROR(WaitAndReap([&](uint64_t data, int res) {
         --inflight;
-        const size_t i = io_uring_cqe_get_data64(cqe);
-        const int res = cqe->res;
+        const size_t i = data;
         const FileSet::Part& p = parts[i];
         if (res == -EINTR || res == -EAGAIN) {
           queue.push_back(i);
@@ -280,11 +263,27 @@ class UringFileDevice final : public Device {
             Finish(write, started[i]);
           }
         }
-      }
-      io_uring_cq_advance(&ring_, seen);
+      }));
       if (!first_error.ok()) queue.clear();
     }
     return first_error;
+  }
+
+  // Submits what is queued, waits for at least one completion and calls
+  // on_cqe(user data, result) for every completion available. Fails only if the ring
+  // itself failed, after which nothing more can be reaped safely through it.
+  Status WaitAndReap(const std::function<void(uint64_t, int)>& on_cqe) {
+    const int rc = io_uring_submit_and_wait(&ring_, 1);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+      return Status::IoError(-rc, "io_uring_submit failed: " + ErrnoText(-rc));
+    io_uring_cqe* cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      on_cqe(io_uring_cqe_get_data64(cqe), cqe->res);
+    }
+    io_uring_cq_advance(&ring_, seen);
+    return Status::Ok();
   }
 
   void Finish(bool write, uint64_t started) {
