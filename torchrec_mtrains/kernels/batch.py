@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["Batch", "check_index_tensor", "split_batch"]
+__all__ = ["Batch", "check_feature_table_map", "check_index_tensor", "split_batch"]
 
 _INT_DTYPES = (torch.int64, torch.int32)
 
@@ -36,21 +36,31 @@ def check_index_tensor(name: str, t: object) -> torch.Tensor:
 
 
 def split_batch(
-    indices: torch.Tensor, offsets: torch.Tensor, specs: Sequence[Tuple[int, int]], names: Sequence[str]
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    specs: Sequence[Tuple[int, int]],
+    names: Sequence[str],
+    feature_table_map: Optional[Sequence[int]] = None,
 ) -> Batch:
     """Checks a batch and returns it split by table.
 
+    ``feature_table_map`` (FBGEMM's) gives the table of each feature; the batch then has
+    ``F * B + 1`` offsets. It must be non-decreasing (a table's features adjacent, tables in
+    order), so concatenating the tables' parts gives back ``indices``. Default: one feature
+    per table.
+
     Raises:
         ValueError: wrong dtypes or shapes, offsets that do not start at 0, decrease, or do
-            not end at ``len(indices)``, or whose length is not ``T * B + 1``.
+            not end at ``len(indices)``, or whose length is not ``F * B + 1``.
         IndexError: an id outside its table, naming the table, the id and its position.
     """
     indices = check_index_tensor("indices", indices)
     offsets = check_index_tensor("offsets", offsets)
-    num_tables = len(specs)
-    if offsets.numel() < 1 or (offsets.numel() - 1) % num_tables:
+    table_of_feature = list(range(len(specs))) if feature_table_map is None else list(feature_table_map)
+    num_features = len(table_of_feature)
+    if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
         raise ValueError(
-            f"offsets has {offsets.numel()} entries; expected T * B + 1 with T = {num_tables} tables"
+            f"offsets has {offsets.numel()} entries; expected F * B + 1 with F = {num_features} features"
         )
     if int(offsets[0]) != 0 or int(offsets[-1]) != indices.numel():
         raise ValueError(
@@ -60,8 +70,14 @@ def split_batch(
     if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
         pos = int((offsets[1:] < offsets[:-1]).nonzero()[0, 0]) + 1
         raise ValueError(f"offsets must not decrease: offsets[{pos}] = {int(offsets[pos])} < offsets[{pos - 1}]")
-    batch_size = (offsets.numel() - 1) // num_tables
-    bounds = offsets[:: batch_size].tolist() if batch_size else [0] * (num_tables + 1)
+    batch_size = (offsets.numel() - 1) // num_features
+    feature_bounds = offsets[::batch_size].tolist() if batch_size else [0] * (num_features + 1)
+    # Table t spans from its first feature's start to its last feature's end.
+    bounds = [0] * (len(specs) + 1)
+    for f, t in enumerate(table_of_feature):
+        bounds[t + 1] = feature_bounds[f + 1]
+    for t in range(len(specs)):
+        bounds[t + 1] = max(bounds[t + 1], bounds[t])
     per_table = []
     for t, (rows, _) in enumerate(specs):
         part = indices[bounds[t] : bounds[t + 1]]
@@ -75,3 +91,23 @@ def split_batch(
                 )
         per_table.append(part)
     return Batch(indices, offsets, per_table)
+
+
+def check_feature_table_map(feature_table_map: Optional[Sequence[int]], num_tables: int) -> Optional[List[int]]:
+    """Returns the map as a list; ValueError unless it is non-decreasing and names every
+    table in ``[0, num_tables)``."""
+    if feature_table_map is None:
+        return None
+    ftm = list(feature_table_map)
+    if (
+        not ftm
+        or any(isinstance(t, bool) or not isinstance(t, int) for t in ftm)
+        or ftm[0] != 0
+        or any(b - a not in (0, 1) for a, b in zip(ftm, ftm[1:]))
+        or ftm[-1] != num_tables - 1
+    ):
+        raise ValueError(
+            f"feature_table_map={ftm!r} must be non-decreasing table numbers covering every table "
+            f"0..{num_tables - 1} (a table's features adjacent)"
+        )
+    return ftm

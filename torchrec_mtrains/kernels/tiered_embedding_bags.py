@@ -27,7 +27,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from torchrec_mtrains._ops import load_extension
-from torchrec_mtrains.kernels.batch import Batch, check_index_tensor, split_batch
+from torchrec_mtrains.kernels.batch import Batch, check_feature_table_map, check_index_tensor, split_batch
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_codec import SUPPORTED_OPTIMIZERS, SUPPORTED_PRECISIONS, RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
@@ -96,6 +96,8 @@ class TieredEmbeddingBags(torch.nn.Module):
         seed: seeds the initial weights (a pure function of seed, table and row).
         table_names: names used in file names, errors and stats (default "table_<t>").
         ssd_dram_cache_mb: DRAM cache of each SSD block store, under the row cache.
+        feature_table_map: FBGEMM's: the table of each feature (non-decreasing), when
+            tables have several features; offsets then have ``F * B + 1`` entries.
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         seed: int = 0,
         table_names: Optional[Sequence[str]] = None,
         ssd_dram_cache_mb: float = 0.0,
+        feature_table_map: Optional[Sequence[int]] = None,
     ) -> None:
         super().__init__()
         load_extension()
@@ -138,6 +141,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self.tier = tier
         self.embedding_specs = specs
         self.table_names = _check_names(table_names, len(specs))
+        self.feature_table_map = check_feature_table_map(feature_table_map, len(specs))
         self.optimizer = optimizer
         self.pooling_mode = pooling_mode
         self.weights_precision = weights_precision
@@ -186,6 +190,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             pooling_mode=self.pooling_mode,
             weights_precision=self.weights_precision,
             output_dtype=SparseType.FP32,
+            feature_table_map=self.feature_table_map,
         )
         # Aliases with their own autograd version counters: the prefetch thread fills slots
         # of the next step while autograd holds the weights of the current one, and those
@@ -254,7 +259,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
 
     def _submit(self, indices: torch.Tensor, offsets: torch.Tensor) -> _Step:
-        batch = split_batch(indices, offsets, self.embedding_specs, self.table_names)
+        batch = split_batch(indices, offsets, self.embedding_specs, self.table_names, self.feature_table_map)
         job = _Step(self._next_step, batch)
         self._next_step += 1
         # Rows of the step that may still be running (its backward) and of every step
@@ -392,21 +397,37 @@ class TieredEmbeddingBags(torch.nn.Module):
                 if bool(hit.any()):
                     d.rows[hit] = new_rows_of(d.ids[hit])
 
-    def _full_rows(self, t: int) -> torch.Tensor:
-        """Table t as store rows: read through the tier, overlaid with the cached rows."""
+    def _full_rows(self, t: int, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
+        """Rows ``[start, stop)`` of table t as store rows: read through the tier, overlaid
+        with the cached rows."""
         self._drain()
-        rows_t = self.embedding_specs[t][0]
+        stop = self.embedding_specs[t][0] if stop is None else stop
         codec = self._codecs[t]
-        out = torch.empty((rows_t, codec.row_width), dtype=codec.dtype)
-        for start in range(0, rows_t, _READ_CHUNK_ROWS):
-            ids = torch.arange(start, min(rows_t, start + _READ_CHUNK_ROWS))
-            out[start : start + ids.numel()] = self._stores[t].read(ids)
+        out = torch.empty((stop - start, codec.row_width), dtype=codec.dtype)
+        for lo in range(start, stop, _READ_CHUNK_ROWS):
+            ids = torch.arange(lo, min(stop, lo + _READ_CHUNK_ROWS))
+            out[lo - start : lo - start + ids.numel()] = self._stores[t].read(ids)
         rows, slots = self._caches[t].occupied()
-        ready = slots < self._tbe_rows[t]
+        keep = (slots < self._tbe_rows[t]) & (rows >= start) & (rows < stop)
         # Rows of deferred (overflow) loads came from the tier, which is still current.
         with torch.no_grad():
-            out[rows[ready]] = codec.gather(self._weights[t], self._states[t], slots[ready])
+            out[rows[keep] - start] = codec.gather(self._weights[t], self._states[t], slots[keep])
         return out
+
+    def read_rows(self, table: int, start: int, stop: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Rows ``[start, stop)`` of ``table``: weights ``[n, dim]`` and optimizer state in
+        FBGEMM's layout (``[n]`` row-wise, ``[n, dim]`` per element, None for SGD), read
+        through every tier. Lets a caller stream a table larger than memory in pieces."""
+        self._check_usable()
+        if not 0 <= table < len(self.embedding_specs):
+            raise IndexError(f"table {table} is outside [0, {len(self.embedding_specs)})")
+        rows_t = self.embedding_specs[table][0]
+        if not 0 <= start <= stop <= rows_t:
+            raise IndexError(f"table {self.table_names[table]}: rows [{start}, {stop}) outside [0, {rows_t})")
+        weights, state = self._codecs[table].split(self._full_rows(table, start, stop))
+        if state is None or self._codecs[table].state_values == 0:
+            return weights.clone(), None
+        return weights.clone(), state.clone()
 
     def split_embedding_weights(self) -> List[torch.Tensor]:
         """Each table's full weights ``[rows, dim]`` (copies, read through every tier)."""

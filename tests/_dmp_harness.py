@@ -1,0 +1,257 @@
+"""Multi-process DMP training runs for the sharding tests (run in spawned processes).
+
+One run: a small model (an EBC of four tables + a linear layer) trained with
+DistributedModelParallel and the TieredTrainPipeline on gloo, from fixed initial weights
+and a fixed global batch per step (each rank takes its slice). A run can restore a DCP
+checkpoint first, save one after some step, kill itself after saving (SIGKILL, as a crash),
+and always writes its losses and a final DCP checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+BATCH = 32  # global batch size
+# name -> (rows, dim, features)
+TABLES: Dict[str, tuple] = {
+    "ssd_a": (700, 16, 2),
+    "ssd_b": (400, 8, 1),
+    "scm_c": (500, 12, 1),
+    "plain_d": (300, 8, 1),
+}
+
+
+@dataclasses.dataclass
+class RunSpec:
+    world_size: int
+    steps: int  # train until this global step (exclusive)
+    out_dir: str
+    storage_dir: str
+    tiers: Dict[str, Optional[str]]  # table -> "ssd" / "scm" / "dram", or None for FUSED
+    sharding_type: str = "table_wise"
+    cache_load_factor: float = 0.05
+    restore_from: Optional[str] = None  # DCP checkpoint to start from
+    start_step: int = 0
+    save_at: Optional[int] = None  # save a DCP checkpoint after this many steps
+    save_dir: Optional[str] = None
+    kill_after_save: bool = False
+    init_file: Optional[str] = None  # full initial weights (torch.save of a dict)
+    port: int = 29600
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+def feature_names() -> List[str]:
+    return [f"{t}_f{i}" for t, (_, _, n) in TABLES.items() for i in range(n)]
+
+
+class TinyModel(nn.Module):
+    def __init__(self, ebc: nn.Module) -> None:
+        super().__init__()
+        self.ebc = ebc
+        self.dense = nn.Linear(sum(d * n for _, d, n in TABLES.values()), 1)
+
+    def forward(self, batch):
+        pooled = self.ebc(batch.sparse_features).values()
+        logits = self.dense(pooled).squeeze(1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, loss.detach()
+
+
+def make_unsharded(device: str = "cpu") -> TinyModel:
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    configs = [
+        EmbeddingBagConfig(name=t, num_embeddings=r, embedding_dim=d, feature_names=[f"{t}_f{i}" for i in range(n)])
+        for t, (r, d, n) in TABLES.items()
+    ]
+    return TinyModel(EmbeddingBagCollection(tables=configs, device=torch.device(device)))
+
+
+def initial_weights(seed: int = 7) -> Dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = make_unsharded()
+    for p in model.ebc.parameters():
+        nn.init.uniform_(p, -0.3, 0.3)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def global_batch(step: int):
+    """The step's global batch: skewed ids, 0-3 ids per feature and sample, labels that
+    depend on the ids (so the model has something to learn)."""
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    g = torch.Generator().manual_seed(1000 + step)
+    lengths, values = [], []
+    for t, (rows, _, n) in TABLES.items():
+        for _ in range(n):
+            ln = torch.randint(0, 4, (BATCH,), generator=g)
+            ids = (torch.rand(int(ln.sum()), generator=g) ** 3 * rows).long()
+            lengths.append(ln)
+            values.append(ids)
+    lengths_t = torch.stack(lengths)  # [features, batch]
+    labels = (torch.rand(BATCH, generator=g) < 0.3).float()
+    return lengths_t, values, labels
+
+
+def local_batch(step: int, rank: int, world_size: int):
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    lengths, values, labels = global_batch(step)
+    per = BATCH // world_size
+    lo, hi = rank * per, (rank + 1) * per
+    vals = []
+    for f, ln in enumerate(lengths):
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), ln.cumsum(0)])
+        vals.append(values[f][offsets[lo] : offsets[hi]])
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=feature_names(), values=torch.cat(vals), lengths=lengths[:, lo:hi].reshape(-1)
+    )
+    return Batch(dense_features=torch.zeros(hi - lo, 1), sparse_features=kjt, labels=labels[lo:hi])
+
+
+def _build(spec: RunSpec, rank: int):
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import KeyedOptimizerWrapper, CombinedOptimizer
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    from torchrec_mtrains import Tier
+    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParams, tiered_sharding_plan
+
+    model = make_unsharded()
+    apply_optimizer_in_backward(RowWiseAdagrad, model.ebc.parameters(), {"lr": 0.05})
+    tables = {
+        t: None if tier is None else TieredParams(Tier(tier), cache_load_factor=spec.cache_load_factor,
+                                                  storage_dir=spec.storage_dir, state_dict_ram_mb=0.01)
+        for t, tier in spec.tiers.items()
+    }
+    plan = tiered_sharding_plan(model.ebc, tables, spec.world_size, sharding_type=spec.sharding_type)
+    dmp = DistributedModelParallel(
+        model, plan=ShardingPlan({"ebc": plan}), sharders=[TieredEmbeddingBagCollectionSharder()],
+        device=torch.device("cpu"),
+    )
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                      lambda params: torch.optim.SGD(params, lr=0.1))
+    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+
+
+def _load_initial(dmp, init_file: str) -> None:
+    """Copies full initial weights into the model's own state_dict, then loads it."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    full = torch.load(init_file)
+    sd = dmp.state_dict()
+    for key, value in sd.items():
+        src = full[key.replace("_dmp_wrapped_module.", "").replace("module.", "")]
+        if isinstance(value, ShardedTensor):
+            for shard in value.local_shards():
+                r, c = shard.metadata.shard_offsets
+                h, w = shard.metadata.shard_sizes
+                shard.tensor.copy_(src[r : r + h, c : c + w])
+        else:
+            value.copy_(src)
+    dmp.load_state_dict(sd)
+
+
+def _state(dmp, opt) -> dict:
+    return {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
+
+
+def run(rank: int, spec_json: str) -> None:
+    from torchrec_mtrains.sharding import TieredTrainPipeline
+
+    spec = RunSpec(**json.loads(spec_json))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec.port))
+    dist.init_process_group("gloo", rank=rank, world_size=spec.world_size)
+    torch.manual_seed(0)
+    dmp, opt = _build(spec, rank)
+    if spec.init_file:
+        _load_initial(dmp, spec.init_file)
+    if spec.restore_from:
+        state = _state(dmp, opt)
+        dcp.load(state, checkpoint_id=spec.restore_from)
+        dmp.load_state_dict(state["model"])
+        dmp.fused_optimizer.load_state_dict(state["optim"])
+    pipeline = TieredTrainPipeline(dmp, opt, torch.device("cpu"))
+    batches = iter([local_batch(s, rank, spec.world_size) for s in range(spec.start_step, spec.steps)])
+    losses = []
+    step = spec.start_step
+    while True:
+        try:
+            loss = pipeline.progress(batches)
+        except StopIteration:
+            break
+        # The global mean loss (each rank holds the mean of its equal slice).
+        dist.all_reduce(loss)
+        losses.append(float(loss) / spec.world_size)
+        step += 1
+        if spec.save_at is not None and step == spec.save_at:
+            dcp.save(_state(dmp, opt), checkpoint_id=spec.save_dir)
+            dist.barrier()
+            if spec.kill_after_save:
+                os.kill(os.getpid(), signal.SIGKILL)
+    dcp.save(_state(dmp, opt), checkpoint_id=os.path.join(spec.out_dir, "final"))
+    if rank == 0:
+        with open(os.path.join(spec.out_dir, "losses.json"), "w") as f:
+            json.dump(losses, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(spec: RunSpec, timeout: float = 300.0) -> List[int]:
+    """Runs ``spec`` in ``world_size`` fresh processes; returns their exit codes."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=run, args=(r, spec.to_json())) for r in range(spec.world_size)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    codes = []
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+        codes.append(p.exitcode)
+    return codes
+
+
+def read_final(out_dir: str) -> Dict[str, torch.Tensor]:
+    """The final checkpoint of a run as full tensors (flattened keys)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = os.path.join(out_dir, "final.pt")
+    dcp_to_torch_save(os.path.join(out_dir, "final"), path)
+    state = torch.load(path, weights_only=False)
+    flat: Dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, obj) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}{k}.", v)
+        elif isinstance(obj, torch.Tensor):
+            flat[prefix[:-1]] = obj
+
+    walk("", state)
+    return flat
+
+
+def read_losses(out_dir: str) -> List[float]:
+    with open(os.path.join(out_dir, "losses.json")) as f:
+        return json.load(f)

@@ -1,0 +1,26 @@
+"""Tiered tables inside TorchRec: sharder, plan helpers, train pipeline, checkpoints.
+
+    sharder = TieredEmbeddingBagCollectionSharder()
+    plan = tiered_sharding_plan(ebc, {"t0": TieredParams(Tier.SSD, cache_load_factor=0.1,
+                                      storage_dir="/nvme/emb"), "t1": None}, world_size)
+    model = DistributedModelParallel(model, plan=ShardingPlan({"sparse.ebc": plan}),
+                                     sharders=[sharder])
+"""
+
+from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag, TieredFusedOptimizer
+from torchrec_mtrains.sharding.pipeline import TieredTrainPipeline
+from torchrec_mtrains.sharding.plan import tiered_sharding_plan
+from torchrec_mtrains.sharding.sharded_ebc import ShardedTieredEmbeddingBagCollection
+from torchrec_mtrains.sharding.sharder import TieredEmbeddingBagCollectionSharder
+from torchrec_mtrains.sharding.types import TieredParameterSharding, TieredParams
+
+__all__ = [
+    "ShardedTieredEmbeddingBagCollection",
+    "TieredBatchedEmbeddingBag",
+    "TieredEmbeddingBagCollectionSharder",
+    "TieredFusedOptimizer",
+    "TieredParameterSharding",
+    "TieredParams",
+    "TieredTrainPipeline",
+    "tiered_sharding_plan",
+]

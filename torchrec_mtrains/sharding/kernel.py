@@ -1,0 +1,266 @@
+"""The TorchRec embedding kernel of tiered tables: TieredEmbeddingBags behind BaseEmbedding.
+
+TorchRec builds one kernel per group of table shards with equal ``fused_params``; this one
+turns the group into a ``TieredEmbeddingBags`` (one kernel table per local shard), runs it
+on the lookup's KeyedJaggedTensor, prefetches for the train pipeline, and exposes the
+fused optimizer's state (read through the tiers on demand) as TorchRec's FUSED kernel does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from torch import nn
+from torchrec.distributed.embedding_kernel import BaseEmbedding
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig, ShardedEmbeddingTable
+from torchrec.modules.embedding_configs import DataType, PoolingType
+from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_mtrains.kernels import TieredEmbeddingBags
+from torchrec_mtrains.sharding.staging import StagingArea
+from torchrec_mtrains.sharding.types import TieredParams
+from torchrec_mtrains.types import Tier
+
+__all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "rank_storage_dir"]
+
+_POOLING = {PoolingType.SUM: PoolingMode.SUM, PoolingType.MEAN: PoolingMode.MEAN}
+_PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
+_CHUNK_ROWS = 1 << 16  # rows per read or write when streaming a shard
+
+
+def rank_storage_dir(storage_dir: Optional[str], rank: int) -> Optional[str]:
+    """The directory of one rank's table files: ranks never share a file."""
+    return None if storage_dir is None else os.path.join(storage_dir, f"rank_{rank}")
+
+
+def _shard_name(table: ShardedEmbeddingTable) -> str:
+    offsets = table.local_metadata.shard_offsets if table.local_metadata is not None else [0, 0]
+    return f"{table.name}.r{offsets[0]}.c{offsets[1]}"
+
+
+def _optimizer_of(fused_params: Dict[str, Any]) -> Tuple[EmbOptimType, float, float]:
+    optimizer = fused_params.get("optimizer", EmbOptimType.EXACT_ROWWISE_ADAGRAD)
+    if isinstance(optimizer, str):
+        optimizer = EmbOptimType(optimizer)
+    lr = fused_params.get("learning_rate", fused_params.get("lr", 0.01))
+    return optimizer, float(lr), float(fused_params.get("eps", 1.0e-8))
+
+
+def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbeddingTable], row_bytes: List[int]) -> None:
+    """A rank's SSD shards must fit the free space of its directory once fully written."""
+    if params.tier is not Tier.SSD:
+        return
+    free = shutil.disk_usage(directory).free
+    need = sum(t.local_rows * b for t, b in zip(tables, row_bytes))
+    if need > free:
+        names = ", ".join(sorted({t.name for t in tables}))
+        raise ValueError(
+            f"tables {names} on tier SSD need {need / 2**20:,.1f} MiB in {directory}, "
+            f"which has {free / 2**20:,.1f} MiB free"
+        )
+
+
+class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
+    """A group of tiered table shards computed by one TieredEmbeddingBags."""
+
+    def __init__(
+        self,
+        config: GroupedEmbeddingConfig,
+        pg: Optional[dist.ProcessGroup] = None,
+        device: Optional[torch.device] = None,
+    ) -> None:
+        super().__init__()
+        if device is not None and device.type not in ("cpu", "meta"):
+            raise ValueError(f"tiered tables run on the CPU in this build, got device {device}")
+        self._config = config
+        self._pg = pg
+        fused = dict(config.fused_params or {})
+        tables = list(config.embedding_tables)
+        names = sorted({t.name for t in tables})
+        try:
+            self.params = TieredParams.from_fused_params(fused)
+        except ValueError as e:
+            raise ValueError(f"tables {', '.join(names)}: {e}") from None
+        if config.pooling not in _POOLING:
+            raise ValueError(f"tables {', '.join(names)}: pooling {config.pooling} is not SUM or MEAN")
+        if config.data_type not in _PRECISION:
+            raise ValueError(f"tables {', '.join(names)}: data type {config.data_type} is not FP32 or FP16")
+        optimizer, lr, eps = _optimizer_of(fused)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.storage_dir = rank_storage_dir(self.params.storage_dir, self.rank)
+        tier_name = self.params.tier.name
+        if self.storage_dir is not None:
+            try:
+                os.makedirs(self.storage_dir, exist_ok=True)
+            except OSError as e:
+                raise ValueError(
+                    f"tables {', '.join(names)} on tier {tier_name}: cannot create {self.storage_dir}: {e.strerror}"
+                ) from None
+        self._tables = tables
+        feature_table_map = [i for i, t in enumerate(tables) for _ in range(t.num_features())]
+        try:
+            self._emb = TieredEmbeddingBags(
+                [(t.local_rows, t.local_cols) for t in tables],
+                tier=self.params.tier,
+                cache_rows=[self.params.shard_cache_rows(t.local_rows, t.num_embeddings) for t in tables],
+                storage_dir=self.storage_dir,
+                optimizer=optimizer,
+                learning_rate=lr,
+                eps=eps,
+                pooling_mode=_POOLING[config.pooling],
+                cache_algorithm=self.params.cache_algorithm,
+                weights_precision=_PRECISION[config.data_type],
+                init_range=[(t.get_weight_init_min(), t.get_weight_init_max()) for t in tables],
+                table_names=[_shard_name(t) for t in tables],
+                feature_table_map=feature_table_map,
+                seed=int(fused.get("mtrains_seed", 0)),
+            )
+        except (ValueError, OSError) as e:
+            raise ValueError(f"tables {', '.join(names)} on tier {tier_name}: {e}") from None
+        if self.storage_dir is not None:
+            _check_space(self.params, self.storage_dir, tables, [c.row_bytes for c in self._emb._codecs])
+        self._version = 0  # bumped whenever rows may have changed
+        self._optim = TieredFusedOptimizer(self, lr)
+
+    # ---------------------------------------------------------------- compute ----
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        self._version += 1
+        return self._emb(features.values(), features.offsets(), features.weights_or_none())
+
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Starts loading the rows of ``features`` (the next batch this kernel computes)."""
+        self._emb.prefetch(features.values(), features.offsets())
+
+    def flush(self) -> None:
+        self._emb.flush()
+
+    def purge(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._emb.close()
+
+    @property
+    def config(self) -> GroupedEmbeddingConfig:
+        return self._config
+
+    @property
+    def emb_module(self) -> TieredEmbeddingBags:
+        return self._emb
+
+    @property
+    def fused_optimizer(self) -> "TieredFusedOptimizer":
+        return self._optim
+
+    def set_learning_rate(self, lr: float) -> None:
+        self._emb._tbe.set_learning_rate(lr)
+
+    # TorchRec reads these while it builds its state: a tiered kernel exposes no tensors
+    # there (the sharded module streams its tables itself).
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):  # type: ignore[override]
+        return destination if destination is not None else {}
+
+    def named_parameters_by_table(self) -> Iterator[Tuple[str, nn.Parameter]]:
+        return iter(())
+
+    def named_split_embedding_weights(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return iter(())
+
+    # ----------------------------------------------------------- whole shards ----
+    def shards(self) -> List[Tuple[int, ShardedEmbeddingTable]]:
+        """(kernel table index, shard) of every local shard."""
+        return list(enumerate(self._tables))
+
+    def has_optimizer_state(self) -> bool:
+        return self._emb._codecs[0].state_values > 0
+
+    def stage_shard(self, t: int, part: str, area: StagingArea) -> torch.Tensor:
+        """Local shard ``t``'s weights (``part="weight"``) or optimizer state
+        (``"state"``), read through the tiers in chunks into a tensor of ``area``."""
+        rows = self._tables[t].local_rows
+        codec = self._emb._codecs[t]
+        shape = (rows, codec.dim) if part == "weight" else ((rows,) if codec.state_values == 1 else (rows, codec.dim))
+        dtype = codec.dtype if part == "weight" else torch.float32
+        out = area.empty(shape, dtype)
+        for lo in range(0, rows, _CHUNK_ROWS):
+            hi = min(rows, lo + _CHUNK_ROWS)
+            weights, state = self._emb.read_rows(t, lo, hi)
+            out[lo:hi] = weights if part == "weight" else state
+        return out
+
+    def load_shard(self, t: int, part: str, source: torch.Tensor) -> None:
+        """Writes ``source`` (the full local shard ``t``: weights or optimizer state) to
+        the tiers in chunks, keeping the other part of each row."""
+        rows = self._tables[t].local_rows
+        codec = self._emb._codecs[t]
+        want = (rows, codec.dim) if part == "weight" else ((rows,) if codec.state_values == 1 else (rows, codec.dim))
+        if tuple(source.shape) != want:
+            raise ValueError(
+                f"table {self._tables[t].name}: the {part} shard to load has shape {tuple(source.shape)}, "
+                f"expected {want}"
+            )
+        self._version += 1
+        for lo in range(0, rows, _CHUNK_ROWS):
+            hi = min(rows, lo + _CHUNK_ROWS)
+            weights, state = self._emb.read_rows(t, lo, hi)
+            if part == "weight":
+                weights = source[lo:hi].to(codec.dtype)
+            else:
+                state = source[lo:hi].to(torch.float32)
+            self._emb.set_rows(t, torch.arange(lo, hi), weights.contiguous(),
+                               None if state is None else state.contiguous())
+
+
+class TieredFusedOptimizer(FusedOptimizer):
+    """The fused optimizer of a tiered kernel, keyed as TorchRec's FUSED kernel keys its
+    own (``<table>.weight`` -> ``{"<table>.momentum1": ShardedTensor}``), so checkpoints
+    move between tiered and plain tables. The state is read through the tiers when asked
+    for and written back by ``post_load_state_dict``."""
+
+    def __init__(self, kernel: TieredBatchedEmbeddingBag, lr: float) -> None:
+        self._kernel = kernel
+        self._ready = False
+        self._cached: Optional[Tuple[int, Dict[Any, Any]]] = None
+        keys: Dict[str, torch.Tensor] = {}
+        for _, table in kernel.shards():
+            keys.setdefault(f"{table.name}.weight", nn.Parameter(torch.empty(0), requires_grad=False))
+        # TorchRec renames the keys (it prepends "embedding_bags."); the objects stay.
+        self.table_of_param: Dict[int, str] = {id(p): k[: -len(".weight")] for k, p in keys.items()}
+        super().__init__(keys, {}, [{"params": list(keys.values()), "lr": lr}])
+        self._ready = True
+
+    @property  # type: ignore[override]
+    def state(self) -> Dict[Any, Any]:
+        if not self._ready:
+            return {}
+        if self._cached is None or self._cached[0] != self._kernel._version:
+            from torchrec_mtrains.sharding.checkpoint import optimizer_state_of  # cycle: it imports us
+
+            self._cached = (self._kernel._version, optimizer_state_of(self._kernel, self.table_of_param, self.params.values()))
+        return self._cached[1]
+
+    @state.setter
+    def state(self, value: Any) -> None:  # KeyedOptimizer.__init__ assigns it
+        pass
+
+    def post_load_state_dict(self) -> None:
+        if self._cached is None:
+            return
+        from torchrec_mtrains.sharding.checkpoint import load_optimizer_state
+
+        version, state = self._cached
+        self._cached = None
+        load_optimizer_state(self._kernel, self.table_of_param, state)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self._kernel.set_learning_rate(self.param_groups[0]["lr"])
+
+    def step(self, closure: Any = None) -> None:
+        self._kernel.set_learning_rate(self.param_groups[0]["lr"])

@@ -1,0 +1,91 @@
+"""The lookup and sharding classes that build tiered kernels for CUSTOMIZED_KERNEL tables.
+
+TorchRec has no kernel registry; its ``CUSTOMIZED_KERNEL`` slot passes plan validation and
+reaches the lookup's ``_create_embedding_kernel``, which we override. Each sharding type
+needs a sharding subclass whose ``create_lookup`` builds our lookup: ``TIERED_SHARDINGS``
+maps the sharding type to it. Other kernels (FUSED, DENSE) in the same sharding keep
+TorchRec's own kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Type
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_kernel import BaseEmbedding
+from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
+from torchrec.distributed.embedding_sharding import EmbeddingSharding
+from torchrec.distributed.embedding_types import (
+    BaseEmbeddingLookup,
+    BaseGroupedFeatureProcessor,
+    EmbeddingComputeKernel,
+    GroupedEmbeddingConfig,
+)
+from torchrec.distributed.sharding.cw_sharding import CwPooledEmbeddingSharding
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingSharding
+from torchrec.distributed.types import ShardingEnv, ShardingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag
+
+__all__ = ["TieredGroupedPooledEmbeddingsLookup", "TIERED_SHARDINGS"]
+
+
+class TieredGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
+    """TorchRec's pooled lookup, with tiered kernels for CUSTOMIZED_KERNEL groups."""
+
+    def _create_embedding_kernel(
+        self,
+        config: GroupedEmbeddingConfig,
+        device: Optional[torch.device],
+        pg: Optional[dist.ProcessGroup],
+        sharding_type: Optional[ShardingType],
+        env: Optional[ShardingEnv],
+    ) -> BaseEmbedding:
+        if config.compute_kernel == EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
+            return TieredBatchedEmbeddingBag(config, pg=pg, device=device)
+        return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
+
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Optional[Any] = None) -> None:
+        super().prefetch(sparse_features, forward_stream)  # TorchRec's own cached kernels
+        if not self._emb_modules:
+            return
+        for emb, features in zip(self._emb_modules, sparse_features.split(self._feature_splits)):
+            if isinstance(emb, TieredBatchedEmbeddingBag):
+                emb.prefetch(features)
+
+    def tiered_kernels(self):
+        return [m for m in self._emb_modules if isinstance(m, TieredBatchedEmbeddingBag)]
+
+
+def _with_tiered_lookup(base: Type[EmbeddingSharding], sharding_type: Optional[ShardingType]) -> Type[EmbeddingSharding]:
+    def create_lookup(
+        self,
+        device: Optional[torch.device] = None,
+        fused_params: Optional[Dict[str, Any]] = None,
+        feature_processor: Optional[BaseGroupedFeatureProcessor] = None,
+    ) -> BaseEmbeddingLookup:
+        return TieredGroupedPooledEmbeddingsLookup(
+            grouped_configs=self._grouped_embedding_configs,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            feature_processor=feature_processor,
+            sharding_type=sharding_type,
+            env=self._env,
+        )
+
+    return type(f"Tiered{base.__name__}", (base,), {"create_lookup": create_lookup, "__module__": __name__})
+
+
+TieredTwPooledEmbeddingSharding = _with_tiered_lookup(TwPooledEmbeddingSharding, None)
+TieredRwPooledEmbeddingSharding = _with_tiered_lookup(RwPooledEmbeddingSharding, ShardingType.ROW_WISE)
+TieredCwPooledEmbeddingSharding = _with_tiered_lookup(CwPooledEmbeddingSharding, None)
+
+# Sharding type -> its sharding class with tiered lookups.
+TIERED_SHARDINGS: Dict[str, Type[EmbeddingSharding]] = {
+    ShardingType.TABLE_WISE.value: TieredTwPooledEmbeddingSharding,
+    ShardingType.ROW_WISE.value: TieredRwPooledEmbeddingSharding,
+    ShardingType.COLUMN_WISE.value: TieredCwPooledEmbeddingSharding,
+}

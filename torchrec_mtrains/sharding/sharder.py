@@ -1,0 +1,54 @@
+"""TieredEmbeddingBagCollectionSharder: pass it to DistributedModelParallel."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.types import ParameterSharding, ShardingEnv
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from torchrec_mtrains.sharding.lookup import TIERED_SHARDINGS
+from torchrec_mtrains.sharding.sharded_ebc import ShardedTieredEmbeddingBagCollection
+
+__all__ = ["TieredEmbeddingBagCollectionSharder"]
+
+
+class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """TorchRec's EBC sharder that also offers the tiered kernel (``CUSTOMIZED_KERNEL``)
+    for table-wise, row-wise and column-wise sharding; plain tables keep FBGEMM's kernels.
+
+    ``fused_params`` are TorchRec's (optimizer, learning_rate, eps, ...) and apply to
+    tiered and plain tables alike; the tier settings of each table come from its plan entry
+    (``TieredParameterSharding``: see ``tiered_sharding_plan`` and the planner).
+    """
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        kernels = list(super().compute_kernels(sharding_type, compute_device_type))
+        if sharding_type in TIERED_SHARDINGS and compute_device_type == "cpu":
+            kernels.append(EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value)
+        return kernels
+
+    def shard(
+        self,
+        module: EmbeddingBagCollection,
+        params: Dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        module_fqn: Optional[str] = None,
+    ) -> ShardedTieredEmbeddingBagCollection:
+        return ShardedTieredEmbeddingBagCollection(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+        )
+
+    @property
+    def sharded_module_type(self):
+        return ShardedTieredEmbeddingBagCollection

@@ -1,0 +1,109 @@
+"""Value types of the sharding package: a table's tier settings and how they ride in a plan.
+
+A tiered table's settings travel through TorchRec unchanged: the plan holds a
+``TieredParameterSharding`` (a ``ParameterSharding`` with one more field), and the sharded
+module copies its ``TieredParams`` into the table's ``fused_params`` under the keys below,
+so TorchRec groups tables with different settings into different kernels by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Dict, Optional
+
+from torchrec.distributed.types import ParameterSharding
+
+from torchrec_mtrains.types import Tier
+
+__all__ = ["TieredParams", "TieredParameterSharding", "FUSED_PARAM_KEYS"]
+
+_PREFIX = "mtrains_"
+FUSED_PARAM_KEYS = tuple(
+    _PREFIX + k
+    for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb")
+)
+_CACHE_ALGORITHMS = ("lru", "lfu")
+
+
+@dataclasses.dataclass(frozen=True)
+class TieredParams:
+    """Where one table lives and how it is cached.
+
+    Args:
+        tier: the table's backing tier (Tier.DRAM, Tier.SCM or Tier.SSD on CPU).
+        cache_rows: row-cache slots for the whole table; a shard gets its share by rows.
+        cache_load_factor: cache size as a fraction of the rows (default 0.2 when neither
+            this nor ``cache_rows`` is given).
+        cache_algorithm: "lru" or "lfu".
+        storage_dir: where SCM/SSD files go; each rank uses ``storage_dir/rank_<r>``.
+        state_dict_ram_mb: a local shard larger than this is staged for ``state_dict()``
+            in a memory-mapped file in the rank's storage directory instead of in RAM.
+    """
+
+    tier: Tier
+    cache_rows: Optional[int] = None
+    cache_load_factor: Optional[float] = None
+    cache_algorithm: str = "lru"
+    storage_dir: Optional[str] = None
+    state_dict_ram_mb: float = 1024.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tier, Tier):
+            raise ValueError(f"TieredParams: tier={self.tier!r} must be a torchrec_mtrains.Tier")
+        if self.cache_rows is not None and self.cache_load_factor is not None:
+            raise ValueError("TieredParams: give cache_rows or cache_load_factor, not both")
+        if self.cache_rows is not None and (
+            isinstance(self.cache_rows, bool) or not isinstance(self.cache_rows, int) or self.cache_rows < 1
+        ):
+            raise ValueError(f"TieredParams: cache_rows={self.cache_rows!r} must be a positive int")
+        if self.cache_load_factor is not None and (
+            isinstance(self.cache_load_factor, bool)
+            or not isinstance(self.cache_load_factor, (int, float))
+            or not 0 < self.cache_load_factor <= 1e6
+        ):
+            raise ValueError(f"TieredParams: cache_load_factor={self.cache_load_factor!r} must be a number > 0")
+        if self.cache_algorithm not in _CACHE_ALGORITHMS:
+            raise ValueError(f"TieredParams: cache_algorithm={self.cache_algorithm!r} must be 'lru' or 'lfu'")
+        if self.tier in (Tier.SCM, Tier.SSD) and not self.storage_dir:
+            raise ValueError(f"TieredParams: tier {self.tier.name} needs storage_dir")
+        if not isinstance(self.state_dict_ram_mb, (int, float)) or not self.state_dict_ram_mb >= 0:
+            raise ValueError(f"TieredParams: state_dict_ram_mb={self.state_dict_ram_mb!r} must be >= 0")
+
+    def to_fused_params(self) -> Dict[str, Any]:
+        """The settings as ``fused_params`` entries (hashable values, for TorchRec's grouping)."""
+        values = (self.tier.value, self.cache_rows, self.cache_load_factor, self.cache_algorithm,
+                  None if self.storage_dir is None else os.fspath(self.storage_dir), float(self.state_dict_ram_mb))
+        return dict(zip(FUSED_PARAM_KEYS, values))
+
+    @staticmethod
+    def from_fused_params(fused_params: Dict[str, Any]) -> "TieredParams":
+        """Reads the settings back; ValueError naming what is missing or wrong."""
+        if FUSED_PARAM_KEYS[0] not in fused_params:
+            raise ValueError(
+                "a CUSTOMIZED_KERNEL table has no tier settings: build its plan entry with "
+                "tiered_sharding_plan() or the StorageAwarePlanner (a TieredParameterSharding)"
+            )
+        tier, rows, lf, algo, storage_dir, ram_mb = (fused_params.get(k) for k in FUSED_PARAM_KEYS)
+        try:
+            tier = Tier(tier)
+        except ValueError:
+            raise ValueError(f"fused_params[{FUSED_PARAM_KEYS[0]!r}]={tier!r} is not a tier") from None
+        return TieredParams(tier, rows, lf, algo or "lru", storage_dir,
+                            1024.0 if ram_mb is None else ram_mb)
+
+    def shard_cache_rows(self, local_rows: int, num_embeddings: int) -> int:
+        """Cache slots for a shard of ``local_rows`` of a table of ``num_embeddings`` rows."""
+        if self.cache_rows is not None:
+            return max(1, math.ceil(self.cache_rows * local_rows / num_embeddings))
+        lf = 0.2 if self.cache_load_factor is None else self.cache_load_factor
+        return max(1, math.ceil(local_rows * lf))
+
+
+@dataclasses.dataclass
+class TieredParameterSharding(ParameterSharding):
+    """A ``ParameterSharding`` of a table on a tier behind a row cache (the compute kernel is
+    ``CUSTOMIZED_KERNEL``); ``tiered`` carries the settings."""
+
+    tiered: Optional[TieredParams] = None
