@@ -24,6 +24,7 @@ from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_mtrains.kernels import TieredEmbeddingBags
+from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import TieredParams
 from torchrec_mtrains.types import Tier
@@ -104,6 +105,9 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
                     f"tables {', '.join(names)} on tier {tier_name}: cannot create {self.storage_dir}: {e.strerror}"
                 ) from None
         self._tables = tables
+        if self.storage_dir is not None:
+            codecs = [RowCodec(t.local_cols, optimizer, _PRECISION[config.data_type]) for t in tables]
+            _check_space(self.params, self.storage_dir, tables, [c.row_bytes for c in codecs])
         feature_table_map = [i for i, t in enumerate(tables) for _ in range(t.num_features())]
         try:
             self._emb = TieredEmbeddingBags(
@@ -124,8 +128,6 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             )
         except (ValueError, OSError) as e:
             raise ValueError(f"tables {', '.join(names)} on tier {tier_name}: {e}") from None
-        if self.storage_dir is not None:
-            _check_space(self.params, self.storage_dir, tables, [c.row_bytes for c in self._emb._codecs])
         self._version = 0  # bumped whenever rows may have changed
         self._optim = TieredFusedOptimizer(self, lr)
 
