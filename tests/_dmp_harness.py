@@ -206,11 +206,33 @@ def run(rank: int, spec_json: str) -> None:
             if spec.kill_after_save:
                 os.kill(os.getpid(), signal.SIGKILL)
     dcp.save(_state(dmp, opt), checkpoint_id=os.path.join(spec.out_dir, "final"))
+    _write_prefetch_counts(dmp, os.path.join(spec.out_dir, f"prefetched_rank{rank}.json"))
     if rank == 0:
         with open(os.path.join(spec.out_dir, "losses.json"), "w") as f:
             json.dump(losses, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _write_prefetch_counts(dmp, path: str) -> None:
+    """Per tiered kernel on this rank: how many forwards found their rows prefetched."""
+    from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+
+    counts = [
+        next(iter(kernel.emb_module.cache_stats().values()))["steps_prefetched"]
+        for m in dmp.modules() if isinstance(m, ShardedTieredEmbeddingBagCollection)
+        for kernel in m.tiered_kernels()
+    ]
+    with open(path, "w") as f:
+        json.dump(counts, f)
+
+
+def read_prefetch_counts(out_dir: str, world_size: int) -> List[float]:
+    counts: List[float] = []
+    for r in range(world_size):
+        with open(os.path.join(out_dir, f"prefetched_rank{r}.json")) as f:
+            counts += json.load(f)
+    return counts
 
 
 def launch(spec: RunSpec, timeout: float = 300.0) -> List[int]:

@@ -38,7 +38,7 @@ CACHE_STAT_KEYS = {
     "lookups", "unique_rows", "hits", "misses", "evictions", "overflow_assignments",
     "hit_rate", "rows_loaded", "rows_written_back", "bytes_read_from_tier",
     "bytes_written_to_tier", "plan_seconds", "tier_seconds", "cache_capacity_rows",
-    "prefetch_wait_seconds",
+    "prefetch_wait_seconds", "steps_prefetched",
 }
 
 

@@ -76,6 +76,9 @@ def test_tiered_tables_train_like_fused(runs, world_size: int, sharding_type: st
     _compare(fused, tiered)
     losses = harness.read_losses(tiered)
     assert sum(losses[-5:]) < sum(losses[:5])  # it learns
+    # The pipeline prefetched every step of every tiered kernel (3 tables, on some rank).
+    counts = harness.read_prefetch_counts(tiered, world_size)
+    assert counts and all(c == 30 for c in counts), counts
 
 
 def _crashed_at_15(runs, workdir_ck: str) -> None:

@@ -59,9 +59,8 @@ def split_batch(
     table_of_feature = list(range(len(specs))) if feature_table_map is None else list(feature_table_map)
     num_features = len(table_of_feature)
     if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
-        raise ValueError(
-            f"offsets has {offsets.numel()} entries; expected F * B + 1 with F = {num_features} features"
-        )
+        what = "T * B + 1 with T = {} tables" if feature_table_map is None else "F * B + 1 with F = {} features"
+        raise ValueError(f"offsets has {offsets.numel()} entries; expected {what.format(num_features)}")
     if int(offsets[0]) != 0 or int(offsets[-1]) != indices.numel():
         raise ValueError(
             f"offsets must start at 0 and end at len(indices) = {indices.numel()}, "

@@ -179,6 +179,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._closed = False
         self._counters = [_TableCounters() for _ in specs]
         self._wait_seconds = 0.0
+        self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
 
     # ---------------------------------------------------------------- FBGEMM TBE ----
     def _make_tbe(self, rows: List[int]) -> SplitTableBatchedEmbeddingBagsCodegen:
@@ -248,6 +249,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             if not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets):
                 raise ValueError("forward() got a batch different from the one prefetch() was given")
             self._pending.popleft()
+            self._steps_prefetched += 1
         else:
             job = self._submit(indices, offsets)
         self._finish(job)
@@ -443,7 +445,8 @@ class TieredEmbeddingBags(torch.nn.Module):
     def cache_stats(self) -> Dict[str, Dict[str, float]]:
         """Per table: lookups, unique rows, hits, misses, hit_rate, evictions, rows and bytes
         moved to and from the tier, seconds spent planning (cache index) and moving rows
-        (tier I/O, packing); plus forward's wait for prefetches."""
+        (tier I/O, packing); plus forward's wait for prefetches and how many forwards
+        found their rows prefetched."""
         out: Dict[str, Dict[str, float]] = {}
         for t, name in enumerate(self.table_names):
             c = dict(self._caches[t].counters())
@@ -461,6 +464,7 @@ class TieredEmbeddingBags(torch.nn.Module):
                 "tier_seconds": k.tier_seconds,
                 "cache_capacity_rows": float(self._caches[t].capacity()),
                 "prefetch_wait_seconds": self._wait_seconds,
+                "steps_prefetched": float(self._steps_prefetched),
             }
         return out
 
