@@ -17,7 +17,7 @@ import torch
 
 import _dmp_harness as harness
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 TOL = 1e-4  # the bar
 TIERED = {"ssd_a": "ssd", "ssd_b": "ssd", "scm_c": "scm", "plain_d": None}
