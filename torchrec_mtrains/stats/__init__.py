@@ -15,6 +15,7 @@ from torchrec_mtrains.stats.dlrm_trace import (
     write_dlrm_file,
 )
 from torchrec_mtrains.stats.kjt_source import trace_from_kjts
+from torchrec_mtrains.stats.replay import replay_cache_hit_rate
 from torchrec_mtrains.stats.reuse import fit_zipf_alpha, reuse_histogram
 from torchrec_mtrains.stats.stack_distance import shards_mask, stack_distances
 from torchrec_mtrains.stats.synthetic import DLRM_DATASETS_REUSE, SyntheticTable, generate_dlrm_batch
@@ -47,6 +48,7 @@ __all__ = [
     "load_dlrm_trace",
     "lru_curve",
     "read_dlrm_file",
+    "replay_cache_hit_rate",
     "reuse_histogram",
     "shards_mask",
     "stack_distances",
