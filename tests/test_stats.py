@@ -107,14 +107,14 @@ def test_lru_curve_within_two_points_of_real_cache(zipf_table: TableTrace) -> No
         assert abs(stats.lru.hit_rate(c) - real) < 0.02, (share, stats.lru.hit_rate(c), real)
 
 
-def test_perfect_lfu_bounds_real_lfu_cache(zipf_table: TableTrace) -> None:
-    # Perfect LFU is an upper bound of the kernel's sketch LFU; on this stationary trace
-    # it is within 5 points (measured ~3-3.5).
+def test_perfect_lfu_near_real_lfu_cache(zipf_table: TableTrace) -> None:
+    # Perfect LFU is an estimate of the kernel's sketch LFU (not a bound): on this stationary
+    # trace it reads high by ~3-3.5 points; checked within 5.
     stats = analyze_table("t", zipf_table, sample_rate=1.0)
     for share in SIZES:
         c = int(share * zipf_table.num_rows)
         real = replay_cache_hit_rate(zipf_table, c, "lfu")
-        assert -0.005 < stats.lfu.hit_rate(c) - real < 0.05, (share, stats.lfu.hit_rate(c), real)
+        assert abs(stats.lfu.hit_rate(c) - real) < 0.05, (share, stats.lfu.hit_rate(c), real)
 
 
 def test_table_stats_counts() -> None:
