@@ -37,22 +37,16 @@ def load_config(path: pathlib.Path, quick: bool) -> dict:
 
 
 def make_trace(cfg: dict) -> TableTrace:
-    """Zipf steps until the cache accesses reach ``target_accesses`` (generated in chunks)."""
+    """One stationary Zipf trace (one generator call, so one rank -> row mapping) with about
+    ``target_accesses`` cache accesses; the steps needed are estimated from a 50-step pilot."""
     table = SyntheticTable(cfg["rows"], float(cfg["pooling"]), zipf_alpha=cfg["zipf_alpha"])
-    chunk_steps, parts, accesses, seed = 200, [], 0, cfg["seed"]
-    while accesses < cfg["target_accesses"]:
-        batch = generate_dlrm_batch([table], cfg["batch"] * chunk_steps, seed=seed)
-        part = trace_from_dlrm_batches([batch], batch_size=cfg["batch"], num_rows=[cfg["rows"]]).tables["table_0"]
-        parts.append(part)
-        accesses += int(step_accesses(part)[0].size)
-        seed += 1
-    offsets = [np.zeros(1, dtype=np.int64)]
-    base = 0
-    for p in parts:
-        offsets.append(p.step_offsets[1:] + base)
-        base += p.ids.size
-    return TableTrace(np.concatenate([p.ids for p in parts]), np.concatenate(offsets),
-                      np.concatenate([p.samples for p in parts]), cfg["rows"])
+
+    def steps_of(n: int, seed: int) -> TableTrace:
+        batch = generate_dlrm_batch([table], cfg["batch"] * n, seed=seed)
+        return trace_from_dlrm_batches([batch], batch_size=cfg["batch"], num_rows=[cfg["rows"]]).tables["table_0"]
+
+    pilot = step_accesses(steps_of(50, cfg["seed"] + 1))[0].size / 50
+    return steps_of(int(np.ceil(cfg["target_accesses"] / pilot)), cfg["seed"])
 
 
 def timed(fn):

@@ -108,8 +108,8 @@ def test_lru_curve_within_two_points_of_real_cache(zipf_table: TableTrace) -> No
 
 
 def test_perfect_lfu_near_real_lfu_cache(zipf_table: TableTrace) -> None:
-    # Perfect LFU is an estimate of the kernel's sketch LFU (not a bound): on this stationary
-    # trace it reads high by ~3-3.5 points; checked within 5.
+    # Perfect LFU estimates the kernel's sketch LFU: on this stationary trace it reads high by
+    # ~3-3.5 points; checked within 5.
     stats = analyze_table("t", zipf_table, sample_rate=1.0)
     for share in SIZES:
         c = int(share * zipf_table.num_rows)

@@ -5,10 +5,10 @@ rows accessed in the most steps (frequencies known in advance, each row missing 
 first brought in) hits ``sum over those rows of (steps accessed - 1)``. It gives the whole
 curve from one sort (simulating an LFU cache costs one pass per size), and on a long
 stationary trace it is what a frequency policy with aging (the kernel's count-min-sketch
-LFU, as TinyLFU) tends to. It is an estimate, not a bound: measured against the kernel's LFU
-cache it reads ~3-5 points high on long Zipf traces (the real cache admits every miss and
-churns), and can read low on short traces with small caches (the real cache also hits on
-short-term reuse of rows it admitted). See docs/stats.md.
+LFU, as TinyLFU) tends to. It is an estimate, not a simulation: against the kernel's LFU
+cache it reads ~3-5 points high on stationary Zipf traces (the real cache admits every miss
+and churns), and it ignores drift: on a trace whose hot rows change it reads low, since it
+ranks rows by their frequency over the whole trace. See docs/stats.md.
 """
 
 from __future__ import annotations
