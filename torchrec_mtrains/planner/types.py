@@ -1,0 +1,110 @@
+"""Value types of the planner: the hardware a plan targets and the tables it places.
+
+Capacities and rates are per rank and keyed by ``Tier`` (STYLE.md): adding a tier adds a
+map entry, not a field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Mapping, Optional, Tuple
+
+from torchrec_mtrains.types import Tier
+
+__all__ = ["TierSpec", "ComputeSpec", "TieredTopology", "TableSpec", "TablePlacement"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TierSpec:
+    """One tier of one rank.
+
+    Args:
+        capacity_bytes: bytes the rank may use for embeddings on this tier.
+        read_bytes_per_s, write_bytes_per_s: sustained bandwidth for the kernel's access
+            pattern (random rows).
+        read_iops, write_iops: random accesses per second (block tiers; None where the
+            bandwidth alone bounds it).
+        access_bytes: the unit one row access costs at least (64 for byte-addressable
+            memory, the block size for block storage).
+    """
+
+    capacity_bytes: float
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    read_iops: Optional[float] = None
+    write_iops: Optional[float] = None
+    access_bytes: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeSpec:
+    """What one rank's embedding compute costs (the perf model's calibration).
+
+    Args:
+        tbe_bytes_per_s: embedding-row bytes per second that FBGEMM's TBE gathers in
+            forward + backward + fused optimizer (all rows in the compute tier).
+        step_overhead_s: fixed cost of a step of one tiered kernel (plan, bookkeeping).
+        cache_row_s: cost of cache management per unique row a step touches.
+        dense_s_per_sample: the dense part (MLPs, loss) per sample.
+    """
+
+    tbe_bytes_per_s: float
+    step_overhead_s: float = 0.0
+    cache_row_s: float = 0.0
+    dense_s_per_sample: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TieredTopology:
+    """A training node type: ranks per node, each rank's tiers and compute.
+
+    ``tiers`` holds the tiers a rank has (absent = none). ``compute_device`` is "cpu" or
+    "cuda"; the cache of a tiered table lives in the fastest tier of the device (HBM on
+    cuda, DRAM on cpu). ``host_device_bytes_per_s``: the host-device link (PCIe), cuda only.
+    """
+
+    name: str
+    compute_device: str
+    ranks_per_node: int
+    tiers: Mapping[Tier, TierSpec]
+    compute: ComputeSpec
+    host_device_bytes_per_s: Optional[float] = None
+    source: str = ""  # where the figures come from (measured by probe-hw, a spec sheet, ...)
+
+    def cache_tier(self) -> Tier:
+        return Tier.HBM if self.compute_device == "cuda" else Tier.DRAM
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """One table as the planner sees it.
+
+    ``hit_rate_curve`` maps a cache size (rows) to the expected hit rate of the rows a step
+    touches (see torchrec_mtrains.stats); ``unique_rows_per_step`` is at the model's
+    global batch size.
+    """
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: float
+    unique_rows_per_step: float
+    row_bytes: int  # weights + optimizer state, as stored
+    hit_rate_curve: Tuple[Tuple[float, float], ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        return self.num_embeddings * self.row_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlacement:
+    """Where the planner put a table and what it predicts for it."""
+
+    table: str
+    tier: Tier
+    cache_rows: int  # 0: the whole table is in the tier the kernel computes on
+    hit_rate: float
+    bandwidth_bytes_per_s: float  # the table's traffic to its tier at the target QPS
+    ranks: Tuple[int, ...] = ()
+    extra: Dict[str, float] = dataclasses.field(default_factory=dict)
