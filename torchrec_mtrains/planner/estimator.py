@@ -1,0 +1,78 @@
+"""The perf model: what one table costs a step on a tier with a cache of a given size.
+
+Per step (global batch ``B``), a table with pooling factor ``pf`` gathers ``B * pf`` rows in
+FBGEMM's TBE (compute, at the rank's measured TBE rate) and touches ``U`` distinct rows.
+On a backing tier behind a cache with hit rate ``h``, the ``U * (1 - h)`` misses are read
+from the tier and as many evicted rows are written back (training dirties every row it
+touches); the device time is the larger of bytes over bandwidth and accesses over IOPS,
+each access costing at least the tier's access unit. On a GPU node, the misses also cross
+the host-device link. The prefetch pipeline overlaps tier I/O with compute, so a rank's
+step takes the larger of its compute and its busiest tier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict
+
+from torchrec_mtrains.planner.model_spec import ModelTable
+from torchrec_mtrains.planner.types import TieredTopology, TierSpec
+from torchrec_mtrains.types import Tier
+
+__all__ = ["TableCost", "table_cost", "step_seconds"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableCost:
+    """One table's share of a step, summed over its shards."""
+
+    compute_s: float  # TBE + cache management
+    io_s: Dict[Tier, float]  # device busy time per tier
+    hit_rate: float
+    tier_bytes_per_step: float  # rows moved to and from the backing tier
+
+
+def _device_seconds(spec: TierSpec, rows: float, row_bytes: int, write: bool) -> float:
+    if rows <= 0:
+        return 0.0
+    bw = spec.write_bytes_per_s if write else spec.read_bytes_per_s
+    iops = spec.write_iops if write else spec.read_iops
+    units = math.ceil(row_bytes / spec.access_bytes)
+    t = rows * units * spec.access_bytes / bw
+    if iops:
+        t = max(t, rows * units / iops)
+    return t
+
+
+def table_cost(
+    table: ModelTable,
+    tier: Tier,
+    cache_rows: float,
+    topo: TieredTopology,
+    batch_size: int,
+    policy: str = "lru",
+) -> TableCost:
+    """Cost of ``table`` with its rows on ``tier``; ``cache_rows`` = 0 means the table is
+    whole in the compute tier (no cache)."""
+    lookups = batch_size * table.pooling_factor
+    weight_bytes = table.row_bytes  # the TBE also reads and writes the optimizer state
+    compute = lookups * weight_bytes / topo.compute.tbe_bytes_per_s
+    io: Dict[Tier, float] = {}
+    if cache_rows <= 0:
+        return TableCost(compute, io, 1.0, 0.0)
+    unique = min(table.locality.unique_rows_per_step, table.num_embeddings)  # at the model's batch
+    hit = table.locality.hit_rate(cache_rows, policy)
+    misses = unique * (1.0 - hit)
+    compute += topo.compute.step_overhead_s + topo.compute.cache_row_s * unique
+    spec = topo.tiers[tier]
+    io[tier] = _device_seconds(spec, misses, table.row_bytes, False) + _device_seconds(spec, misses, table.row_bytes, True)
+    if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
+        link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
+        io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier
+    return TableCost(compute, io, hit, 2 * misses * table.row_bytes)
+
+
+def step_seconds(compute_s: float, io_s: Dict[Tier, float], dense_s: float) -> float:
+    """A rank's step: compute (embeddings + dense) overlapped with each tier's I/O."""
+    return max([compute_s + dense_s] + list(io_s.values()))

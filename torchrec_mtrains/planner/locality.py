@@ -1,0 +1,94 @@
+"""Hit-rate curves of a table from a locality model, fast enough for thousands of tables.
+
+A table is modelled as independent steps (IRM): row i is touched by a step with
+probability ``q_i = 1 - (1 - p_i)^L`` (``L`` lookups a step, ``p_i`` its popularity). Then
+- unique rows per step ``U = sum q_i``;
+- LRU (the kernel's cache keeps a step's rows): Che's approximation -- a cache of C rows
+  holds what was touched in the last T steps, ``sum_i 1 - (1 - q_i)^T = C``, and row i
+  hits with probability ``1 - (1 - q_i)^T``;
+- LFU: the static cache of the C most popular rows (what frequency caching tends to on a
+  stationary trace), hit rate ``sum_{top C} q_i / U``.
+Sums over billions of rows are taken exactly over the first ranks and by the trapezoid
+rule on a log-spaced grid of ranks after that (the summands are smooth in the rank).
+A measured trace replaces the model: its curves come from torchrec_mtrains.stats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Tuple
+
+import numpy as np
+
+__all__ = ["LocalityCurve", "zipf_locality"]
+
+_EXACT_RANKS = 4096
+_GRID = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalityCurve:
+    """Expected hits of a cache of each size, over the rows a step touches."""
+
+    unique_rows_per_step: float
+    cache_rows: np.ndarray  # ascending
+    lru_hit_rate: np.ndarray
+    lfu_hit_rate: np.ndarray
+
+    def hit_rate(self, cache_rows: float, policy: str = "lru") -> float:
+        curve = self.lru_hit_rate if policy == "lru" else self.lfu_hit_rate
+        if cache_rows <= 0:
+            return 0.0
+        return float(np.interp(cache_rows, self.cache_rows, curve, left=0.0, right=float(curve[-1])))
+
+    def rows_for_hit_rate(self, target: float, policy: str = "lru") -> Optional[float]:
+        """The smallest cache reaching ``target`` (None if no size does)."""
+        curve = self.lru_hit_rate if policy == "lru" else self.lfu_hit_rate
+        if target > curve[-1]:
+            return None
+        k = int(np.searchsorted(curve, target, side="left"))
+        if k == 0:
+            return float(self.cache_rows[0])
+        lo, hi = curve[k - 1], curve[k]
+        frac = 0.0 if hi <= lo else (target - lo) / (hi - lo)
+        return float(self.cache_rows[k - 1] + frac * (self.cache_rows[k] - self.cache_rows[k - 1]))
+
+
+def _rank_grid(n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Ranks and their weights so that ``sum(w * f(r))`` approximates ``sum_{i=1..n} f(i)``."""
+    if n <= _EXACT_RANKS + _GRID:
+        r = np.arange(1, n + 1, dtype=np.float64)
+        return r, np.ones_like(r)
+    exact = np.arange(1, _EXACT_RANKS + 1, dtype=np.float64)
+    tail = np.geomspace(_EXACT_RANKS + 1, n, _GRID)
+    w = np.empty_like(tail)  # trapezoid weights over [EXACT+1, n] (in ranks)
+    gaps = np.diff(tail)
+    w[0], w[-1] = gaps[0] / 2 + 0.5, gaps[-1] / 2 + 0.5
+    w[1:-1] = (gaps[:-1] + gaps[1:]) / 2
+    return np.concatenate([exact, tail]), np.concatenate([np.ones_like(exact), w])
+
+
+@functools.lru_cache(maxsize=4096)
+def zipf_locality(num_rows: int, lookups_per_step: float, alpha: float, points: int = 64) -> LocalityCurve:
+    """The curve of a table whose lookups follow Zipf(alpha) over its rows."""
+    if num_rows < 1 or lookups_per_step <= 0 or alpha < 0:
+        raise ValueError(f"zipf_locality: num_rows={num_rows}, lookups_per_step={lookups_per_step}, alpha={alpha}")
+    ranks, weights = _rank_grid(num_rows)
+    p = ranks ** -alpha
+    p /= float(weights @ p)
+    q = -np.expm1(lookups_per_step * np.log1p(-np.minimum(p, 1 - 1e-15)))  # 1 - (1-p)^L
+    unique = float(weights @ q)
+    sizes = np.unique(np.geomspace(1, num_rows, points).round())
+    # LFU: top-C rows by popularity (ranks are already in popularity order).
+    cum_q = np.cumsum(weights * q)
+    cum_w = np.cumsum(weights)
+    lfu = np.interp(sizes, cum_w, cum_q) / unique
+    # LRU (Che): for each T, the cache size it corresponds to and the hit rate it gives.
+    log1mq = np.log1p(-np.minimum(q, 1 - 1e-15))
+    t_grid = np.geomspace(1e-3, 1e9, 400)
+    occ = np.array([float(weights @ -np.expm1(t * log1mq)) for t in t_grid])
+    hit = np.array([float(weights @ (q * -np.expm1(t * log1mq))) for t in t_grid]) / unique
+    lru = np.interp(sizes, occ, hit, left=0.0, right=float(hit[-1]))
+    lru = np.minimum(np.maximum.accumulate(lru), lfu)  # LRU never beats the static optimum here
+    return LocalityCurve(unique, sizes.astype(np.float64), lru, np.maximum.accumulate(lfu))

@@ -1,0 +1,165 @@
+"""StorageAwarePlanner: a drop-in for TorchRec's EmbeddingShardingPlanner that places each
+table on a tier with a cache size (placement.py), spreads tables over ranks
+(partitioner.py) and returns TorchRec's ShardingPlan, tiered tables as
+TieredParameterSharding entries for TieredEmbeddingBagCollectionSharder."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
+from torchrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingPlan, ShardingPlanner
+from torchrec.modules.embedding_configs import DataType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from torchrec_mtrains.planner.model_spec import ModelSpec, parse_model_spec
+from torchrec_mtrains.planner.partitioner import RankAssignment, partition
+from torchrec_mtrains.planner.placement import Placement, place
+from torchrec_mtrains.planner.types import TieredTopology
+from torchrec_mtrains.types import Tier
+
+__all__ = ["StorageAwarePlanner"]
+
+_DEFAULT_LOCALITY = {"pooling_factor": 1.0, "zipf_alpha": 1.05}
+
+
+class StorageAwarePlanner(ShardingPlanner):
+    """Plans EmbeddingBagCollections over the tiers of ``topology``.
+
+    Args:
+        topology: the node type (a TieredTopology, or a profile name / YAML path for
+            ``load_topology``).
+        batch_size: global batch size of a step.
+        world_size: ranks (default: the process group's, else 1).
+        target_qps: the throughput the tiers must feed (default: none -- tables are placed
+            for capacity, hottest in the compute tier).
+        locality: per table name, its pooling factor and one locality key (``zipf_alpha``,
+            ``reuse_histogram`` or ``trace``), as in MODEL.yaml; tables not named get
+            ``default_locality``.
+        budget_bytes: caps on a tier's bytes for the whole job (e.g. {Tier.DRAM: 8 << 30}).
+        storage_dir: where tiered tables keep their files (each rank a subdirectory).
+        tiers: tiers the plan may use (default: all the node has).
+        cache_algorithm: "lru" or "lfu", for the caches and the predicted hit rates.
+        optimizer: "rowwise_adagrad", "adagrad" or "sgd" (the optimizer state's bytes).
+    """
+
+    def __init__(
+        self,
+        topology: Union[TieredTopology, str],
+        batch_size: int,
+        world_size: Optional[int] = None,
+        target_qps: Optional[float] = None,
+        locality: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        default_locality: Mapping[str, Any] = _DEFAULT_LOCALITY,
+        budget_bytes: Optional[Mapping[Tier, float]] = None,
+        storage_dir: Optional[str] = None,
+        tiers: Optional[Sequence[Tier]] = None,
+        cache_algorithm: str = "lru",
+        optimizer: str = "rowwise_adagrad",
+    ) -> None:
+        if isinstance(topology, str):
+            from torchrec_mtrains.planner.topology import load_topology
+
+            topology = load_topology(topology)
+        self.topology = topology
+        self.batch_size = batch_size
+        self.world_size = world_size or (dist.get_world_size() if dist.is_initialized() else 1)
+        self.target_qps = target_qps
+        self.locality = dict(locality or {})
+        self.default_locality = dict(default_locality)
+        self.budget_bytes = dict(budget_bytes or {})
+        self.storage_dir = storage_dir
+        self.tiers = tiers
+        self.cache_algorithm = cache_algorithm
+        self.optimizer = optimizer
+        # What the last plan() decided, for reports.
+        self.last_model: Optional[ModelSpec] = None
+        self.last_placement: Optional[Placement] = None
+        self.last_assignment: Dict[str, RankAssignment] = {}
+        self.last_rank_step_s: List[float] = []
+
+    # ------------------------------------------------------------------ planning ----
+    def model_spec(self, module: nn.Module) -> ModelSpec:
+        """The planner's view of every EBC table in ``module``."""
+        tables, dtypes = [], set()
+        for _, ebc in _ebcs(module):
+            for config in ebc.embedding_bag_configs():
+                loc = dict(self.locality.get(config.name, self.default_locality))
+                tables.append({"name": config.name, "num_embeddings": config.num_embeddings,
+                               "embedding_dim": config.embedding_dim, **loc})
+                dtypes.add("fp16" if config.data_type == DataType.FP16 else "fp32")
+        if not tables:
+            raise ValueError("the module has no EmbeddingBagCollection to plan")
+        doc = {"batch_size": self.batch_size, "target_qps": self.target_qps or 1.0,
+               "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.optimizer, "tables": tables}
+        return parse_model_spec(doc)
+
+    def place(self, module: nn.Module) -> Placement:
+        model = self.model_spec(module)
+        placement = place(model, self.topology, self.world_size, self.tiers, self.target_qps, self.budget_bytes,
+                          self.cache_algorithm)
+        self.last_model, self.last_placement = model, placement
+        return placement
+
+    def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
+        from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParameterSharding, TieredParams
+
+        if self.topology.compute_device != "cpu":
+            raise ValueError(
+                f"plans for DistributedModelParallel need a CPU profile in this build (the tiered kernel "
+                f"runs on the CPU); {self.topology.name} is {self.topology.compute_device}: use "
+                "`mtrains plan` to size such a cluster"
+            )
+        placement = self.place(module)
+        assignment, rank_steps = partition(self.last_model, placement, self.topology)
+        self.last_assignment, self.last_rank_step_s = assignment, rank_steps
+        fast = self.topology.cache_tier()
+        sharder = next((s for s in sharders if isinstance(s, TieredEmbeddingBagCollectionSharder)),
+                       TieredEmbeddingBagCollectionSharder())
+        plan: Dict[str, EmbeddingModuleShardingPlan] = {}
+        for path, ebc in _ebcs(module):
+            generators, tiered = {}, {}
+            for config in ebc.embedding_bag_configs():
+                where, rank = placement.tables[config.name], assignment[config.name]
+                is_tiered = where.tier != fast or where.cache_rows > 0
+                kernel = (EmbeddingComputeKernel.CUSTOMIZED_KERNEL if is_tiered else EmbeddingComputeKernel.FUSED).value
+                generators[config.name] = (
+                    table_wise(rank=rank.ranks[0], compute_kernel=kernel)
+                    if rank.sharding_type == "table_wise" else row_wise(compute_kernel=kernel)
+                )
+                if is_tiered:
+                    tiered[config.name] = TieredParams(
+                        where.tier, cache_rows=max(1, where.cache_rows), cache_algorithm=self.cache_algorithm,
+                        storage_dir=self.storage_dir if where.tier in (Tier.SCM, Tier.SSD) else None,
+                    )
+            module_plan = construct_module_sharding_plan(
+                ebc, generators, sharder=sharder, local_size=self.world_size, world_size=self.world_size,
+                device_type="cpu",
+            )
+            for name, params in tiered.items():
+                ps = module_plan[name]
+                module_plan[name] = TieredParameterSharding(**{k: getattr(ps, k) for k in ps.__dataclass_fields__},
+                                                            tiered=params)
+            plan[path] = module_plan
+        return ShardingPlan(plan)
+
+    def collective_plan(
+        self,
+        module: nn.Module,
+        sharders: Optional[List[ModuleSharder[nn.Module]]] = None,
+        pg: Optional[dist.ProcessGroup] = None,
+    ) -> ShardingPlan:
+        """``plan`` on rank 0, broadcast to every rank (as TorchRec's planner does)."""
+        from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
+
+        pg = pg or dist.GroupMember.WORLD
+        sharders = sharders or [TieredEmbeddingBagCollectionSharder()]
+        return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+
+
+def _ebcs(module: nn.Module):
+    return [(path, m) for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]
