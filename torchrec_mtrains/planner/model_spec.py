@@ -72,9 +72,9 @@ def _alpha_of_histogram(shares: Tuple[float, ...], pooling_factor: float) -> flo
     """Zipf exponent of traces drawn to a reuse histogram (fitted on a synthetic trace)."""
     from torchrec_mtrains.stats import SyntheticTable, fit_zipf_alpha, generate_dlrm_batch
 
-    table = SyntheticTable("h", num_rows=2_000_000, pooling_factor=pooling_factor, reuse_histogram=shares)
+    table = SyntheticTable(num_rows=2_000_000, pooling_factor=pooling_factor, reuse_histogram=shares)
     batch = generate_dlrm_batch([table], batch_size=max(1, int(400_000 / pooling_factor)), seed=0)
-    return fit_zipf_alpha(np.asarray(batch.indices))
+    return fit_zipf_alpha(batch.indices.numpy())
 
 
 def _trace_locality(path: str, table: int, batch_size: int, num_rows: int) -> Tuple[LocalityCurve, float]:

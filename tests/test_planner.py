@@ -1,0 +1,201 @@
+"""Planner: locality model against the real cache, MODEL.yaml checks, placement, sizing,
+and a StorageAwarePlanner plan that DistributedModelParallel trains with."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.distributed import DistributedModelParallel
+
+from torchrec_mtrains import Tier
+from torchrec_mtrains.planner.locality import zipf_locality
+from torchrec_mtrains.planner.model_spec import parse_model_spec
+from torchrec_mtrains.planner.placement import PlacementError, place
+from torchrec_mtrains.planner.planner import StorageAwarePlanner
+from torchrec_mtrains.planner.sizing import size_cluster
+from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
+from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParameterSharding
+
+G = 2**30
+CPU_NODE = TieredTopology(
+    "test-cpu", "cpu", 2,
+    {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9), Tier.SCM: TierSpec(16 * G, 2e9, 1e9),
+     Tier.SSD: TierSpec(64 * G, 2e8, 3e8, 47_000, 90_000, 4096)},
+    ComputeSpec(2e9, 0.002, 2e-7, 1e-6),
+)
+GPU_NODE = TieredTopology(
+    "test-gpu", "cuda", 8,
+    {Tier.HBM: TierSpec(60 * G, 1.5e12, 1.5e12), Tier.DRAM: TierSpec(128 * G, 2e10, 2e10),
+     Tier.SCM: TierSpec(512 * G, 5e9, 2e9, None, None, 256), Tier.SSD: TierSpec(2000 * G, 6e9, 4e9, 1e6, 2e5, 4096)},
+    ComputeSpec(3e11, 1e-4, 5e-9, 1e-8), host_device_bytes_per_s=25e9,
+)
+
+
+def _zipf_trace(rows: int, lookups: int, alpha: float, steps: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    p = np.arange(1, rows + 1, dtype=np.float64) ** -alpha
+    cdf = np.cumsum(p) / p.sum()
+    for _ in range(steps):
+        yield np.searchsorted(cdf, rng.random(lookups))
+
+
+@pytest.mark.parametrize("alpha", [0.9, 1.05, 1.3])
+def test_locality_model_predicts_the_real_lru_cache(alpha: float) -> None:
+    # Caches larger than a step's distinct rows (the real cache grows an overflow pool
+    # below that, which the model does not describe); measured once the cache is full.
+    rows, lookups = 200_000, 2_000
+    trace = iter(_zipf_trace(rows, lookups, alpha, 6000))
+    curve = zipf_locality(rows, lookups, alpha)
+    unique = np.mean([np.unique(next(trace)).size for _ in range(50)])
+    assert abs(curve.unique_rows_per_step - unique) / unique < 0.02
+    _has_ext()
+    for frac in (0.01, 0.05, 0.1, 0.2):
+        cap = int(rows * frac)
+        cache = torch.classes.mtrains.SetAssociativeCache(cap, 32, "lru")
+        hits = uniq = measured = 0
+        for step in range(5000):
+            u = torch.from_numpy(np.unique(next(trace))).long()
+            _, load_rows, *_ = cache.plan(u, step, step, True)
+            if measured or cache.occupied()[0].numel() >= 0.99 * cap:
+                hits += u.numel() - load_rows.numel()
+                uniq += u.numel()
+                measured += 1
+                if measured == 200:
+                    break
+        assert measured == 200 and cache.capacity() <= cap * 1.01  # full; few overflow slots
+        assert abs(hits / uniq - curve.hit_rate(cap, "lru")) < 0.03, (frac, hits / uniq, curve.hit_rate(cap))
+
+
+def _has_ext() -> bool:
+    from torchrec_mtrains._ops import load_extension
+
+    load_extension()
+    return True
+
+
+def test_zipf_locality_scales_to_billions_of_rows() -> None:
+    curve = zipf_locality(10**10, 163_840, 1.05)
+    assert 0 < curve.unique_rows_per_step <= 163_840
+    assert 0 < curve.hit_rate(10**7) < curve.hit_rate(10**8) < 1
+    assert curve.hit_rate(10**8, "lru") <= curve.hit_rate(10**8, "lfu") + 1e-12
+
+
+MODEL = {
+    "batch_size": 4096, "target_qps": 100_000, "dtype": "fp32", "optimizer": "rowwise_adagrad",
+    "tables": [
+        {"name": "big", "num_embeddings": 50_000_000, "embedding_dim": 64, "pooling_factor": 10, "zipf_alpha": 1.1},
+        {"name": "mid", "count": 4, "num_embeddings": 2_000_000, "embedding_dim": 32, "pooling_factor": 4,
+         "reuse_histogram": [0.069, 0.044, 0.068, 0.101, 0.122, 0.104, 0.073, 0.058, 0.052, 0.050, 0.049, 0.048,
+                             0.048, 0.042, 0.031, 0.042]},
+        {"name": "small", "num_embeddings": 10_000, "embedding_dim": 16, "pooling_factor": 1, "zipf_alpha": 0.5},
+    ],
+}
+
+
+def test_model_spec_reads_tables_and_expands_counts() -> None:
+    spec = parse_model_spec(MODEL)
+    assert [t.name for t in spec.tables] == ["big", "mid_0", "mid_1", "mid_2", "mid_3", "small"]
+    assert spec.tables[0].row_bytes == 64 * 4 + 4
+    assert spec.embedding_bytes == sum(t.num_embeddings * t.row_bytes for t in spec.tables)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda d: d.update(colour="red"), r"unknown keys \['colour'\]"),
+        (lambda d: d.pop("batch_size"), "batch_size is missing"),
+        (lambda d: d.update(batch_size=-5), "batch_size=-5"),
+        (lambda d: d.update(dtype="int8"), "dtype"),
+        (lambda d: d["tables"][0].update(num_embeddings=-1), r"tables\[0\].num_embeddings=-1"),
+        (lambda d: d["tables"][0].update(embedding_dim=30), r"tables\[0\].embedding_dim=30 must be a multiple of 4"),
+        (lambda d: d["tables"][0].update(rows=5), r"tables\[0\]: unknown keys \['rows'\]"),
+        (lambda d: d["tables"][0].pop("zipf_alpha"), r"tables\[0\]: give exactly one of"),
+        (lambda d: d["tables"][2].update(reuse_histogram=[1, 2]), r"tables\[1\].reuse_histogram"),
+        (lambda d: d["tables"][0].pop("pooling_factor"), r"tables\[0\].pooling_factor is missing"),
+        (lambda d: d["tables"].append(dict(d["tables"][2])), "duplicate names"),
+    ],
+)
+def test_model_spec_errors_name_the_field(change, match) -> None:
+    import copy
+
+    doc = copy.deepcopy(MODEL)
+    if "reuse_histogram=[1, 2]" in match or match.startswith(r"tables\[1\].reuse"):
+        doc["tables"][1]["reuse_histogram"] = [1, 2]
+    else:
+        change(doc)
+    with pytest.raises(ValueError, match=match):
+        parse_model_spec(doc)
+
+
+def test_placement_uses_slow_tiers_when_dram_is_short() -> None:
+    spec = parse_model_spec(MODEL)
+    p = place(spec, CPU_NODE, 2, budget_bytes={Tier.DRAM: 1 * G})
+    tiers = {name: t.tier for name, t in p.tables.items()}
+    assert tiers["big"] in (Tier.SSD, Tier.SCM) and tiers["small"] is Tier.DRAM
+    assert p.used_bytes[Tier.DRAM] <= 1 * G
+    for name, t in p.tables.items():
+        assert (t.cache_rows > 0) == (t.tier is not Tier.DRAM)
+    whole = place(spec, CPU_NODE, 2, budget_bytes={Tier.DRAM: 100 * G})
+    assert whole.predicted_qps >= p.predicted_qps
+
+
+def test_placement_reports_what_does_not_fit() -> None:
+    spec = parse_model_spec(MODEL)
+    with pytest.raises(PlacementError, match=r"tables \(big.*GiB\) fit no tier of 1 ranks"):
+        place(spec, CPU_NODE, 1, tiers=[Tier.DRAM], budget_bytes={Tier.DRAM: 1 * G})
+
+
+def test_sizing_needs_fewer_nodes_with_scm_and_ssd() -> None:
+    doc = {"batch_size": 65536, "target_qps": 200_000, "tables": [
+        {"name": "huge", "count": 100, "num_embeddings": 200_000_000, "embedding_dim": 128, "pooling_factor": 10,
+         "zipf_alpha": 1.15},
+        {"name": "hot", "count": 200, "num_embeddings": 500_000, "embedding_dim": 64, "pooling_factor": 20,
+         "zipf_alpha": 0.8},
+    ]}
+    spec = parse_model_spec(doc)
+    tiered, p = size_cluster(spec, GPU_NODE)
+    baseline, q = size_cluster(spec, GPU_NODE, tiers=[Tier.HBM, Tier.DRAM])
+    assert tiered < baseline
+    assert p.predicted_qps >= 200_000 and q.predicted_qps >= 200_000
+    with pytest.raises(PlacementError, match="does not fit even 3 nodes"):
+        size_cluster(spec, GPU_NODE, tiers=[Tier.HBM, Tier.DRAM], max_nodes=3)
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    if dist.is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_planner_plan_trains_in_dmp(process_group, tmp_path: Path) -> None:
+    configs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=n, embedding_dim=8, feature_names=[f"f{i}"])
+               for i, n in enumerate((200_000, 50_000, 500))]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    planner = StorageAwarePlanner(CPU_NODE, batch_size=64, world_size=1, target_qps=1000,
+                                  locality={"t0": {"pooling_factor": 2, "zipf_alpha": 1.2}},
+                                  budget_bytes={Tier.DRAM: 3_000_000}, storage_dir=str(tmp_path))
+    plan = planner.collective_plan(ebc, [TieredEmbeddingBagCollectionSharder()])
+    entries = plan.plan[""]
+    assert isinstance(entries["t0"], TieredParameterSharding) and entries["t0"].tiered.tier in (Tier.SSD, Tier.SCM)
+    assert entries["t2"].compute_kernel == "fused"
+    model = DistributedModelParallel(ebc, plan=plan, sharders=[TieredEmbeddingBagCollectionSharder()],
+                                     device=torch.device("cpu"))
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1", "f2"], values=torch.randint(0, 500, (24,)),
+                                              lengths=torch.full((12,), 2))
+    out = model(kjt).values()
+    assert out.shape == (4, 24)
+    out.sum().backward()
+    assert planner.last_placement is not None and len(planner.last_rank_step_s) == 1
