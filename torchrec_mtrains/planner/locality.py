@@ -8,6 +8,7 @@ probability ``q_i = 1 - (1 - p_i)^L`` (``L`` lookups a step, ``p_i`` its popular
   hits with probability ``1 - (1 - q_i)^T``;
 - LFU: the static cache of the C most popular rows (what frequency caching tends to on a
   stationary trace), hit rate ``sum_{top C} q_i / U``.
+A reuse histogram gives the popularity of the rows it describes (histogram_locality).
 Sums over billions of rows are taken exactly over the first ranks and by the trapezoid
 rule on a log-spaced grid of ranks after that (the summands are smooth in the rank).
 A measured trace replaces the model: its curves come from torchrec_mtrains.stats.
@@ -21,7 +22,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["LocalityCurve", "zipf_locality"]
+__all__ = ["LocalityCurve", "histogram_locality", "zipf_locality"]
 
 _EXACT_RANKS = 4096
 _GRID = 2048
@@ -69,6 +70,26 @@ def _rank_grid(n: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.concatenate([exact, tail]), np.concatenate([np.ones_like(exact), w])
 
 
+def _curves(p: np.ndarray, weights: np.ndarray, num_rows: int, lookups_per_step: float, points: int) -> LocalityCurve:
+    """Curves of rows with popularity ``p`` (descending; ``weights[k]`` rows each)."""
+    q = -np.expm1(lookups_per_step * np.log1p(-np.minimum(p, 1 - 1e-15)))  # 1 - (1-p)^L
+    unique = float(weights @ q)
+    sizes = np.unique(np.geomspace(1, num_rows, points).round())
+    # LFU: the top-C rows by popularity.
+    cum_q = np.concatenate([[0.0], np.cumsum(weights * q)])
+    cum_w = np.concatenate([[0.0], np.cumsum(weights)])
+    lfu = np.interp(sizes, cum_w, cum_q) / unique
+    # LRU (Che): for each T, the cache size it corresponds to and the hit rate it gives.
+    log1mq = np.log1p(-np.minimum(q, 1 - 1e-15))
+    t_grid = np.geomspace(1e-3, 1e9, 400)
+    touched = -np.expm1(np.outer(t_grid, log1mq))  # [T, rows]: touched in the last T steps
+    occ = touched @ weights
+    hit = touched @ (weights * q) / unique
+    lru = np.interp(sizes, occ, hit, left=0.0, right=float(hit[-1]))
+    lru = np.minimum(np.maximum.accumulate(lru), lfu)  # LRU never beats the static optimum here
+    return LocalityCurve(unique, sizes.astype(np.float64), lru, np.maximum.accumulate(lfu))
+
+
 @functools.lru_cache(maxsize=4096)
 def zipf_locality(num_rows: int, lookups_per_step: float, alpha: float, points: int = 64) -> LocalityCurve:
     """The curve of a table whose lookups follow Zipf(alpha) over its rows."""
@@ -77,18 +98,32 @@ def zipf_locality(num_rows: int, lookups_per_step: float, alpha: float, points: 
     ranks, weights = _rank_grid(num_rows)
     p = ranks ** -alpha
     p /= float(weights @ p)
-    q = -np.expm1(lookups_per_step * np.log1p(-np.minimum(p, 1 - 1e-15)))  # 1 - (1-p)^L
-    unique = float(weights @ q)
-    sizes = np.unique(np.geomspace(1, num_rows, points).round())
-    # LFU: top-C rows by popularity (ranks are already in popularity order).
-    cum_q = np.cumsum(weights * q)
-    cum_w = np.cumsum(weights)
-    lfu = np.interp(sizes, cum_w, cum_q) / unique
-    # LRU (Che): for each T, the cache size it corresponds to and the hit rate it gives.
-    log1mq = np.log1p(-np.minimum(q, 1 - 1e-15))
-    t_grid = np.geomspace(1e-3, 1e9, 400)
-    occ = np.array([float(weights @ -np.expm1(t * log1mq)) for t in t_grid])
-    hit = np.array([float(weights @ (q * -np.expm1(t * log1mq))) for t in t_grid]) / unique
-    lru = np.interp(sizes, occ, hit, left=0.0, right=float(hit[-1]))
-    lru = np.minimum(np.maximum.accumulate(lru), lfu)  # LRU never beats the static optimum here
-    return LocalityCurve(unique, sizes.astype(np.float64), lru, np.maximum.accumulate(lfu))
+    return _curves(p, weights, num_rows, lookups_per_step, points)
+
+
+@functools.lru_cache(maxsize=1024)
+def histogram_locality(
+    num_rows: int, lookups_per_step: float, shares: Tuple[float, ...], trace_steps: int = 1000, points: int = 64
+) -> LocalityCurve:
+    """The curve of a table whose rows are reused as a reuse histogram says (share of the
+    rows a trace touches by lookup count, dlrm_datasets' bins), over a trace of
+    ``trace_steps`` steps: each bin's rows take the bin's geometric-mean count, their
+    popularity is proportional to it, and rows the trace never touches have none."""
+    from torchrec_mtrains.stats import REUSE_BIN_EDGES
+
+    shares_a = np.asarray(shares, dtype=np.float64)
+    if shares_a.shape != (len(REUSE_BIN_EDGES) - 1,) or np.any(shares_a < 0) or not shares_a.sum() > 0:
+        raise ValueError(f"reuse histogram must be {len(REUSE_BIN_EDGES) - 1} shares >= 0, got {shares!r}")
+    shares_a /= shares_a.sum()
+    lo = np.maximum(np.asarray(REUSE_BIN_EDGES[:-1], dtype=np.float64), 1.0)
+    hi = np.asarray(REUSE_BIN_EDGES[1:], dtype=np.float64)
+    hi[-1] = lo[-1] * 2
+    counts = np.sqrt(lo * hi)
+    lookups = lookups_per_step * trace_steps
+    touched = min(float(num_rows), lookups / float(shares_a @ counts))
+    weights = shares_a * touched  # rows per bin
+    order = np.argsort(-counts)
+    counts, weights = counts[order], weights[order]
+    keep = weights > 0
+    p = counts[keep] / float(weights[keep] @ counts[keep])
+    return _curves(p, weights[keep], num_rows, lookups_per_step, points)

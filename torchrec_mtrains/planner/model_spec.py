@@ -4,14 +4,13 @@ their locality), read into ``ModelSpec`` with every field checked by name."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import yaml
 
-from torchrec_mtrains.planner.locality import LocalityCurve, zipf_locality
+from torchrec_mtrains.planner.locality import LocalityCurve, histogram_locality, zipf_locality
 
 __all__ = ["ModelSpec", "ModelTable", "load_model_spec", "parse_model_spec"]
 
@@ -65,16 +64,6 @@ def _number(where: str, value: Any, integer: bool = False, positive: bool = True
 def row_bytes(dim: int, dtype: str, optimizer: str) -> int:
     state = {"row": 4, "elem": 4 * dim, "none": 0}[_OPTIMIZERS[optimizer]]
     return dim * _DTYPE_BYTES[dtype] + state
-
-
-@functools.lru_cache(maxsize=256)
-def _alpha_of_histogram(shares: Tuple[float, ...], pooling_factor: float) -> float:
-    """Zipf exponent of traces drawn to a reuse histogram (fitted on a synthetic trace)."""
-    from torchrec_mtrains.stats import SyntheticTable, fit_zipf_alpha, generate_dlrm_batch
-
-    table = SyntheticTable(num_rows=2_000_000, pooling_factor=pooling_factor, reuse_histogram=shares)
-    batch = generate_dlrm_batch([table], batch_size=max(1, int(400_000 / pooling_factor)), seed=0)
-    return fit_zipf_alpha(batch.indices.numpy())
 
 
 def _trace_locality(path: str, table: int, batch_size: int, num_rows: int) -> Tuple[LocalityCurve, float]:
@@ -131,7 +120,7 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
                 or any(isinstance(s, bool) or not isinstance(s, (int, float)) or s < 0 for s in shares)
                 or sum(shares) <= 0):
             raise ValueError(f"{where}.reuse_histogram must be 16 shares >= 0 (bins (0,1] .. 16K+), got {shares!r}")
-        curve = zipf_locality(rows, lookups, _alpha_of_histogram(tuple(float(s) for s in shares), pooling))
+        curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares))
     rb = row_bytes(dim, dtype, optimizer)
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
     return [ModelTable(n, rows, dim, pooling, rb, curve) for n in names]
