@@ -57,9 +57,19 @@ def _bench_kernel(argv: list[str]) -> int:
     return kernel.main(argv)
 
 
+def _plan(argv: list[str]) -> int:
+    from torchrec_mtrains.planner import plan_command
+
+    return plan_command.main(argv)
+
+
 COMMANDS = Group(
     help="Tiered embedding storage for TorchRec (HBM, DRAM, SCM, SSD).",
     commands={
+        "plan": Command(
+            help="Place a model's tables on the tiers of a hardware profile; size the cluster.",
+            run=_plan,
+        ),
         "bench": Group(
             help="Run a benchmark against the baseline measured in the same run.",
             commands={
