@@ -147,7 +147,7 @@ def test_placement_uses_slow_tiers_when_dram_is_short() -> None:
 
 def test_placement_reports_what_does_not_fit() -> None:
     spec = parse_model_spec(MODEL)
-    with pytest.raises(PlacementError, match=r"tables \(big.*GiB\) fit no tier of 1 ranks"):
+    with pytest.raises(PlacementError, match=r"on 1 ranks of test-cpu: the tables do not fit \(no tier holds big"):
         place(spec, CPU_NODE, 1, tiers=[Tier.DRAM], budget_bytes={Tier.DRAM: 1 * G})
 
 

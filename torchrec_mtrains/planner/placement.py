@@ -1,19 +1,24 @@
 """Placement: each table's tier and cache size for a given number of ranks.
 
-1. Hottest tables first (traffic per byte), whole tables go into the compute tier (HBM on a
-   GPU node, DRAM on a CPU node) while it has room beyond a reserve for the caches of the
-   rest.
-2. The rest, coldest first, go to the cheapest tier that holds them (SSD, then SCM, then
-   DRAM on a GPU node) with the smallest cache whose miss traffic fits what is left of
-   that tier's device time in a step at the target QPS (all ranks together).
-3. A table no tier can feed goes whole into the compute tier if it still fits; otherwise
-   the placement is infeasible, with a message naming the tables and the shortfall.
+1. Every table starts on the cheapest tier that holds it (SSD, then SCM, then DRAM on a
+   GPU node, then the compute tier) with the smallest cache the kernel can run with (two
+   steps' distinct rows: a step in flight and the one being prefetched); a table whose
+   smallest cache would be half of it, or of at most 4 MiB, stays whole in the compute tier.
+2. While a tier's device time per step exceeds the budget (the step time at the target
+   QPS, all ranks together; without a target, the compute time), the best action on a
+   table of that tier is taken: moving it to a faster backing tier that has room and
+   bandwidth (free), growing its cache to the next size, or making it whole in the compute
+   tier -- whichever removes the most device time per byte of the compute tier (HBM on a
+   GPU node, DRAM on a CPU node). A heap keeps this O(actions log actions).
+3. If the compute tier fills up first, the placement is infeasible at this size (with a
+   target), or the best the capacity allows (without one).
 Per-rank balance is the partitioner's job; the prediction here assumes an even spread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from torchrec_mtrains.planner.estimator import TableCost, step_seconds, table_cost
@@ -24,7 +29,7 @@ from torchrec_mtrains.types import Tier
 __all__ = ["Placement", "PlacementError", "place", "CACHE_FRACTIONS"]
 
 CACHE_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
-_CACHE_RESERVE = 0.01  # of each not-yet-placed table's bytes, kept free in the compute tier
+_SMALL_TABLE_BYTES = 4 << 20
 _BACKING_ORDER = (Tier.SSD, Tier.SCM, Tier.DRAM)  # cheapest first
 
 
@@ -51,8 +56,10 @@ def _caps(topo: TieredTopology, world_size: int, tiers: Sequence[Tier], budget: 
     return caps
 
 
-def _cache_bytes(table: ModelTable, rows: float) -> float:
-    return rows * table.row_bytes
+def _cache_sizes(table: ModelTable) -> List[float]:
+    floor = min(float(table.num_embeddings), max(1.0, 2.0 * table.locality.unique_rows_per_step))
+    sizes = sorted({max(floor, min(float(table.num_embeddings), f * table.num_embeddings)) for f in CACHE_FRACTIONS})
+    return sizes
 
 
 def place(
@@ -74,66 +81,128 @@ def place(
     caps = _caps(topo, world_size, tiers, budget_bytes or {})
     used = {t: 0.0 for t in caps}
     qps = target_qps or model.target_qps
-    step_budget = model.batch_size / qps if qps else None
-    io_left = {t: (step_budget * world_size if step_budget else float("inf")) for t in caps}
-    io_left[Tier.HBM] = io_left.get(Tier.HBM, step_budget * world_size if step_budget else float("inf"))
     backing = [t for t in _BACKING_ORDER if t in caps and t != fast]
+    compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
+    dense_s = topo.compute.dense_s_per_sample * model.batch_size
+    step_budget = model.batch_size / qps if qps else (compute_s + dense_s) / world_size
+    io_budget = step_budget * world_size  # device seconds per step, all ranks
 
-    def density(t: ModelTable) -> float:
-        return t.locality.unique_rows_per_step * t.row_bytes / t.bytes
+    sizes = {t.name: _cache_sizes(t) for t in model.tables}
+    state: Dict[str, Tuple[Tier, int]] = {}  # table -> (tier, cache size index; -1 = whole in fast)
+    io: Dict[Tier, float] = {}
+    costs: Dict[Tuple[str, Tier, int], TableCost] = {}
 
-    order = sorted(model.tables, key=density, reverse=True)
-    placed: Dict[str, Tuple[Tier, float]] = {}
-    reserve = sum(t.bytes for t in order) * _CACHE_RESERVE
-    rest: List[ModelTable] = []
-    for table in order:  # 1. hottest whole tables into the compute tier
-        reserve -= table.bytes * _CACHE_RESERVE
-        if used[fast] + table.bytes + reserve <= caps[fast]:
-            placed[table.name] = (fast, 0.0)
-            used[fast] += table.bytes
-        else:
-            rest.append(table)
-    homeless: List[ModelTable] = []
-    for table in reversed(rest):  # 2. coldest first onto the cheapest tier that feeds it
-        choice = None
-        for tier in backing:
-            if used[tier] + table.bytes > caps[tier]:
-                continue
-            for frac in CACHE_FRACTIONS:
-                rows = max(1.0, frac * table.num_embeddings)
-                if used[fast] + _cache_bytes(table, rows) > caps[fast]:
-                    break
-                cost = table_cost(table, tier, rows, topo, model.batch_size, policy)
-                if all(cost.io_s[t] <= io_left.get(t, float("inf")) for t in cost.io_s):
-                    choice = (tier, rows, cost)
-                    break
-            if choice:
-                break
-        if choice is None:
-            homeless.append(table)
+    def cost(table: ModelTable, tier: Tier, k: int) -> TableCost:
+        key = (table.name, tier, k)
+        if key not in costs:
+            costs[key] = table_cost(table, tier, 0.0 if k < 0 else sizes[table.name][k], topo, model.batch_size, policy)
+        return costs[key]
+
+    def fast_bytes(table: ModelTable, k: int) -> float:
+        return table.bytes if k < 0 else sizes[table.name][k] * table.row_bytes
+
+    def apply(table: ModelTable, tier: Tier, k: int, sign: float) -> None:
+        if tier != fast or k >= 0:
+            used[tier] += sign * (table.bytes if tier != fast else 0.0)
+        used[fast] += sign * fast_bytes(table, k)
+        for t, sec in cost(table, tier, k).io_s.items():
+            io[t] = io.get(t, 0.0) + sign * sec
+
+    by_name = {t.name: t for t in model.tables}
+    homeless: List[str] = []  # whole in the compute tier because no other tier holds them
+    for table in sorted(model.tables, key=lambda t: -t.bytes):  # 1. cheapest tier that holds it
+        # Keep whole: a table whose smallest cache would hold half of it, or a small one (a
+        # tiered table costs a fixed step overhead that its bytes do not repay).
+        if fast_bytes(table, 0) >= 0.5 * table.bytes or table.bytes <= _SMALL_TABLE_BYTES:
+            state[table.name] = (fast, -1)
+            apply(table, fast, -1, 1.0)
             continue
-        tier, rows, cost = choice
-        placed[table.name] = (tier, rows)
-        used[tier] += table.bytes
-        used[fast] += _cache_bytes(table, rows)
-        for t, s in cost.io_s.items():
-            io_left[t] = io_left.get(t, float("inf")) - s
-    short = []
-    for table in homeless:  # 3. whole into the compute tier, if it still fits
-        if used[fast] + table.bytes <= caps[fast]:
-            placed[table.name] = (fast, 0.0)
-            used[fast] += table.bytes
+        for tier in backing:
+            if used[tier] + table.bytes <= caps[tier] and used[fast] + fast_bytes(table, 0) <= caps[fast]:
+                state[table.name] = (tier, 0)
+                break
         else:
-            short.append(table)
-    if short:
-        need = sum(t.bytes for t in short)
-        names = ", ".join(t.name for t in short[:5]) + (f" and {len(short) - 5} more" if len(short) > 5 else "")
-        raise PlacementError(
-            f"{len(short)} tables ({names}; {need / 2**30:,.1f} GiB) fit no tier of {world_size} ranks of "
-            f"{topo.name}: capacity left {', '.join(f'{t.name} {(caps[t] - used[t]) / 2**30:,.1f} GiB' for t in caps)}"
-            + (f", and no tier's bandwidth can feed them at {qps:,.0f} QPS" if qps else "")
+            state[table.name] = (fast, -1)
+            homeless.append(table.name)
+        apply(table, *state[table.name], 1.0)
+    if used[fast] > caps[fast]:
+        raise _no_room(model, topo, world_size, caps, used, qps, homeless=homeless)
+
+    def over(t: Tier) -> bool:
+        return io.get(t, 0.0) > io_budget * (1 + 1e-9)
+
+    def actions(table: ModelTable):
+        tier, k = state[table.name]
+        if k < 0:
+            return
+        now = cost(table, tier, k).io_s
+        relief = sum(s for t, s in now.items() if over(t))
+        if relief <= 0:
+            return
+        for faster in backing[backing.index(tier) + 1:] if tier in backing else []:
+            yield (table.name, faster, k, 0.0)
+        if k + 1 < len(sizes[table.name]):
+            yield (table.name, tier, k + 1, fast_bytes(table, k + 1) - fast_bytes(table, k))
+        yield (table.name, fast, -1, fast_bytes(table, -1) - fast_bytes(table, k))
+
+    def gain(name: str, tier: Tier, k: int) -> float:
+        table = by_name[name]
+        old_tier, old_k = state[name]
+        before = cost(table, old_tier, old_k).io_s
+        after = cost(table, tier, k).io_s
+        return sum(s for t, s in before.items() if over(t)) - sum(s for t, s in after.items() if over(t))
+
+    heap: List[Tuple[float, str, int, Tier, int]] = []
+    seq = 0
+
+    def push(table: ModelTable) -> None:
+        nonlocal seq
+        for name, tier, k, extra in actions(table):
+            g = gain(name, tier, k)
+            if g > 0:
+                seq += 1
+                heapq.heappush(heap, (-g / max(extra, 1.0), name, seq, tier, k))
+
+    for table in model.tables:
+        push(table)
+    while heap and any(over(t) for t in io):  # 2. relieve tiers over their budget
+        _, name, _, tier, k = heapq.heappop(heap)
+        table = by_name[name]
+        old_tier, old_k = state[name]
+        valid = (tier == fast and k == -1) or (tier == old_tier and k == old_k + 1) or (
+            tier not in (old_tier, fast) and k == old_k and old_tier in backing
+            and backing.index(tier) > backing.index(old_tier)
         )
+        if old_k < 0 or not valid or gain(name, tier, k) <= 0:
+            continue  # made stale by an earlier action
+        apply(table, old_tier, old_k, -1.0)
+        apply(table, tier, k, 1.0)
+        fits = all(used[t] <= caps[t] * (1 + 1e-9) for t in used)
+        moved_onto_busy = tier != fast and tier != old_tier and over(tier)
+        if not fits or moved_onto_busy:
+            apply(table, tier, k, -1.0)
+            apply(table, old_tier, old_k, 1.0)
+            continue
+        state[name] = (tier, k)
+        push(table)
+    busy = [t for t in io if over(t)]
+    if busy and qps:
+        raise _no_room(model, topo, world_size, caps, used, qps, busy)
+    placed = {name: (tier, 0.0 if k < 0 else sizes[name][k]) for name, (tier, k) in state.items()}
     return _finish(model, topo, world_size, placed, used, caps, policy)
+
+
+def _no_room(model, topo, world_size, caps, used, qps, busy=(), homeless=()) -> PlacementError:
+    left = ", ".join(f"{t.name} {(caps[t] - used[t]) / 2**30:,.1f} GiB" for t in caps)
+    if busy:
+        why = f"tiers {', '.join(t.name for t in busy)} cannot feed {qps:,.0f} QPS"
+    else:
+        names = ", ".join(homeless[:5]) + (f" and {len(homeless) - 5} more" if len(homeless) > 5 else "")
+        why = f"the tables do not fit (no tier holds {names})" if homeless else "the tables do not fit"
+    return PlacementError(
+        f"{len(model.tables)} tables ({model.embedding_bytes / 2**30:,.1f} GiB) on {world_size} ranks of "
+        f"{topo.name}: {why}; capacity left {left}"
+    )
 
 
 def _finish(model, topo, world_size, placed, used, caps, policy) -> Placement:
