@@ -193,7 +193,7 @@ def test_load_by_path_and_errors(tmp_path: Path) -> None:
         load_topology(p)
 
 
-@pytest.mark.parametrize("name", ["gpu-scm-node"])
+@pytest.mark.parametrize("name", ["gpu-scm-node", "local"])
 def test_shipped_profiles_load_and_are_sane(name: str) -> None:
     assert name in shipped_profiles()
     t = load_topology(name)
@@ -218,3 +218,12 @@ def test_gpu_scm_node_figures() -> None:
     ssd = gpu.tiers[Tier.SSD]
     assert ssd.read_bytes_per_s == pytest.approx(ssd.read_iops * ssd.access_bytes)
     assert 10e9 < gpu.host_device_bytes_per_s < 32e9
+
+
+def test_local_profile_is_this_machine() -> None:
+    local = load_topology("local")
+    assert local.compute_device == "cpu" and local.ranks_per_node == 2
+    assert set(local.tiers) == {Tier.DRAM, Tier.SCM, Tier.SSD}
+    assert local.tiers[Tier.DRAM].capacity_bytes < 24 * GiB / 2  # per rank of a 24 GiB node
+    assert "mtrains probe-hw" in local.source and "measured" in local.source
+    assert local.compute.tbe_bytes_per_s > 0 and local.compute.dense_s_per_sample > 0
