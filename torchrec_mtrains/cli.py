@@ -63,6 +63,18 @@ def _plan(argv: list[str]) -> int:
     return plan_command.main(argv)
 
 
+def _probe_hw(argv: list[str]) -> int:
+    from torchrec_mtrains.planner import probe
+
+    return probe.main(argv)
+
+
+def _characterize(argv: list[str]) -> int:
+    from torchrec_mtrains.stats import characterize
+
+    return characterize.main(argv)
+
+
 COMMANDS = Group(
     help="Tiered embedding storage for TorchRec (HBM, DRAM, SCM, SSD).",
     commands={
@@ -82,6 +94,14 @@ COMMANDS = Group(
                     run=_bench_kernel,
                 ),
             },
+        ),
+        "probe-hw": Command(
+            help="Measure this machine's tiers and compute into a hardware profile (YAML).",
+            run=_probe_hw,
+        ),
+        "characterize": Command(
+            help="Per-table statistics of a trace: lookups, unique rows, hit rates, bandwidth.",
+            run=_characterize,
         ),
     },
 )

@@ -105,7 +105,7 @@ class HitRateCurve:
         c = np.asarray(cache_rows, dtype=np.float64)
         if np.any(c < 0) or np.any(~np.isfinite(c)):
             raise ValueError(f"cache_rows={cache_rows!r} must be finite and >= 0")
-        if self.accesses <= 0:
+        if self.accesses <= 0 or self.hits.size == 0:  # no accesses, or none ever hit (one cold step)
             out = np.zeros_like(c)
         else:
             k = np.searchsorted(self.cache_rows, c, side="right") - 1
