@@ -1,7 +1,7 @@
 """The perf model: what one table costs a step on a tier with a cache of a given size.
 
-Per step (global batch ``B``), a table with pooling factor ``pf`` gathers ``B * pf`` rows in
-FBGEMM's TBE (compute, at the rank's measured TBE rate) and touches ``U`` distinct rows.
+Per step (global batch ``B``), a table with pooling factor ``pf`` pools ``B * pf`` rows in
+FBGEMM's TBE and updates its ``U`` distinct rows (compute: each at its measured rate).
 On a backing tier behind a cache with hit rate ``h``, the ``U * (1 - h)`` misses are read
 from the tier and as many evicted rows are written back (training dirties every row it
 touches); the device time is the larger of bytes over bandwidth and accesses over IOPS,
@@ -56,17 +56,22 @@ def table_cost(
     """Cost of ``table`` with its rows on ``tier``; ``cache_rows`` = 0 means the table is
     whole in the compute tier (no cache)."""
     lookups = batch_size * table.pooling_factor
-    weight_bytes = table.row_bytes  # the TBE also reads and writes the optimizer state
-    compute = lookups * weight_bytes / topo.compute.tbe_bytes_per_s
+    unique = min(table.locality.unique_rows_per_step, table.num_embeddings)  # at the model's batch
+    spec = topo.compute
+    compute = lookups * table.row_bytes / spec.tbe_bytes_per_s
+    if spec.tbe_row_update_bytes_per_s:
+        compute += unique * table.row_bytes / spec.tbe_row_update_bytes_per_s
     io: Dict[Tier, float] = {}
     if cache_rows <= 0:
         return TableCost(compute, io, 1.0, 0.0)
-    unique = min(table.locality.unique_rows_per_step, table.num_embeddings)  # at the model's batch
-    hit = table.locality.hit_rate(cache_rows, policy)
+    # The kernel's cache never holds fewer than the two steps in flight (it grows an
+    # overflow pool instead), whatever size it was given.
+    effective = min(float(table.num_embeddings), max(cache_rows, 2.0 * unique))
+    hit = table.locality.hit_rate(effective, policy)
     misses = unique * (1.0 - hit)
-    compute += topo.compute.step_overhead_s + topo.compute.cache_row_s * unique
-    spec = topo.tiers[tier]
-    io[tier] = _device_seconds(spec, misses, table.row_bytes, False) + _device_seconds(spec, misses, table.row_bytes, True)
+    compute += spec.step_overhead_s + spec.cache_row_s * unique
+    dev = topo.tiers[tier]
+    io[tier] = _device_seconds(dev, misses, table.row_bytes, False) + _device_seconds(dev, misses, table.row_bytes, True)
     if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
         link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
         io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier

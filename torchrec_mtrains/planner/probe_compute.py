@@ -1,9 +1,11 @@
 """Compute figures of ``mtrains probe-hw`` (a ``ComputeSpec``), all on the calling thread
 budget (``torch.get_num_threads()``):
 
-- ``tbe_bytes_per_s``: FBGEMM's CPU TBE (``SplitTableBatchedEmbeddingBagsCodegen``, HOST /
-  CPU, one fp32 DRAM table, EXACT_ROWWISE_ADAGRAD): embedding-row bytes (lookups x dim x 4)
-  per second of forward + backward (with the fused update), uniform random ids.
+- ``tbe_bytes_per_s``, ``tbe_row_update_bytes_per_s``: FBGEMM's CPU TBE
+  (``SplitTableBatchedEmbeddingBagsCodegen``, HOST / CPU, one fp32 DRAM table,
+  EXACT_ROWWISE_ADAGRAD), forward + backward with the fused update: the row bytes per second
+  of pooled lookups and of distinct rows updated, from two batches with equal lookups and
+  different numbers of distinct rows.
 - ``step_overhead_s`` and ``cache_row_s``: ``TieredEmbeddingBags`` on Tier.DRAM (cache
   larger than the table, so every row stays cached after a warm-up; prefetch inline) minus
   FBGEMM on the same table and batches, at batch 1 (20 ids) and 2048: a line through the
@@ -81,14 +83,28 @@ def _train_step(module: torch.nn.Module, ids: List[torch.Tensor], offsets: torch
     return step
 
 
-def tbe_bytes_per_s(rows: int, steps: int) -> Tuple[float, str]:
-    """FBGEMM CPU TBE: embedding-row bytes per second of forward + backward + update."""
+def tbe_rates(rows: int, steps: int) -> Tuple[float, float, str]:
+    """FBGEMM CPU TBE, forward + backward + update: (row bytes per second of pooled lookups,
+    row bytes per second of distinct rows updated, note). Two batches with the same
+    lookups -- uniform ids over ``rows`` (distinct ~ lookups) and ids over 1,024 rows
+    (distinct = 1,024) -- give the two terms of ``t = lookups * b / r_l + unique * b / r_u``."""
     tbe = _fbgemm(rows)
-    ids, offsets = _batches(rows, BATCH, 4, seed=0)
-    t = _median_step(_train_step(tbe, ids, offsets), steps)
-    rate = BATCH * POOLING * DIM * 4 / t
-    return rate, (f"FBGEMM CPU TBE, {rows:,} x {DIM} fp32, rowwise Adagrad, batch {BATCH} x pooling {POOLING} "
-                  f"uniform ids: {t * 1e3:.1f} ms/step fwd+bwd (lookups x {DIM * 4} B / step time)")
+    row_bytes = DIM * 4 + 4  # weights + rowwise state
+    points = []
+    for span in (rows, 1024):
+        gen = torch.Generator().manual_seed(span)
+        ids = [torch.randint(span, (BATCH * POOLING,), generator=gen) for _ in range(4)]
+        offsets = torch.arange(0, BATCH * POOLING + 1, POOLING, dtype=torch.int64)
+        unique = statistics.mean(float(torch.unique(x).numel()) for x in ids)
+        points.append((unique, _median_step(_train_step(tbe, ids, offsets), steps)))
+    (u_wide, t_wide), (u_hot, t_hot) = points
+    lookups = BATCH * POOLING
+    per_unique = max(1e-12, (t_wide - t_hot) / max(1.0, u_wide - u_hot))
+    per_lookup = max(1e-12, (t_hot - per_unique * u_hot) / lookups)
+    note = (f"FBGEMM CPU TBE, {rows:,} x {DIM} fp32, rowwise Adagrad, batch {BATCH} x pooling {POOLING}: "
+            f"{t_wide * 1e3:.1f} ms/step with uniform ids ({u_wide:,.0f} distinct rows), {t_hot * 1e3:.1f} ms with "
+            f"ids over 1,024 rows; t = lookups x {per_lookup * 1e9:.1f} ns + distinct rows x {per_unique * 1e9:.1f} ns")
+    return row_bytes / per_lookup, row_bytes / per_unique, note
 
 
 def tiered_overhead(rows: int, steps: int, work: Path) -> Tuple[float, float, str]:
@@ -157,13 +173,14 @@ def probe_compute(quick: bool, work: Path) -> Tuple[ComputeSpec, Dict[str, str]]
     """All compute figures; ``work`` is a scratch directory. Returns the spec and a note
     per YAML key (how each figure was measured)."""
     tbe_rows, tiered_rows, steps = (200_000, 50_000, 3) if quick else (1_000_000, 200_000, 9)
-    tbe, tbe_note = tbe_bytes_per_s(tbe_rows, steps)
+    tbe, tbe_update, tbe_note = tbe_rates(tbe_rows, steps)
     step_s, row_s, tiered_note = tiered_overhead(tiered_rows, steps, work)
     dense, dense_note = dense_s_per_sample(steps)
-    spec = ComputeSpec(tbe_bytes_per_s=_r(tbe), step_overhead_s=_r(step_s), cache_row_s=_r(row_s),
+    spec = ComputeSpec(tbe_bytes_per_s=_r(tbe), tbe_row_update_bytes_per_s=_r(tbe_update), step_overhead_s=_r(step_s), cache_row_s=_r(row_s),
                        dense_s_per_sample=_r(dense))
     return spec, {
-        "tbe_bandwidth": tbe_note,
+        "tbe_bandwidth": "pooled lookups; " + tbe_note,
+        "tbe_row_update_bandwidth": "distinct rows updated; see tbe_bandwidth",
         "step_overhead": "intercept of extra seconds per step vs unique rows per step; " + tiered_note,
         "cache_row_cost": "slope of the same line (see step_overhead)",
         "dense_time_per_sample": dense_note,

@@ -9,6 +9,7 @@ A profile describes one node type, per rank::
     host_device_bandwidth: 25GB/s   # cuda only: the PCIe link of one GPU
     compute:
       tbe_bandwidth: 400GB/s        # ComputeSpec.tbe_bytes_per_s
+      tbe_row_update_bandwidth: 100GB/s  # ComputeSpec.tbe_row_update_bytes_per_s (optional)
       step_overhead: 0.2ms          # ComputeSpec.step_overhead_s
       cache_row_cost: 20ns          # ComputeSpec.cache_row_s
       dense_time_per_sample: 0.1us  # ComputeSpec.dense_s_per_sample
@@ -75,6 +76,7 @@ _TIER_FIELDS: Tuple[_Field, ...] = (
 )
 _COMPUTE_FIELDS: Tuple[_Field, ...] = (
     _Field("tbe_bandwidth", "tbe_bytes_per_s", "bandwidth"),
+    _Field("tbe_row_update_bandwidth", "tbe_row_update_bytes_per_s", "bandwidth", required=False, positive=False),
     _Field("step_overhead", "step_overhead_s", "time", required=False, positive=False),
     _Field("cache_row_cost", "cache_row_s", "time", required=False, positive=False),
     _Field("dense_time_per_sample", "dense_s_per_sample", "time", required=False, positive=False),

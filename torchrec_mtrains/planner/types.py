@@ -41,14 +41,18 @@ class ComputeSpec:
     """What one rank's embedding compute costs (the perf model's calibration).
 
     Args:
-        tbe_bytes_per_s: embedding-row bytes per second that FBGEMM's TBE gathers in
-            forward + backward + fused optimizer (all rows in the compute tier).
+        tbe_bytes_per_s: row bytes per second of the lookups FBGEMM's TBE pools (forward
+            and the gradient's pooling, rows hot in the CPU/GPU caches).
+        tbe_row_update_bytes_per_s: row bytes per second of the distinct rows a step
+            updates (the fused optimizer: random reads and writes of weights and state);
+            0 folds that cost into ``tbe_bytes_per_s``.
         step_overhead_s: fixed cost of a step of one tiered kernel (plan, bookkeeping).
         cache_row_s: cost of cache management per unique row a step touches.
         dense_s_per_sample: the dense part (MLPs, loss) per sample.
     """
 
     tbe_bytes_per_s: float
+    tbe_row_update_bytes_per_s: float = 0.0
     step_overhead_s: float = 0.0
     cache_row_s: float = 0.0
     dense_s_per_sample: float = 0.0
