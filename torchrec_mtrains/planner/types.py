@@ -52,10 +52,10 @@ class ComputeSpec:
     """
 
     tbe_bytes_per_s: float
-    tbe_row_update_bytes_per_s: float = 0.0
     step_overhead_s: float = 0.0
     cache_row_s: float = 0.0
     dense_s_per_sample: float = 0.0
+    tbe_row_update_bytes_per_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
