@@ -1,0 +1,53 @@
+"""torchx component of the tiered-DLRM example.
+
+    torchx run -s local_cwd examples/dlrm/component.py:dlrm -- --steps 200 --out build/example-run
+    torchx run -s slurm examples/dlrm/component.py:dlrm -j 2x4 -- --hardware node.yaml
+
+Run from the repository root (the script path is relative to the job's working directory:
+the repository on local_cwd and slurm, the image's working directory on kubernetes).
+"""
+
+from typing import Dict, Optional
+
+import torchx.specs as specs
+from torchx.components.dist import ddp
+
+SCRIPT = "examples/dlrm/train.py"
+
+
+def dlrm(
+    *script_args: str,
+    j: str = "1x2",
+    image: str = "",
+    name: str = "mtrains-dlrm",
+    cpu: int = 2,
+    memMB: int = 8192,
+    h: Optional[str] = None,
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+) -> specs.AppDef:
+    """Trains TorchRec's DLRM with embedding tables on DRAM/SCM/SSD tiers (examples/dlrm/train.py).
+
+    Args:
+        script_args: arguments of train.py (see ``python examples/dlrm/train.py --help``)
+        j: {nnodes}x{nproc_per_node}: processes (ranks) per node and nodes
+        image: image (docker, kubernetes) or working directory (local_cwd, slurm); "" = the current one
+        name: job name
+        cpu: cpus per node
+        memMB: memory per node in MB
+        h: a registered named resource (takes precedence over cpu and memMB)
+        env: environment variables for the run (e.g. OMP_NUM_THREADS=1)
+        max_retries: scheduler retries allowed
+    """
+    return ddp(
+        *script_args,
+        script=SCRIPT,
+        image=image,
+        name=name,
+        cpu=cpu,
+        memMB=memMB,
+        h=h,
+        j=j,
+        env=env,
+        max_retries=max_retries,
+    )

@@ -1,0 +1,357 @@
+"""Train TorchRec's DLRM (or DLRM-DCN) with embedding tables on DRAM, SCM and SSD tiers.
+
+torchrun-style: reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from the
+environment (defaults: one process) and spawns nothing. Launch with torchx::
+
+    torchx run -s local_cwd examples/dlrm/component.py:dlrm -- --steps 200
+    torchx run -s local_cwd dist.ddp -j 1x2 --script examples/dlrm/train.py -- --steps 200
+
+Exit codes: 0 done; 2 bad input (flags, hardware profile, data dir), nothing written to --out.
+See docs/example.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from data import DEFAULT_TABLES, DENSE_FEATURES, SyntheticData, criteo_batches, criteo_files  # noqa: E402
+from placement import DEFAULT_PROFILE, TableInfo, load_hardware, parse_bytes, plan_tables  # noqa: E402
+from report import auc, format_table, write_outputs  # noqa: E402
+
+EXIT_BAD_INPUT = 2
+DEFAULT_DRAM_BUDGET = "64MiB"  # per rank: the default model then needs SCM and SSD
+CRITEO_ROWS = 1_000_000  # rows per Criteo table (ids hashed into them)
+
+
+class BadInput(ValueError):
+    """User input the run cannot work with: reported, exit code 2."""
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=200, help="train until this global step")
+    p.add_argument("--batch-size", type=int, default=512, help="samples per rank and step")
+    p.add_argument("--seed", type=int, default=0, help="data and initial weights")
+    p.add_argument("--embedding-dim", type=int, default=32, help="dim of every table (multiple of 4)")
+    p.add_argument("--dcn", action="store_true", help="DLRM-DCN (cross layers) instead of DLRM's dot interaction")
+    p.add_argument("--hardware", default=DEFAULT_PROFILE,
+                   help="hardware profile name (cpu-node, cpu-no-scm, dram-only) or a YAML file")
+    p.add_argument("--dram-budget", default=DEFAULT_DRAM_BUDGET,
+                   help="DRAM per rank the embeddings may use (FUSED tables + row caches), e.g. 64MiB, 2GB")
+    p.add_argument("--storage-dir", default=None,
+                   help="where SCM/SSD table files go when the profile names no path (default: a temp dir)")
+    p.add_argument("--data-dir", default=None, help="Criteo in TorchRec's npy form (default: synthetic data)")
+    p.add_argument("--checkpoint-dir", default=None, help="DCP checkpoints go here")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: never)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per rank for the final AUC")
+    p.add_argument("--log-every", type=int, default=10, help="progress-bar / AUC-curve update interval (steps)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo); cuda (nccl) is not built")
+    p.add_argument("--out", default="build/example-run", help="output directory (metrics.json, plots)")
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "log_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.checkpoint_every < 0 or args.eval_batches < 0:
+        p.error("--checkpoint-every and --eval-batches must be >= 0")
+    if args.embedding_dim < 4 or args.embedding_dim % 4:
+        p.error(f"--embedding-dim must be a positive multiple of 4, got {args.embedding_dim}")
+    if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
+        p.error("--checkpoint-every and --resume need --checkpoint-dir")
+    try:
+        args.dram_budget_bytes = parse_bytes(args.dram_budget)
+    except ValueError as e:
+        p.error(f"--dram-budget: {e}")
+    return args
+
+
+def dist_env() -> Tuple[int, int, int]:
+    """(rank, world size, local rank) from the environment torchrun sets."""
+    try:
+        return tuple(int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
+    except ValueError as e:
+        raise BadInput(f"bad torchrun environment: {e}") from None
+
+
+def table_infos(args: argparse.Namespace) -> Tuple[List[TableInfo], Optional[List[str]]]:
+    """The model's tables, and the Criteo file prefixes when --data-dir is given."""
+    if args.data_dir:
+        from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
+
+        try:
+            prefixes = criteo_files(args.data_dir)
+        except ValueError as e:
+            raise BadInput(str(e)) from None
+        return [TableInfo(f"t_{n}", CRITEO_ROWS, args.embedding_dim) for n in DEFAULT_CAT_NAMES], prefixes
+    return [TableInfo(t.name, t.num_rows, args.embedding_dim) for t in DEFAULT_TABLES], None
+
+
+def build_model(args: argparse.Namespace, tables: List[TableInfo], features: List[str]):
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+
+    configs = [EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                                  feature_names=[f]) for t, f in zip(tables, features)]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    dense_sizes, over_sizes = [128, args.embedding_dim], [256, 128, 1]
+    if args.dcn:
+        net = DLRM_DCN(ebc, DENSE_FEATURES, dense_sizes, over_sizes, dcn_num_layers=2, dcn_low_rank_dim=16)
+    else:
+        net = DLRM(ebc, DENSE_FEATURES, dense_sizes, over_sizes)
+    return DLRMTrain(net)
+
+
+def shard(args, model, params, world_size: int):
+    """DMP with our sharder; returns (dmp, dense optimizer, combined optimizer)."""
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, tiered_sharding_plan
+
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.05})
+    plan = tiered_sharding_plan(ebc, params, world_size)
+    dmp = DistributedModelParallel(model, plan=ShardingPlan({"model.sparse_arch.embedding_bag_collection": plan}),
+                                   sharders=[TieredEmbeddingBagCollectionSharder()], device=torch.device("cpu"))
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                  lambda ps: torch.optim.Adagrad(ps, lr=0.02))
+    return dmp, dense, CombinedOptimizer([dmp.fused_optimizer, dense])
+
+
+def cache_counts(dmp, names: List[str]) -> torch.Tensor:
+    """[tables, 2] (hits, unique rows per step, summed) of this rank's tiered shards."""
+    from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+
+    out = torch.zeros(len(names), 2, dtype=torch.float64)
+    index = {n: i for i, n in enumerate(names)}
+    for m in dmp.modules():
+        if isinstance(m, ShardedTieredEmbeddingBagCollection):
+            for kernel in m.tiered_kernels():
+                for shard_name, s in kernel.emb_module.cache_stats().items():
+                    i = index[shard_name.split(".r")[0]]
+                    out[i, 0] += s["hits"]
+                    out[i, 1] += s["unique_rows"]
+    return out
+
+
+def hit_rates(dmp, placement: Dict[str, str]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Per tiered table and per tier, over all ranks (a collective)."""
+    names = sorted(t for t, tier in placement.items() if tier in ("SCM", "SSD", "DRAM"))
+    counts = cache_counts(dmp, names)
+    dist.all_reduce(counts)
+    per_table = {n: float(c[0] / c[1]) if c[1] else float("nan") for n, c in zip(names, counts)}
+    per_tier: Dict[str, float] = {}
+    for tier in sorted({placement[n] for n in names}):
+        c = sum(counts[i] for i, n in enumerate(names) if placement[n] == tier)
+        per_tier[tier] = float(c[0] / c[1]) if c[1] else float("nan")
+    return per_table, per_tier
+
+
+def evaluate(dmp, batches, rank: int) -> float:
+    """AUC over held-out batches, gathered from all ranks."""
+    dmp.eval()
+    scores, labels = [], []
+    with torch.no_grad():
+        for batch in batches:
+            _, (_, logits, lab) = dmp(batch)
+            scores.append(logits.float())
+            labels.append(lab.float())
+    dmp.train()
+    local = torch.stack([torch.cat(scores), torch.cat(labels)]) if scores else torch.zeros(2, 0)
+    gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    both = torch.cat(gathered, dim=1).numpy()
+    return auc(both[0], both[1]) if both.size else float("nan")
+
+
+class Trainer:
+    """The training loop: pipeline, losses, AUC windows, progress bar, checkpoints."""
+
+    def __init__(self, args, dmp, dense_opt, optimizer, placement: Dict[str, str], rank: int, world: int) -> None:
+        from torchrec_mtrains.sharding import TieredTrainPipeline
+
+        self.args, self.dmp, self.dense_opt, self.rank, self.world = args, dmp, dense_opt, rank, world
+        self.placement = placement
+        self.pipeline = TieredTrainPipeline(dmp, optimizer, torch.device("cpu"))
+        self.state: Dict = {"losses": [], "auc_curve": [], "seed": args.seed}
+        self.window: List[Tuple[np.ndarray, np.ndarray]] = []
+        self.step_times: List[float] = []
+
+    def run(self, batches, start: int) -> None:
+        from tqdm import tqdm
+
+        step = start
+        bar = tqdm(total=self.args.steps, initial=start, disable=self.rank != 0, unit="step", dynamic_ncols=True)
+        while True:
+            try:
+                loss, logits, labels = self.pipeline.progress(batches)
+            except StopIteration:
+                break
+            step += 1
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            self.state["losses"].append(float(loss) / self.world)
+            self.step_times.append(time.perf_counter())
+            self.window.append((logits.float().numpy(), labels.float().numpy()))
+            bar.update(1)
+            if step % self.args.log_every == 0 or step == self.args.steps:
+                self._log(bar, step)
+            if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
+                save_checkpoint(self.args.checkpoint_dir, step, self.dmp, self.dense_opt, self.state)
+        bar.close()
+
+    def _log(self, bar, step: int) -> None:
+        scores = np.concatenate([w[0] for w in self.window])
+        labels = np.concatenate([w[1] for w in self.window])
+        self.state["auc_curve"].append({"step": step, "auc": auc(scores, labels)})
+        self.window.clear()
+        _, per_tier = hit_rates(self.dmp, self.placement)
+        info = {"loss": f"{self.state['losses'][-1]:.4f}", "qps": f"{self.qps():,.0f}"}
+        info.update({f"hit_{t}": f"{h:.3f}" for t, h in per_tier.items()})
+        bar.set_postfix(info, refresh=True)
+
+    def qps(self) -> float:
+        """Global samples per second over this run's steps after the first (warm-up)."""
+        if len(self.step_times) < 2:
+            return float("nan")
+        span = self.step_times[-1] - self.step_times[0]
+        return (len(self.step_times) - 1) * self.args.batch_size * self.world / span if span > 0 else float("nan")
+
+
+def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object, Dict, List[Dict]]:
+    """Everything that can fail on user input, before any process group: exits 2 on error."""
+    rank, world, _ = dist_env()
+    tables, prefixes = table_infos(args)
+    try:
+        hardware, paths = load_hardware(args.hardware)
+        params, rows = plan_tables(tables, world, hardware, args.dram_budget_bytes, "<storage-dir>", paths)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    if args.resume and latest_checkpoint(args.checkpoint_dir) is None:
+        raise BadInput(f"--resume: no complete checkpoint in {args.checkpoint_dir!r}")
+    if args.device == "cuda":
+        raise BadInput("--device cuda: the tiered kernel is CPU-only in this build (see docs/sharding.md)")
+    return tables, prefixes, hardware, paths, rows
+
+
+def storage_root(args, rank: int) -> Tuple[str, bool]:
+    """The run's storage directory, the same on every rank; (path, made here)."""
+    if args.storage_dir:
+        return args.storage_dir, False
+    obj = [tempfile.mkdtemp(prefix="mtrains-dlrm-") if rank == 0 else None]
+    dist.broadcast_object_list(obj, src=0)
+    return obj[0], True
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        tables, prefixes, hardware, paths, _ = prepare(args)
+    except BadInput as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rank, world, _ = dist_env()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if world == 1:  # a plain `python train.py`: a process group of one
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29511")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    root, made = storage_root(args, rank)
+    try:
+        return train(args, tables, prefixes, hardware, paths, root, rank, world)
+    finally:
+        dist.barrier()
+        if made and rank == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        dist.destroy_process_group()
+
+
+def train(args, tables, prefixes, hardware, paths, root: str, rank: int, world: int) -> int:
+    t0 = time.perf_counter()
+    params, rows = plan_tables(tables, world, hardware, args.dram_budget_bytes, root, paths)
+    placement = {r["table"]: ("DRAM" if params[r["table"]] is None else params[r["table"]].tier.name) for r in rows}
+    tiered = {t: tier for t, tier in placement.items() if params[t] is not None}
+    if prefixes:
+        from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
+
+        features = list(DEFAULT_CAT_NAMES)
+    else:
+        data = SyntheticData(DEFAULT_TABLES, args.batch_size, args.seed)
+        features = data.feature_names()
+    torch.manual_seed(args.seed)
+    dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), params, world)
+    trainer = Trainer(args, dmp, dense_opt, optimizer, tiered, rank, world)
+    start = 0
+    if args.resume:
+        trainer.state = load_checkpoint(latest_checkpoint(args.checkpoint_dir), dmp, dense_opt)
+        start = trainer.state.pop("step")
+        if trainer.state.get("seed") != args.seed:
+            print(f"train.py: warning: checkpoint seed {trainer.state.get('seed')} != --seed {args.seed}",
+                  file=sys.stderr)
+    if rank == 0:
+        print(f"placement ({hardware.name}, --dram-budget {args.dram_budget} per rank, {world} ranks):\n"
+              + format_table(rows), flush=True)
+    if prefixes:
+        import itertools
+
+        train_it = itertools.islice(criteo_batches(prefixes, args.batch_size, rank, world, CRITEO_ROWS),
+                                    start, args.steps)
+        eval_it = itertools.islice(criteo_batches(prefixes, args.batch_size, rank, world, CRITEO_ROWS, "val"),
+                                   args.eval_batches)
+    else:
+        train_it = data.batches(start, args.steps, rank)
+        eval_it = data.batches(0, args.eval_batches, rank, stream=1)
+    trainer.run(train_it, start)
+    trainer.pipeline.detach()  # the model's own forward again, for the evaluation
+    final_auc = evaluate(dmp, eval_it, rank)
+    per_table, per_tier = hit_rates(dmp, tiered)
+    metrics = {
+        "losses": trainer.state["losses"], "qps": trainer.qps(), "auc": final_auc,
+        "hit_rate": per_table, "hit_rate_per_tier": per_tier, "placement": placement,
+        "auc_curve": trainer.state["auc_curve"], "steps": args.steps, "resumed_from": start,
+        "world_size": world, "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
+        "dram_budget_bytes_per_rank": args.dram_budget_bytes, "dcn": args.dcn,
+        "data": "criteo" if prefixes else "synthetic", "wall_seconds": time.perf_counter() - t0,
+    }
+    if rank == 0:
+        finish(args, metrics, rows)
+    return 0
+
+
+def finish(args, metrics: Dict, rows: List[Dict]) -> None:
+    """Prints the summary and writes --out (rank 0)."""
+    for r in rows:
+        h = metrics["hit_rate"].get(r["table"])
+        r["hit_rate"] = "-" if h is None else f"{h:.3f}"
+    text = "\n".join([
+        "placement and cache hit rates (unique rows per step found in the row cache):",
+        format_table(rows),
+        f"QPS (samples/s, all ranks, steps after the first of this run): {metrics['qps']:,.0f}",
+        "hit rate per tier: " + ", ".join(f"{t} {h:.3f}" for t, h in metrics["hit_rate_per_tier"].items()),
+        f"AUC (held-out, {args.eval_batches} batches per rank): {metrics['auc']:.4f}",
+        f"loss: first {metrics['losses'][0]:.4f}, last {metrics['losses'][-1]:.4f} ({len(metrics['losses'])} steps)",
+    ])
+    notes = write_outputs(args.out, metrics, text)
+    print(text + "".join(f"\nnote: {n}" for n in notes) + f"\nresults in {os.path.abspath(args.out)}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

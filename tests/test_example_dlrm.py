@@ -1,0 +1,150 @@
+"""examples/dlrm: the torchx launch of the tiered DLRM, checkpoint/resume, bad input.
+
+The slow tests launch the example as a user does (torchx, local_cwd scheduler, 2 ranks on
+gloo), about 1.5 minutes on 2 cores together. The fast ones check the placement rule, the
+AUC and the atomic output on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "dlrm")
+sys.path.insert(0, EXAMPLE)
+
+from placement import TableInfo, load_hardware, parse_bytes, plan_tables  # noqa: E402
+from report import auc, write_outputs  # noqa: E402
+
+from torchrec_mtrains import Tier  # noqa: E402
+
+STEPS = 30
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # torchx starts torchrun
+    return env
+
+
+def _torchx(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [os.path.join(os.path.dirname(sys.executable), "torchx"), "run", "-s", "local_cwd", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _metrics(out) -> dict:
+    with open(os.path.join(out, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dlrm") / "out"
+    proc = _torchx("examples/dlrm/component.py:dlrm", "--", "--steps", str(STEPS), "--out", str(out))
+    assert "Job finished: SUCCEEDED" in proc.stderr + proc.stdout, proc.stderr[-4000:]
+    return _metrics(out), out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_component_launch_learns(default_run) -> None:
+    m, out = default_run
+    losses = m["losses"]
+    assert len(losses) == STEPS and m["world_size"] == 2
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.05
+    assert m["auc"] > 0.65
+    assert m["qps"] > 0
+    assert {"SSD", "SCM", "DRAM"} <= set(m["placement"].values())  # the default budget needs SCM and SSD
+    tiered = {t for t, tier in m["placement"].items() if tier in ("SSD", "SCM")}
+    assert set(m["hit_rate"]) == tiered and all(0 < h <= 1 for h in m["hit_rate"].values())
+    assert (out / "summary.txt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_resume_continues_exactly(default_run, tmp_path) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    first = _torchx("dist.ddp", "-j", "1x2", "--script", "examples/dlrm/train.py", "--",
+                    "--steps", "15", "--checkpoint-every", "15", "--checkpoint-dir", ckpt, "--out", str(tmp_path / "a"))
+    assert "SUCCEEDED" in first.stderr + first.stdout, first.stderr[-4000:]
+    second = _torchx("dist.ddp", "-j", "1x2", "--script", "examples/dlrm/train.py", "--",
+                     "--steps", str(STEPS), "--resume", "--checkpoint-dir", ckpt, "--out", str(tmp_path / "b"))
+    assert "SUCCEEDED" in second.stderr + second.stdout, second.stderr[-4000:]
+    resumed = _metrics(tmp_path / "b")
+    assert resumed["resumed_from"] == 15
+    assert resumed["losses"] == default_run[0]["losses"]  # bit-identical to the uninterrupted run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, message", [
+    (["--no-such-flag"], "unrecognized arguments"),
+    (["--hardware", "dram-only"], "cannot hold the model"),
+    (["--data-dir", "."], "no Criteo files"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), *args, "--out", str(out)],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert not out.exists() and os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------- fast ----
+TABLES = [TableInfo("big", 2_000_000, 32), TableInfo("mid", 500_000, 32), TableInfo("small", 10_000, 32)]
+
+
+def test_placement_rule_fills_dram_then_scm_and_ssd(tmp_path) -> None:
+    hw, _ = load_hardware("cpu-node")
+    params, rows = plan_tables(TABLES, 1, hw, parse_bytes("64MiB"), str(tmp_path))
+    assert params["small"] is None
+    assert params["big"].tier is Tier.SSD and params["mid"].tier is Tier.SCM
+    assert [r["table"] for r in rows] == ["big", "mid", "small"]
+    everything = plan_tables(TABLES, 1, hw, parse_bytes("4GiB"), str(tmp_path))[0]
+    assert all(p is None for p in everything.values())
+
+
+def test_placement_errors_name_the_problem(tmp_path) -> None:
+    hw, _ = load_hardware("dram-only")
+    with pytest.raises(ValueError, match="cannot hold the model: table big"):
+        plan_tables(TABLES, 1, hw, parse_bytes("64MiB"), str(tmp_path))
+    with pytest.raises(ValueError, match="row caches"):
+        plan_tables(TABLES, 1, load_hardware("cpu-node")[0], parse_bytes("1MiB"), str(tmp_path))
+
+
+def test_hardware_yaml(tmp_path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("name: n\ntiers:\n  dram: {capacity_gb: 1}\n  ssd: {capacity_gb: 10, path: /nvme/x}\n")
+    hw, paths = load_hardware(str(path))
+    assert set(hw.tiers) == {Tier.DRAM, Tier.SSD} and paths == {Tier.SSD: "/nvme/x"}
+    params, _ = plan_tables(TABLES, 1, hw, parse_bytes("64MiB"), str(tmp_path), paths)
+    assert params["big"].tier is Tier.SSD and params["big"].storage_dir == "/nvme/x"
+    path.write_text("tiers:\n  tape: {capacity_gb: 1}\n")
+    with pytest.raises(ValueError, match="unknown tier 'tape'"):
+        load_hardware(str(path))
+
+
+def test_auc_matches_pairwise_definition() -> None:
+    rng = np.random.default_rng(0)
+    scores = np.round(rng.standard_normal(300), 1)  # ties
+    labels = (rng.random(300) < 0.4).astype(float)
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    pairwise = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (pos.size * neg.size)
+    assert auc(scores, labels) == pytest.approx(pairwise)
+    assert np.isnan(auc(scores, np.zeros(300)))
+
+
+def test_outputs_replace_the_directory_at_once(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    metrics = {"losses": [0.7, 0.6], "hit_rate": {"t": 0.9}, "placement": {"t": "SSD"}, "auc_curve": []}
+    write_outputs(str(out), metrics, "summary")
+    assert not (out / "stale.txt").exists() and _metrics(out)["losses"] == [0.7, 0.6]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
