@@ -1,7 +1,7 @@
 """examples/dlrm: the torchx launch of the tiered DLRM, checkpoint/resume, bad input.
 
 The slow tests launch the example as a user does (torchx, local_cwd scheduler, 2 ranks on
-gloo), about 1.5 minutes on 2 cores together. The fast ones check the placement rule, the
+gloo), about 1.5 minutes on 2 cores together. The fast ones check the planner's placement, the
 AUC and the atomic output on their own.
 """
 
@@ -19,7 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "dlrm")
 sys.path.insert(0, EXAMPLE)
 
-from placement import TableInfo, load_hardware, parse_bytes, plan_tables  # noqa: E402
+import torch  # noqa: E402
+from placement import (TableInfo, check_fits, is_tiered, load_hardware, make_planner, parse_bytes,  # noqa: E402
+                       placement_rows, tier_of)
 from report import auc, write_outputs  # noqa: E402
 
 from torchrec_mtrains import Tier  # noqa: E402
@@ -84,7 +86,8 @@ def test_resume_continues_exactly(default_run, tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--no-such-flag"], "unrecognized arguments"),
-    (["--hardware", "dram-only"], "cannot hold the model"),
+    (["--dram-budget", "1KiB"], "cannot hold the model"),
+    (["--hardware", "gpu-scm-node"], "cuda node"),
     (["--data-dir", "."], "no Criteo files"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message) -> None:
@@ -97,37 +100,44 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message) -> None:
 
 
 # ---------------------------------------------------------------------------- fast ----
-TABLES = [TableInfo("big", 2_000_000, 32), TableInfo("mid", 500_000, 32), TableInfo("small", 10_000, 32)]
+ZIPF = {"pooling_factor": 8.0, "zipf_alpha": 0.9}
+TABLES = [TableInfo("big", 2_000_000, 32), TableInfo("wide", 1_000_000, 32, ZIPF), TableInfo("small", 10_000, 32)]
 
 
-def test_placement_rule_fills_dram_then_scm_and_ssd(tmp_path) -> None:
-    hw, _ = load_hardware("cpu-node")
-    params, rows = plan_tables(TABLES, 1, hw, parse_bytes("64MiB"), str(tmp_path))
-    assert params["small"] is None
-    assert params["big"].tier is Tier.SSD and params["mid"].tier is Tier.SCM
-    assert [r["table"] for r in rows] == ["big", "mid", "small"]
-    everything = plan_tables(TABLES, 1, hw, parse_bytes("4GiB"), str(tmp_path))[0]
-    assert all(p is None for p in everything.values())
+def _place(hardware, budget: str, target_qps=None, storage="/tmp/x"):
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                           feature_names=[f"f_{t.name}"]) for t in TABLES], device=torch.device("meta"))
+    planner = make_planner(hardware, TABLES, 1, 512, parse_bytes(budget), storage, target_qps)
+    check_fits(planner, ebc, budget)
+    return planner
+
+
+def test_planner_places_by_budget_and_bandwidth() -> None:
+    planner = _place(load_hardware("local"), "64MiB")
+    tiers = tier_of(planner)
+    assert tiers["small"] == "DRAM" and not is_tiered(planner, "small")
+    assert tiers["big"] == "SSD"  # cold: the SSD feeds it
+    rows = placement_rows(planner)
+    assert [r["table"] for r in rows] == ["big", "wide", "small"]
+    everything = _place(load_hardware("local"), "4GiB")
+    assert not any(is_tiered(everything, t.name) for t in TABLES)
 
 
 def test_placement_errors_name_the_problem(tmp_path) -> None:
-    hw, _ = load_hardware("dram-only")
-    with pytest.raises(ValueError, match="cannot hold the model: table big"):
-        plan_tables(TABLES, 1, hw, parse_bytes("64MiB"), str(tmp_path))
-    with pytest.raises(ValueError, match="row caches"):
-        plan_tables(TABLES, 1, load_hardware("cpu-node")[0], parse_bytes("1MiB"), str(tmp_path))
-
-
-def test_hardware_yaml(tmp_path) -> None:
-    path = tmp_path / "node.yaml"
-    path.write_text("name: n\ntiers:\n  dram: {capacity_gb: 1}\n  ssd: {capacity_gb: 10, path: /nvme/x}\n")
-    hw, paths = load_hardware(str(path))
-    assert set(hw.tiers) == {Tier.DRAM, Tier.SSD} and paths == {Tier.SSD: "/nvme/x"}
-    params, _ = plan_tables(TABLES, 1, hw, parse_bytes("64MiB"), str(tmp_path), paths)
-    assert params["big"].tier is Tier.SSD and params["big"].storage_dir == "/nvme/x"
-    path.write_text("tiers:\n  tape: {capacity_gb: 1}\n")
-    with pytest.raises(ValueError, match="unknown tier 'tape'"):
-        load_hardware(str(path))
+    only_dram = tmp_path / "dram.yaml"
+    only_dram.write_text(
+        "name: dram-only\ncompute_device: cpu\nranks_per_node: 1\n"
+        "compute: {tbe_bandwidth: 1GB/s}\n"
+        "tiers:\n  dram: {capacity: 64MiB, read_bandwidth: 5GB/s, write_bandwidth: 5GB/s}\n")
+    with pytest.raises(ValueError, match="cannot hold the model.*no tier holds big"):
+        _place(load_hardware(str(only_dram)), "64MiB")
+    with pytest.raises(ValueError, match="cuda node"):
+        load_hardware("gpu-scm-node")
+    with pytest.raises(ValueError, match="--dram-budget must be > 0"):
+        make_planner(load_hardware("local"), TABLES, 1, 512, 0, None)
 
 
 def test_auc_matches_pairwise_definition() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-from typing import Dict, Iterator, List, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_mtrains.stats import DLRM_DATASETS_REUSE, SyntheticTable, generate_dlrm_batch
 
 __all__ = ["DENSE_FEATURES", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES", "criteo_files",
-           "criteo_batches"]
+           "criteo_batches", "table_locality"]
 
 DENSE_FEATURES = 13
 CALIBRATION_STEPS = 200  # the histogram is matched over this many steps...
@@ -38,17 +38,22 @@ CALIBRATION_BATCH = 1024  # ...of this many samples (the default run: 2 ranks x 
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticTableSpec:
-    """One synthetic table (one feature): rows and mean ids per sample."""
+    """One synthetic table (one feature): rows, mean ids per sample, and its skew: the
+    dlrm_datasets reuse histogram, or Zipf(zipf_alpha) over all rows when given."""
 
     name: str
     num_rows: int
     pooling_factor: float = 1.0
+    zipf_alpha: Optional[float] = None
 
 
-# Mixed sizes, 10K to 2M rows; the large ones multi-hot (several ids per sample).
+# Mixed sizes, 10K to 2M rows; the large ones multi-hot (several ids per sample). Most
+# follow the published reuse histogram (small working sets); two follow Zipf laws with
+# large working sets, whose misses the SSD alone cannot feed at training speed.
 DEFAULT_TABLES: Sequence[SyntheticTableSpec] = (
     SyntheticTableSpec("t0_2m", 2_000_000, 4.0),
-    SyntheticTableSpec("t1_1m", 1_000_000, 2.0),
+    SyntheticTableSpec("t1_1m", 1_000_000, 8.0, zipf_alpha=0.9),
+    SyntheticTableSpec("t10_1m", 1_000_000, 4.0, zipf_alpha=1.1),
     SyntheticTableSpec("t2_500k", 500_000, 2.0),
     SyntheticTableSpec("t3_200k", 200_000, 1.0),
     SyntheticTableSpec("t4_100k", 100_000, 1.0),
@@ -60,19 +65,38 @@ DEFAULT_TABLES: Sequence[SyntheticTableSpec] = (
 )
 
 
+def table_locality(spec: SyntheticTableSpec, global_batch: int) -> Dict[str, object]:
+    """The table's locality as the planner reads it (MODEL.yaml's table keys): its Zipf
+    exponent, or the reuse histogram the sampler is calibrated to, over the calibration
+    trace's length in steps."""
+    if spec.zipf_alpha is not None:
+        return {"pooling_factor": spec.pooling_factor, "zipf_alpha": spec.zipf_alpha}
+    return {
+        "pooling_factor": spec.pooling_factor,
+        "reuse_histogram": [float(x) for x in DLRM_DATASETS_REUSE],
+        "reuse_trace_steps": CALIBRATION_STEPS * CALIBRATION_BATCH / global_batch,
+    }
+
+
 class _TableSampler:
     """Row probabilities of one table, calibrated to the reuse histogram, and row effects."""
 
     def __init__(self, spec: SyntheticTableSpec, seed: int) -> None:
         lookups_per_sample = spec.pooling_factor
-        ref = generate_dlrm_batch(
-            [SyntheticTable(spec.num_rows, lookups_per_sample, reuse_histogram=DLRM_DATASETS_REUSE)],
-            CALIBRATION_STEPS * CALIBRATION_BATCH, seed=seed,
-        )
-        rows, counts = np.unique(ref.indices.numpy(), return_counts=True)
-        self.rows = rows.astype(np.int64)
-        self.cdf = np.cumsum(counts, dtype=np.float64) / counts.sum()
-        self.effect = np.random.default_rng(seed + 1).standard_normal(rows.size).astype(np.float32)
+        if spec.zipf_alpha is not None:  # rank r (a random row) has probability ~ r^-alpha
+            rng = np.random.default_rng(seed)
+            self.rows = rng.permutation(spec.num_rows).astype(np.int64)
+            p = np.arange(1, spec.num_rows + 1, dtype=np.float64) ** -spec.zipf_alpha
+            self.cdf = np.cumsum(p) / p.sum()
+        else:
+            ref = generate_dlrm_batch(
+                [SyntheticTable(spec.num_rows, lookups_per_sample, reuse_histogram=DLRM_DATASETS_REUSE)],
+                CALIBRATION_STEPS * CALIBRATION_BATCH, seed=seed,
+            )
+            rows, counts = np.unique(ref.indices.numpy(), return_counts=True)
+            self.rows = rows.astype(np.int64)
+            self.cdf = np.cumsum(counts, dtype=np.float64) / counts.sum()
+        self.effect = np.random.default_rng(seed + 1).standard_normal(self.rows.size).astype(np.float32)
         self.pooling_factor = spec.pooling_factor
 
     def sample(self, rng: np.random.Generator, batch: int):

@@ -27,8 +27,9 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from data import DEFAULT_TABLES, DENSE_FEATURES, SyntheticData, criteo_batches, criteo_files  # noqa: E402
-from placement import DEFAULT_PROFILE, TableInfo, load_hardware, parse_bytes, plan_tables  # noqa: E402
+from data import DEFAULT_TABLES, DENSE_FEATURES, SyntheticData, criteo_batches, criteo_files, table_locality  # noqa: E402
+from placement import (DEFAULT_PROFILE, TableInfo, check_fits, is_tiered, load_hardware, make_planner,  # noqa: E402
+                       parse_bytes, placement_rows, tier_of)
 from report import auc, format_table, write_outputs  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -49,9 +50,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--embedding-dim", type=int, default=32, help="dim of every table (multiple of 4)")
     p.add_argument("--dcn", action="store_true", help="DLRM-DCN (cross layers) instead of DLRM's dot interaction")
     p.add_argument("--hardware", default=DEFAULT_PROFILE,
-                   help="hardware profile name (cpu-node, cpu-no-scm, dram-only) or a YAML file")
+                   help="hardware profile: a shipped name (local) or a YAML file (`mtrains probe-hw --out F`)")
     p.add_argument("--dram-budget", default=DEFAULT_DRAM_BUDGET,
                    help="DRAM per rank the embeddings may use (FUSED tables + row caches), e.g. 64MiB, 2GB")
+    p.add_argument("--target-qps", type=float, default=None,
+                   help="throughput the planner must feed from the tiers (samples/s, all ranks; default: as fast "
+                        "as the embedding compute, i.e. tiers must not slow the step)")
     p.add_argument("--storage-dir", default=None,
                    help="where SCM/SSD table files go when the profile names no path (default: a temp dir)")
     p.add_argument("--data-dir", default=None, help="Criteo in TorchRec's npy form (default: synthetic data)")
@@ -97,7 +101,9 @@ def table_infos(args: argparse.Namespace) -> Tuple[List[TableInfo], Optional[Lis
         except ValueError as e:
             raise BadInput(str(e)) from None
         return [TableInfo(f"t_{n}", CRITEO_ROWS, args.embedding_dim) for n in DEFAULT_CAT_NAMES], prefixes
-    return [TableInfo(t.name, t.num_rows, args.embedding_dim) for t in DEFAULT_TABLES], None
+    world = dist_env()[1]
+    return [TableInfo(t.name, t.num_rows, args.embedding_dim, table_locality(t, args.batch_size * world))
+            for t in DEFAULT_TABLES], None
 
 
 def build_model(args: argparse.Namespace, tables: List[TableInfo], features: List[str]):
@@ -115,7 +121,7 @@ def build_model(args: argparse.Namespace, tables: List[TableInfo], features: Lis
     return DLRMTrain(net)
 
 
-def shard(args, model, params, world_size: int):
+def shard(args, model, planner):
     """DMP with our sharder; returns (dmp, dense optimizer, combined optimizer)."""
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.types import ShardingPlan
@@ -124,13 +130,13 @@ def shard(args, model, params, world_size: int):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, tiered_sharding_plan
+    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
 
     ebc = model.model.sparse_arch.embedding_bag_collection
     apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.05})
-    plan = tiered_sharding_plan(ebc, params, world_size)
-    dmp = DistributedModelParallel(model, plan=ShardingPlan({"model.sparse_arch.embedding_bag_collection": plan}),
-                                   sharders=[TieredEmbeddingBagCollectionSharder()], device=torch.device("cpu"))
+    sharders = [TieredEmbeddingBagCollectionSharder()]
+    plan = planner.plan(model, sharders)  # the same on every rank: a pure function of its inputs
+    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=torch.device("cpu"))
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                   lambda ps: torch.optim.Adagrad(ps, lr=0.02))
     return dmp, dense, CombinedOptimizer([dmp.fused_optimizer, dense])
@@ -236,20 +242,22 @@ class Trainer:
         return (len(self.step_times) - 1) * self.args.batch_size * self.world / span if span > 0 else float("nan")
 
 
-def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object, Dict, List[Dict]]:
+def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
     """Everything that can fail on user input, before any process group: exits 2 on error."""
     rank, world, _ = dist_env()
     tables, prefixes = table_infos(args)
     try:
-        hardware, paths = load_hardware(args.hardware)
-        params, rows = plan_tables(tables, world, hardware, args.dram_budget_bytes, "<storage-dir>", paths)
+        hardware = load_hardware(args.hardware)
+        planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, "<storage-dir>",
+                               args.target_qps)
+        check_fits(planner, build_model(args, tables, [f"f_{t.name}" for t in tables]), args.dram_budget)
     except ValueError as e:
         raise BadInput(str(e)) from None
     if args.resume and latest_checkpoint(args.checkpoint_dir) is None:
         raise BadInput(f"--resume: no complete checkpoint in {args.checkpoint_dir!r}")
     if args.device == "cuda":
         raise BadInput("--device cuda: the tiered kernel is CPU-only in this build (see docs/sharding.md)")
-    return tables, prefixes, hardware, paths, rows
+    return tables, prefixes, hardware
 
 
 def storage_root(args, rank: int) -> Tuple[str, bool]:
@@ -264,7 +272,7 @@ def storage_root(args, rank: int) -> Tuple[str, bool]:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        tables, prefixes, hardware, paths, _ = prepare(args)
+        tables, prefixes, hardware = prepare(args)
     except BadInput as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -276,7 +284,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     root, made = storage_root(args, rank)
     try:
-        return train(args, tables, prefixes, hardware, paths, root, rank, world)
+        return train(args, tables, prefixes, hardware, root, rank, world)
     finally:
         dist.barrier()
         if made and rank == 0:
@@ -284,11 +292,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         dist.destroy_process_group()
 
 
-def train(args, tables, prefixes, hardware, paths, root: str, rank: int, world: int) -> int:
+def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) -> int:
     t0 = time.perf_counter()
-    params, rows = plan_tables(tables, world, hardware, args.dram_budget_bytes, root, paths)
-    placement = {r["table"]: ("DRAM" if params[r["table"]] is None else params[r["table"]].tier.name) for r in rows}
-    tiered = {t: tier for t, tier in placement.items() if params[t] is not None}
+    planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps)
     if prefixes:
         from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 
@@ -297,7 +303,9 @@ def train(args, tables, prefixes, hardware, paths, root: str, rank: int, world: 
         data = SyntheticData(DEFAULT_TABLES, args.batch_size, args.seed)
         features = data.feature_names()
     torch.manual_seed(args.seed)
-    dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), params, world)
+    dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), planner)
+    placement, rows = tier_of(planner), placement_rows(planner)
+    tiered = {t: tier for t, tier in placement.items() if is_tiered(planner, t)}
     trainer = Trainer(args, dmp, dense_opt, optimizer, tiered, rank, world)
     start = 0
     if args.resume:
@@ -307,8 +315,9 @@ def train(args, tables, prefixes, hardware, paths, root: str, rank: int, world: 
             print(f"train.py: warning: checkpoint seed {trainer.state.get('seed')} != --seed {args.seed}",
                   file=sys.stderr)
     if rank == 0:
-        print(f"placement ({hardware.name}, --dram-budget {args.dram_budget} per rank, {world} ranks):\n"
-              + format_table(rows), flush=True)
+        p = planner.last_placement
+        print(f"placement by StorageAwarePlanner ({hardware.name}, --dram-budget {args.dram_budget} per rank, "
+              f"{world} ranks; predicted {p.predicted_qps:,.0f} QPS):\n" + format_table(rows), flush=True)
     if prefixes:
         import itertools
 
@@ -329,6 +338,7 @@ def train(args, tables, prefixes, hardware, paths, root: str, rank: int, world: 
         "auc_curve": trainer.state["auc_curve"], "steps": args.steps, "resumed_from": start,
         "world_size": world, "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
         "dram_budget_bytes_per_rank": args.dram_budget_bytes, "dcn": args.dcn,
+        "predicted_qps": planner.last_placement.predicted_qps,
         "data": "criteo" if prefixes else "synthetic", "wall_seconds": time.perf_counter() - t0,
     }
     if rank == 0:

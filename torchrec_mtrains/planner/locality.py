@@ -103,7 +103,7 @@ def zipf_locality(num_rows: int, lookups_per_step: float, alpha: float, points: 
 
 @functools.lru_cache(maxsize=1024)
 def histogram_locality(
-    num_rows: int, lookups_per_step: float, shares: Tuple[float, ...], trace_steps: int = 1000, points: int = 64
+    num_rows: int, lookups_per_step: float, shares: Tuple[float, ...], trace_steps: float = 1000, points: int = 64
 ) -> LocalityCurve:
     """The curve of a table whose rows are reused as a reuse histogram says (share of the
     rows a trace touches by lookup count, dlrm_datasets' bins), over a trace of

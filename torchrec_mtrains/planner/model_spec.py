@@ -16,7 +16,7 @@ __all__ = ["ModelSpec", "ModelTable", "load_model_spec", "parse_model_spec"]
 
 _TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
-               "trace", "trace_table", "count"}
+               "reuse_trace_steps", "trace", "trace_table", "count"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
 _DTYPE_BYTES = {"fp32": 4, "fp16": 2}
 _OPTIMIZERS = {"rowwise_adagrad": "row", "adagrad": "elem", "sgd": "none"}
@@ -43,7 +43,7 @@ class ModelTable:
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     batch_size: int  # global, per step
-    target_qps: float
+    target_qps: Optional[float]  # None (planner use only): no target
     dtype: str
     optimizer: str
     tables: Tuple[ModelTable, ...]
@@ -120,7 +120,8 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
                 or any(isinstance(s, bool) or not isinstance(s, (int, float)) or s < 0 for s in shares)
                 or sum(shares) <= 0):
             raise ValueError(f"{where}.reuse_histogram must be 16 shares >= 0 (bins (0,1] .. 16K+), got {shares!r}")
-        curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares))
+        steps = _number(f"{where}.reuse_trace_steps", entry.get("reuse_trace_steps", 1000))
+        curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares), float(steps))
     rb = row_bytes(dim, dtype, optimizer)
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
     return [ModelTable(n, rows, dim, pooling, rb, curve) for n in names]

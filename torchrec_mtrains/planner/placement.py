@@ -4,14 +4,16 @@
    GPU node, then the compute tier) with the smallest cache the kernel can run with (two
    steps' distinct rows: a step in flight and the one being prefetched); a table whose
    smallest cache would be half of it, or of at most 4 MiB, stays whole in the compute tier.
-2. While a tier's device time per step exceeds the budget (the step time at the target
-   QPS, all ranks together; without a target, the compute time), the best action on a
+2. While a tier's device time per step exceeds its budget (half the step time at the
+   target QPS, all ranks together; without a target, half the compute time), the best action on a
    table of that tier is taken: moving it to a faster backing tier that has room and
    bandwidth (free), growing its cache to the next size, or making it whole in the compute
    tier -- whichever removes the most device time per byte of the compute tier (HBM on a
    GPU node, DRAM on a CPU node). A heap keeps this O(actions log actions).
-3. If the compute tier fills up first, the placement is infeasible at this size (with a
+   If the compute tier fills up first, the placement is infeasible at this size (with a
    target), or the best the capacity allows (without one).
+3. What the compute tier has left is then spent the same way on any remaining device time
+   (a budget that holds every table keeps every table whole in it).
 Per-rank balance is the partitioner's job; the prediction here assumes an even spread.
 """
 
@@ -30,6 +32,10 @@ __all__ = ["Placement", "PlacementError", "place", "CACHE_FRACTIONS"]
 
 CACHE_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
 _SMALL_TABLE_BYTES = 4 << 20
+MAX_TIER_UTILIZATION = 0.5
+"""Share of a step a tier's device may be busy: queues and the I/O's own CPU work (on a CPU
+node it shares the cores with compute) make a device near saturation slow the step (the
+kernel benchmark's SSD step ran 1.34x its device time when the device was the bound)."""
 _BACKING_ORDER = (Tier.SSD, Tier.SCM, Tier.DRAM)  # cheapest first
 
 
@@ -70,10 +76,12 @@ def place(
     target_qps: Optional[float] = None,
     budget_bytes: Optional[Mapping[Tier, float]] = None,
     policy: str = "lru",
+    max_tier_utilization: float = MAX_TIER_UTILIZATION,
 ) -> Placement:
     """Places ``model`` on ``world_size`` ranks of ``topo`` using ``tiers`` (default: all
     the node has); ``budget_bytes`` caps a tier's bytes for the whole job (e.g. the DRAM
-    embeddings may use). Raises PlacementError if it does not fit."""
+    embeddings may use); a tier's device may be busy for at most ``max_tier_utilization``
+    of a step. Raises PlacementError if it does not fit."""
     fast = topo.cache_tier()
     tiers = list(tiers) if tiers is not None else list(topo.tiers)
     if fast not in tiers or fast not in topo.tiers:
@@ -85,7 +93,7 @@ def place(
     compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
     dense_s = topo.compute.dense_s_per_sample * model.batch_size
     step_budget = model.batch_size / qps if qps else (compute_s + dense_s) / world_size
-    io_budget = step_budget * world_size  # device seconds per step, all ranks
+    io_budget = step_budget * world_size * max_tier_utilization  # device seconds per step, all ranks
 
     sizes = {t.name: _cache_sizes(t) for t in model.tables}
     state: Dict[str, Tuple[Tier, int]] = {}  # table -> (tier, cache size index; -1 = whole in fast)
@@ -128,8 +136,10 @@ def place(
     if used[fast] > caps[fast]:
         raise _no_room(model, topo, world_size, caps, used, qps, homeless=homeless)
 
+    limit = [io_budget]  # phase 2: the budget; phase 3: any device time at all
+
     def over(t: Tier) -> bool:
-        return io.get(t, 0.0) > io_budget * (1 + 1e-9)
+        return io.get(t, 0.0) > limit[0] * (1 + 1e-9)
 
     def actions(table: ModelTable):
         tier, k = state[table.name]
@@ -163,9 +173,11 @@ def place(
                 seq += 1
                 heapq.heappush(heap, (-g / max(extra, 1.0), name, seq, tier, k))
 
-    for table in model.tables:
-        push(table)
-    while heap and any(over(t) for t in io):  # 2. relieve tiers over their budget
+    def relieve() -> None:
+        while heap and any(over(t) for t in io):
+            step_once()
+
+    def step_once() -> None:
         _, name, _, tier, k = heapq.heappop(heap)
         table = by_name[name]
         old_tier, old_k = state[name]
@@ -174,7 +186,7 @@ def place(
             and backing.index(tier) > backing.index(old_tier)
         )
         if old_k < 0 or not valid or gain(name, tier, k) <= 0:
-            continue  # made stale by an earlier action
+            return  # made stale by an earlier action
         apply(table, old_tier, old_k, -1.0)
         apply(table, tier, k, 1.0)
         fits = all(used[t] <= caps[t] * (1 + 1e-9) for t in used)
@@ -182,12 +194,23 @@ def place(
         if not fits or moved_onto_busy:
             apply(table, tier, k, -1.0)
             apply(table, old_tier, old_k, 1.0)
-            continue
+            return
         state[name] = (tier, k)
         push(table)
+
+    for table in model.tables:  # 2. relieve tiers over their budget
+        push(table)
+    relieve()
     busy = [t for t in io if over(t)]
     if busy and qps:
         raise _no_room(model, topo, world_size, caps, used, qps, busy)
+    # 3. Spend what the compute tier has left on the remaining device time: it costs
+    # nothing (the bytes are the job's anyway) and shortens the step.
+    limit[0] = 0.0
+    heap.clear()
+    for table in model.tables:
+        push(table)
+    relieve()
     placed = {name: (tier, 0.0 if k < 0 else sizes[name][k]) for name, (tier, k) in state.items()}
     return _finish(model, topo, world_size, placed, used, caps, policy)
 
@@ -208,7 +231,7 @@ def _no_room(model, topo, world_size, caps, used, qps, busy=(), homeless=()) -> 
 def _finish(model, topo, world_size, placed, used, caps, policy) -> Placement:
     tables, costs = {}, {}
     compute, io = 0.0, {}
-    qps = model.target_qps
+    qps = model.target_qps or 0.0
     for table in model.tables:
         tier, rows = placed[table.name]
         cost = table_cost(table, tier, rows, topo, model.batch_size, policy)

@@ -5,6 +5,7 @@ TieredParameterSharding entries for TieredEmbeddingBagCollectionSharder."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch.distributed as dist
@@ -96,7 +97,8 @@ class StorageAwarePlanner(ShardingPlanner):
             raise ValueError("the module has no EmbeddingBagCollection to plan")
         doc = {"batch_size": self.batch_size, "target_qps": self.target_qps or 1.0,
                "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.optimizer, "tables": tables}
-        return parse_model_spec(doc)
+        spec = parse_model_spec(doc)
+        return dataclasses.replace(spec, target_qps=self.target_qps)  # None: no target, place for speed
 
     def place(self, module: nn.Module) -> Placement:
         model = self.model_spec(module)
