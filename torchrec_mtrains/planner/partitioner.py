@@ -1,8 +1,8 @@
 """Partitioner: spreads placed tables over ranks, balancing each rank's predicted step.
 
-Tables go whole to one rank (table-wise), largest load first onto the rank whose step grows
-least, within each rank's capacity on the table's tier (and on the compute tier for its
-cache). A table larger than any rank's room is split by rows over all ranks (row-wise).
+Tables go whole to one rank (table-wise), the largest compute-tier footprint first, onto the
+rank whose step grows least, within each rank's capacity on the table's tier (and on the
+compute tier for its cache). A table larger than any rank's room is split by rows over all ranks (row-wise).
 """
 
 from __future__ import annotations
@@ -51,8 +51,13 @@ def partition(model: ModelSpec, placement: Placement, topo: TieredTopology) -> T
         c = placement.costs[name]
         return max([c.compute_s] + list(c.io_s.values()))
 
+    def fast_bytes(name: str) -> float:
+        where, table = placement.tables[name], by_name[name]
+        return where.cache_rows * table.row_bytes if where.cache_rows else (table.bytes if where.tier == fast else 0.0)
+
     out: Dict[str, RankAssignment] = {}
-    for name in sorted(by_name, key=load, reverse=True):
+    # Largest compute-tier footprint first (bin packing), then the heaviest load.
+    for name in sorted(by_name, key=lambda n: (fast_bytes(n), load(n)), reverse=True):
         table, where, cost = by_name[name], placement.tables[name], placement.costs[name]
         need = {where.tier: table.bytes}
         if where.cache_rows:

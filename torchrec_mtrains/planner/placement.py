@@ -147,7 +147,7 @@ def place(
             return
         now = cost(table, tier, k).io_s
         relief = sum(s for t, s in now.items() if over(t))
-        if relief <= 0:
+        if relief <= 0 and limit[0] > 0.0:
             return
         for faster in backing[backing.index(tier) + 1:] if tier in backing else []:
             yield (table.name, faster, k, 0.0)
@@ -158,9 +158,11 @@ def place(
     def gain(name: str, tier: Tier, k: int) -> float:
         table = by_name[name]
         old_tier, old_k = state[name]
-        before = cost(table, old_tier, old_k).io_s
-        after = cost(table, tier, k).io_s
-        return sum(s for t, s in before.items() if over(t)) - sum(s for t, s in after.items() if over(t))
+        before, after = cost(table, old_tier, old_k), cost(table, tier, k)
+        saved = sum(s for t, s in before.io_s.items() if over(t)) - sum(s for t, s in after.io_s.items() if over(t))
+        if limit[0] == 0.0:  # phase 3: the cache's own compute counts too
+            saved += before.compute_s - after.compute_s
+        return saved
 
     heap: List[Tuple[float, str, int, Tier, int]] = []
     seq = 0

@@ -19,7 +19,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_mtrains.planner.model_spec import ModelSpec, parse_model_spec
 from torchrec_mtrains.planner.partitioner import RankAssignment, partition
-from torchrec_mtrains.planner.placement import Placement, place
+from torchrec_mtrains.planner.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import TieredTopology
 from torchrec_mtrains.types import Tier
 
@@ -107,6 +107,25 @@ class StorageAwarePlanner(ShardingPlanner):
         self.last_model, self.last_placement = model, placement
         return placement
 
+    def _place_and_partition(self, module: nn.Module):
+        """Placement is over the job's pooled capacity; when the tables then do not pack
+        into the ranks' shares, it is redone with less of the compute tier."""
+        fast = self.topology.cache_tier()
+        full = dict(self.budget_bytes)
+        pooled = full.get(fast, self.topology.tiers[fast].capacity_bytes * self.world_size)
+        error: Optional[PlacementError] = None
+        for share in (1.0, 0.9, 0.8, 0.65, 0.5):
+            self.budget_bytes = {**full, fast: pooled * share}
+            try:
+                placement = self.place(module)
+                assignment, rank_steps = partition(self.last_model, placement, self.topology)
+                return placement, assignment, rank_steps
+            except PlacementError as e:
+                error = error or e
+            finally:
+                self.budget_bytes = full
+        raise error
+
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParameterSharding, TieredParams
 
@@ -116,8 +135,7 @@ class StorageAwarePlanner(ShardingPlanner):
                 f"runs on the CPU); {self.topology.name} is {self.topology.compute_device}: use "
                 "`mtrains plan` to size such a cluster"
             )
-        placement = self.place(module)
-        assignment, rank_steps = partition(self.last_model, placement, self.topology)
+        placement, assignment, rank_steps = self._place_and_partition(module)
         self.last_assignment, self.last_rank_step_s = assignment, rank_steps
         fast = self.topology.cache_tier()
         sharder = next((s for s in sharders if isinstance(s, TieredEmbeddingBagCollectionSharder)),
