@@ -67,8 +67,8 @@ def _gib(b: float) -> str:
     return f"{b / 2**30:,.1f} GiB"
 
 
-def _print(report: Dict[str, Any], out=sys.stdout) -> None:
-    w = out.write
+def _print(report: Dict[str, Any], out=None) -> None:
+    w = (out or sys.stdout).write
     w(f"model: {len(report['tables'])} tables, {_gib(report['embedding_bytes'])} of embeddings; batch "
       f"{report['batch_size']:,}, target {report['target_qps']:,.0f} QPS; hardware {report['hardware']}\n\n")
     w(f"{'table':<24}{'rows':>14}{'dim':>5}{'size':>13}  {'tier':<5}{'cache rows':>12}{'hit rate':>9}{'tier GB/s':>10}\n")

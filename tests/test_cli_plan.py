@@ -1,0 +1,51 @@
+"""`mtrains plan`: the report, its JSON keys, plots, and bad input (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchrec_mtrains.cli import main
+
+MODELS = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "models"
+
+
+def test_plan_json_has_the_contract_keys(capsys, tmp_path: Path) -> None:
+    assert main(["plan", "--model", str(MODELS / "prod_a.yaml"), "--hardware", "gpu-scm-node", "--json",
+                 "--plot", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"nodes", "nodes_hbm_ddr_only", "node_ratio", "predicted_qps", "tables"} <= set(report)
+    assert report["nodes"] <= report["nodes_hbm_ddr_only"]
+    assert report["node_ratio"] == pytest.approx(report["nodes_hbm_ddr_only"] / report["nodes"])
+    assert report["predicted_qps"] >= report["target_qps"]
+    assert len(report["tables"]) == 700 and {"name", "tier", "cache_rows", "hit_rate"} <= set(report["tables"][0])
+    assert {p.name for p in tmp_path.iterdir()} == {"hit_rate_curves.png", "placement.png"}
+
+
+def test_plan_prints_a_table(capsys) -> None:
+    assert main(["plan", "--model", str(MODELS / "prod_a.yaml"), "--hardware", "gpu-scm-node",
+                 "--target-qps", "500000"]) == 0
+    out = capsys.readouterr().out
+    assert "nodes with all tiers:" in out and "node ratio" in out and "per node:" in out
+
+
+@pytest.mark.parametrize(
+    "model,extra,message",
+    [
+        ("batch_size: 8\ntarget_qps: 10\ntables: [{name: t, num_embeddings: -3, embedding_dim: 8, "
+         "pooling_factor: 1, zipf_alpha: 1}]\n", [], "tables[0].num_embeddings=-3"),
+        ("batch_size: 8\ntarget_qps: 10\nflavour: x\ntables: []\n", [], "unknown keys ['flavour']"),
+        ("batch_size: 8\ntarget_qps: 10\ntables: [{name: t, num_embeddings: 100000000000, embedding_dim: 512, "
+         "pooling_factor: 1, zipf_alpha: 1}]\n", ["--max-nodes", "2"], "does not fit even 2 nodes"),
+        ("batch_size: 8\ntarget_qps: 10\ntables: [{name: t, num_embeddings: 10, embedding_dim: 8, "
+         "pooling_factor: 1, zipf_alpha: 1}]\n", ["--hardware", "no-such-profile"], "no-such-profile"),
+    ],
+)
+def test_plan_bad_input_exits_2(capsys, tmp_path: Path, model: str, extra, message: str) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(model)
+    args = ["plan", "--model", str(path), "--hardware", "gpu-scm-node", *extra]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
