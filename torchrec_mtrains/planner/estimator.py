@@ -6,7 +6,8 @@ On a backing tier behind a cache with hit rate ``h``, the ``U * (1 - h)`` misses
 from the tier and as many evicted rows are written back (training dirties every row it
 touches); the device time is the larger of bytes over bandwidth and accesses over IOPS,
 each access costing at least the tier's access unit. On a GPU node, the misses also cross
-the host-device link. The prefetch pipeline overlaps tier I/O with compute, so a rank's
+the host-device link; on a CPU node, moving them (copies, checksums, I/O submission) also
+takes the rank's CPU. The prefetch pipeline overlaps tier I/O with compute, so a rank's
 step takes the larger of its compute and its busiest tier.
 """
 
@@ -72,6 +73,8 @@ def table_cost(
     compute += spec.step_overhead_s + spec.cache_row_s * unique
     dev = topo.tiers[tier]
     io[tier] = _device_seconds(dev, misses, table.row_bytes, False) + _device_seconds(dev, misses, table.row_bytes, True)
+    if topo.compute_device == "cpu":  # moving rows takes the rank's own cores
+        compute += 2 * misses * dev.row_cpu_s
     if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
         link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
         io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier

@@ -140,7 +140,7 @@ def probe_dram(cfg: ProbeConfig) -> tuple[TierSpec, Dict[str, str]]:
     rows = cfg.table_bytes // ROW_BYTES
     store = DramStore(rows, ROW_DIM, state_dim=1)
     _fill(store, rows)
-    reads, writes = _row_io_rates(store, rows, 16384, cfg.seconds)
+    reads, writes, _ = _row_io_rates(store, rows, 16384, cfg.seconds)
     del store
     table = torch.rand(rows, ROW_DIM + 1)
     batch = 65536
@@ -191,8 +191,9 @@ def _fill(store: object, rows: int, chunk: int = 65536) -> None:
 
 
 def _row_io_rates(store: object, rows: int, batch: int, seconds: float,
-                  after_write: Optional[Callable[[], None]] = None) -> tuple[float, float]:
-    """Random row reads/s and writes/s (distinct ids per batch)."""
+                  after_write: Optional[Callable[[], None]] = None) -> tuple[float, float, float]:
+    """Random row reads/s, writes/s (distinct ids per batch), and process CPU seconds per
+    row moved (user + system, all threads: what moving rows costs the host)."""
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randperm(rows, generator=gen)[:batch] for _ in range(8)]
     payload = torch.rand(batch, ROW_DIM + 1)
@@ -210,7 +211,17 @@ def _row_io_rates(store: object, rows: int, batch: int, seconds: float,
             after_write()
         return batch
 
-    return timed_rate(read, seconds), timed_rate(write, seconds)
+    cpu0, moved = time.process_time(), [0]
+
+    def counted(step: Callable[[], int]) -> Callable[[], int]:
+        def run() -> int:
+            n = step()
+            moved[0] += n
+            return n
+        return run
+
+    reads, writes = timed_rate(counted(read), seconds), timed_rate(counted(write), seconds)
+    return reads, writes, (time.process_time() - cpu0) / max(1, moved[0])
 
 
 def probe_scm(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
@@ -221,12 +232,13 @@ def probe_scm(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
     store = ScmStore(work / "probe.scm", rows, ROW_DIM, state_dim=1)
     try:
         _fill(store, rows)
-        reads, writes = _row_io_rates(store, rows, 16384, cfg.seconds)
+        reads, writes, cpu_per_row = _row_io_rates(store, rows, 16384, cfg.seconds)
     finally:
         store.close()
     what = f"ScmStore (mmap of {work.parent}), random {ROW_BYTES}-B rows of a fully written {cfg.table_bytes >> 20} MiB table"
     return TierSpec(_free_bytes(cfg), _round(reads * ROW_BYTES), _round(writes * ROW_BYTES),
-                    access_bytes=MEMORY_ACCESS_BYTES), {
+                    access_bytes=MEMORY_ACCESS_BYTES, row_cpu_s=_round(cpu_per_row)), {
+        "row_cpu_cost": "process CPU time per row read or written in the measurements above",
         "capacity": f"{cfg.storage_fraction:g} x free space of {work.parent} / {cfg.ranks_per_node} ranks (shared with ssd)",
         "read_bandwidth": f"{_rows(reads)} rows/s; {what} (page cache: no PMem/CXL here)",
         "write_bandwidth": f"{_rows(writes)} rows/s; {what}",
@@ -247,7 +259,7 @@ def probe_ssd(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
         store.close()
     store = BlockStore.open(path, dram_cache_mb=0.0, direct_io=True)  # cold: nothing cached
     try:
-        reads, writes = _row_io_rates(store, rows, 4096, cfg.seconds, after_write=store.flush)
+        reads, writes, cpu_per_row = _row_io_rates(store, rows, 4096, cfg.seconds, after_write=store.flush)
         engine = store.io_engine
     finally:
         store.close()
@@ -259,10 +271,12 @@ def probe_ssd(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
                       "into appended segments, so writes outrun reads)",
         "read_bandwidth": f"read_iops x {BLOCK_BYTES} B (one block per random row)",
         "write_bandwidth": f"write_iops x {BLOCK_BYTES} B",
+        "row_cpu_cost": "process CPU time (all threads, user + system) per row read or written above",
     }
     notes["read_iops"] += "; " + _fio_note(cfg, work)
     spec = TierSpec(_free_bytes(cfg), _round(reads * BLOCK_BYTES), _round(writes * BLOCK_BYTES),
-                    read_iops=_round(reads), write_iops=_round(writes), access_bytes=BLOCK_BYTES)
+                    read_iops=_round(reads), write_iops=_round(writes), access_bytes=BLOCK_BYTES,
+                    row_cpu_s=_round(cpu_per_row))
     return spec, notes
 
 

@@ -26,6 +26,8 @@ class TierSpec:
             bandwidth alone bounds it).
         access_bytes: the unit one row access costs at least (64 for byte-addressable
             memory, the block size for block storage).
+        row_cpu_s: host CPU seconds per row moved to or from the tier (copying, checksums,
+            I/O submission); on a CPU node it shares the rank's cores with compute.
     """
 
     capacity_bytes: float
@@ -34,6 +36,7 @@ class TierSpec:
     read_iops: Optional[float] = None
     write_iops: Optional[float] = None
     access_bytes: int = 64
+    row_cpu_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
