@@ -50,6 +50,18 @@ class _Step:
     future: "object" = None
     slots: List[torch.Tensor] = dataclasses.field(default_factory=list)  # per table
     remapped: Optional[torch.Tensor] = None
+    moves: List["_Move"] = dataclasses.field(default_factory=list)  # per table, until moved
+
+
+@dataclasses.dataclass
+class _Move:
+    """Rows one table's plan moves: loads into slots, evictions packed out of them."""
+
+    load_rows: torch.Tensor
+    load_slots: torch.Tensor
+    evict_rows: torch.Tensor
+    evicted: torch.Tensor  # packed rows of evict_rows, [n, row_width]
+    pack_seconds: float
 
 
 @dataclasses.dataclass
@@ -174,6 +186,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._broken: Optional[str] = None
         self._closed = False
         self._counters = [_TableCounters() for _ in specs]
+        self._read_bufs: List[Optional[torch.Tensor]] = [None] * len(specs)
         self._wait_seconds = 0.0
 
     # ---------------------------------------------------------------- FBGEMM TBE ----
@@ -261,36 +274,64 @@ class TieredEmbeddingBags(torch.nn.Module):
         # planned after it stay locked.
         oldest_live = max(0, self._last_forward_step)
         job.train = train = self.training
-        job.future = self._pipeline.submit(lambda: self._plan(job, oldest_live, train))
+        job.future = self._pipeline.submit(lambda: self._plan(job, oldest_live, train), lambda: self._move(job))
         return job
 
     def _plan(self, job: _Step, oldest_live: int, train: bool) -> None:
-        remapped = []
+        """Stage 1 (plan worker): remaps the batch to slots and packs the evicted rows.
+
+        Runs while the row moves of earlier steps are still in flight: the slots it
+        displaces are not locked by any live step, so none of them is being filled or
+        computed on, and their rows are copied out here, before any later load reuses them.
+        """
+        remapped, moves = [], []
         for t, part in enumerate(job.batch.per_table):
             counters = self._counters[t]
             t0 = time.perf_counter()
             slots, load_rows, load_slots, evict_rows, evict_slots = self._caches[t].plan(
                 part.contiguous(), job.step, oldest_live, train
             )
-            codec, store = self._codecs[t], self._stores[t]
-            counters.plan_seconds += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            if evict_rows.numel():
-                store.write(evict_rows, codec.gather(self._weights[t], self._states[t], evict_slots))
-                counters.rows_written_back += evict_rows.numel()
-            if load_rows.numel():
-                rows = store.read(load_rows)
-                counters.rows_loaded += load_rows.numel()
-                ready = load_slots < self._tbe_rows[t]
-                if bool(ready.all()):
-                    codec.scatter(self._weights[t], self._states[t], load_slots, rows)
-                else:  # overflow slots past the TBE: filled once it grows, between steps
-                    codec.scatter(self._weights[t], self._states[t], load_slots[ready], rows[ready])
-                    self._deferred.append(_Deferred(t, load_slots[~ready], load_rows[~ready], rows[~ready]))
-            counters.tier_seconds += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            counters.plan_seconds += t1 - t0
+            evicted = self._codecs[t].gather(self._weights[t], self._states[t], evict_slots)
+            moves.append(_Move(load_rows, load_slots, evict_rows, evicted, time.perf_counter() - t1))
             remapped.append(slots)
+        job.moves = moves
         job.slots = remapped
         job.remapped = torch.cat(remapped) if len(remapped) > 1 else remapped[0]
+
+    def _move(self, job: _Step) -> None:
+        """Stage 2 (I/O worker, in step order): writes the evicted rows back and loads the
+        missing ones into their slots, in one store call per table whose device writes
+        overlap its reads. Steps move in order, so a row evicted by one step and loaded
+        again by a later one is read after its write-back was accepted."""
+        for t, m in enumerate(job.moves):
+            counters = self._counters[t]
+            codec, store = self._codecs[t], self._stores[t]
+            t0 = time.perf_counter()
+            n_load = m.load_rows.numel()
+            if n_load or m.evict_rows.numel():
+                rows = store.exchange(m.evict_rows, m.evicted, m.load_rows, self._read_buffer(t, n_load))
+                counters.rows_written_back += m.evict_rows.numel()
+                counters.rows_loaded += n_load
+            if n_load:
+                ready = m.load_slots < self._tbe_rows[t]
+                if bool(ready.all()):
+                    codec.scatter(self._weights[t], self._states[t], m.load_slots, rows)
+                else:  # overflow slots past the TBE: filled once it grows, between steps
+                    codec.scatter(self._weights[t], self._states[t], m.load_slots[ready], rows[ready])
+                    self._deferred.append(_Deferred(t, m.load_slots[~ready], m.load_rows[~ready], rows[~ready]))
+            counters.tier_seconds += m.pack_seconds + time.perf_counter() - t0
+        job.moves = []
+
+    def _read_buffer(self, t: int, n: int) -> torch.Tensor:
+        """Rows ``[n, row_width]`` of table t's read buffer, reused across steps (only the
+        I/O worker uses it, one step at a time); grown by half again when too small."""
+        buf = self._read_bufs[t]
+        if buf is None or buf.shape[0] < n:
+            buf = torch.empty((max(n, n + n // 2), self._codecs[t].row_width), dtype=self._codecs[t].dtype)
+            self._read_bufs[t] = buf
+        return buf[:n]
 
     def _finish(self, job: _Step) -> None:
         """Waits for the job's plan; grows the TBE (between steps) if the cache overflowed."""
