@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include "common/aligned_buffer.h"
@@ -306,9 +307,17 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status
     // The queued segments are in memory and no read below touches them (their rows were
     // served by CopyBufferedRow), and ReadFromDisk uses only the log's constant layout:
     // the two may run at once, on the device's read and write rings.
-    std::thread writer([&] { *flush_beside = seg_log_->FlushQueue(); });
+    std::thread writer;
+    try {
+      writer = std::thread([&] { *flush_beside = seg_log_->FlushQueue(); });
+    } catch (const std::system_error&) {  // no thread to spare: write after the reads
+    }
     const Status st = ReadFromDisk(&disk, disk_dest);
-    writer.join();
+    if (writer.joinable()) {
+      writer.join();
+    } else {
+      *flush_beside = seg_log_->FlushQueue();
+    }
     MTRAINS_RETURN_IF_ERROR(st);
   } else {
     MTRAINS_RETURN_IF_ERROR(ReadFromDisk(&disk, disk_dest));
