@@ -356,11 +356,11 @@ class TieredEmbeddingBags(torch.nn.Module):
         t0 = time.perf_counter()
         try:
             job.future.result()
+            self._wait_seconds += time.perf_counter() - t0
             self._unpack(job)
         except BaseException as e:
             self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
             raise
-        self._wait_seconds += time.perf_counter() - t0
         if self._deferred or any(c.capacity() > r for c, r in zip(self._caches, self._tbe_rows)):
             self._drain()
             self._grow_tbe()
