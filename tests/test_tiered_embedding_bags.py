@@ -14,6 +14,7 @@ test_tiered_embedding_bags_errors.py.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,30 @@ def test_prefetch_two_batches_ahead(tmp_path: Path, tier: Tier) -> None:
     the two planned steps' rows overflow its sets."""
     _train_and_compare(tmp_path, Model(), Workload(steps=150, data_seed=2), tier, "ahead2",
                        cache_rows=8, cache_ways=4, cache_algorithm="lfu")
+
+
+@pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
+def test_plans_run_ahead_of_slow_row_moves(tmp_path: Path, tier: Tier) -> None:
+    """Every store exchange is slowed down, so the plans (and evictions packed) of the next
+    two steps run while an earlier step's rows are still moving; with a cache of 8 slots
+    a row evicted by one step is often loaded again by the next and must read the value
+    written back."""
+    model, workload = Model(), Workload(steps=80, data_seed=6)
+    traj, steps = reference_run(model, workload), make_steps(model.specs, workload)
+    ker = make_kernel(model, tier, tmp_path, cache_rows=8, cache_ways=4, cache_algorithm="lru")
+    for store in ker._stores:
+        exchange = store.exchange
+
+        def slow(*args, _exchange=exchange, **kwargs):
+            time.sleep(0.003)
+            return _exchange(*args, **kwargs)
+
+        store.exchange = slow
+    try:
+        drive(ker, steps, "ahead2", output_checker(traj, model))
+        assert_tables_match(ker, traj, model)
+    finally:
+        ker.close()
 
 
 def test_forward_without_prefetch_while_pipeline_on(tmp_path: Path) -> None:

@@ -178,6 +178,28 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     return ToTuple(st);
   }
 
+  // write(write_ids, write_rows), then read_into(read_ids, out), their device I/O
+  // overlapping (BlockStore::Exchange).
+  StatusTuple exchange(const at::Tensor& write_ids, const at::Tensor& write_rows,
+                       const at::Tensor& read_ids, const at::Tensor& out) {
+    Status st = CheckIds(write_ids);
+    if (st.ok()) st = CheckIds(read_ids);
+    if (st.ok()) st = CheckRows(write_rows, write_ids.numel(), "write_rows");
+    if (st.ok()) st = CheckRows(out, read_ids.numel(), "out");
+    if (st.ok() && out.numel() > 0 && write_rows.numel() > 0) {
+      const auto* o = static_cast<const uint8_t*>(out.data_ptr());
+      const auto* w = static_cast<const uint8_t*>(write_rows.data_ptr());
+      if (o < w + write_rows.nbytes() && w < o + out.nbytes())
+        st = Status::InvalidArgument("out must not overlap write_rows");
+    }
+    if (st.ok())
+      st = store().Exchange(write_ids.data_ptr<int64_t>(), write_ids.numel(),
+                            static_cast<const uint8_t*>(write_rows.data_ptr()),
+                            read_ids.data_ptr<int64_t>(), read_ids.numel(),
+                            static_cast<uint8_t*>(out.data_ptr()));
+    return ToTuple(st);
+  }
+
   StatusTuple flush() { return ToTuple(store().Flush()); }
   StatusTuple snapshot(const std::string& dst) { return ToTuple(store().Snapshot(dst)); }
   StatusTuple close() { return ToTuple(store().Close()); }
@@ -294,6 +316,9 @@ TORCH_LIBRARY(mtrains, m) {
       .def("read_into", &BlockStoreHandle::read_into,
            "Reads rows `ids` into `out` [n, dim + state_dim] -> status.")
       .def("write", &BlockStoreHandle::write, "Writes rows [n, dim + state_dim] -> status.")
+      .def("exchange", &BlockStoreHandle::exchange,
+           "Writes rows (write_ids, write_rows), then reads read_ids into out, the device "
+           "writes overlapping the reads -> status.")
       .def("flush", &BlockStoreHandle::flush, "Persists all dirty rows and fsyncs -> status.")
       .def("snapshot", &BlockStoreHandle::snapshot,
            "Writes a point-in-time copy of the table to a path -> status.")

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <system_error>
+#include <thread>
 
 #include "common/aligned_buffer.h"
 #include "storage/file_copy.h"
@@ -249,7 +251,22 @@ Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
   return Status::Ok();
 }
 
-Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out) {
+Status BlockStore::Exchange(const int64_t* write_ids, size_t nw, const uint8_t* write_rows,
+                            const int64_t* read_ids, size_t nr, uint8_t* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckIds(write_ids, nw));
+  MTRAINS_RETURN_IF_ERROR(CheckIds(read_ids, nr));
+  MTRAINS_RETURN_IF_ERROR(WriteLocked(write_ids, nw, write_rows));
+  Status flushed;
+  MTRAINS_RETURN_IF_ERROR(ReadLocked(read_ids, nr, out, &flushed));
+  if (flushed.ok()) flushed = seg_log_->FlushQueue();  // victims of the rows just cached
+  return flushed.WithContext(
+      path_ + ": the rows were accepted and are held in memory, but writing them to the "
+              "device failed (flush() retries)");
+}
+
+Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status* flush_beside) {
   const uint32_t rb = h_.row_bytes;
   std::vector<std::pair<uint64_t, uint64_t>> misses;  // (row, position)
   hit_ptrs_.resize(n);
@@ -264,7 +281,10 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out) {
   cache_hits_ += n - misses.size();
   cache_misses_ += misses.size();
   rows_read_ += n;
-  if (misses.empty()) return Status::Ok();
+  if (misses.empty()) {
+    if (flush_beside != nullptr) *flush_beside = seg_log_->FlushQueue();
+    return Status::Ok();
+  }
   std::sort(misses.begin(), misses.end());
   std::vector<std::pair<uint64_t, uint64_t>> disk;  // (slot, row)
   std::vector<uint8_t*> disk_dest;
@@ -283,7 +303,26 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out) {
       disk_dest.push_back(dest);
     }
   }
-  MTRAINS_RETURN_IF_ERROR(ReadFromDisk(&disk, disk_dest));
+  if (flush_beside != nullptr && !disk.empty() && seg_log_->QueuedSegments() > 0) {
+    // The queued segments are in memory and no read below touches them (their rows were
+    // served by CopyBufferedRow), and ReadFromDisk uses only the log's constant layout:
+    // the two may run at once, on the device's read and write rings.
+    std::thread writer;
+    try {
+      writer = std::thread([&] { *flush_beside = seg_log_->FlushQueue(); });
+    } catch (const std::system_error&) {  // no thread to spare: write after the reads
+    }
+    const Status st = ReadFromDisk(&disk, disk_dest);
+    if (writer.joinable()) {
+      writer.join();
+    } else {
+      *flush_beside = seg_log_->FlushQueue();
+    }
+    MTRAINS_RETURN_IF_ERROR(st);
+  } else {
+    MTRAINS_RETURN_IF_ERROR(ReadFromDisk(&disk, disk_dest));
+    if (flush_beside != nullptr) *flush_beside = seg_log_->FlushQueue();
+  }
   for (size_t k = 1, first = 0; k < misses.size(); ++k) {
     if (misses[k].first != misses[k - 1].first) {
       first = k;

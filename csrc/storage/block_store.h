@@ -7,7 +7,8 @@
 // so creating a 1 TB table writes one header block.
 //
 // Thread-safety: every public method may be called from any thread; calls are serialised
-// by one mutex (each call is a batch whose device I/O runs at full queue depth).
+// by one mutex (each call is a batch whose device I/O runs at full queue depth; Exchange
+// overlaps its writes and reads inside the call).
 // Errors: configuration problems throw std::invalid_argument from Create/Open's option
 // checks; everything else returns a Status naming the file and the offending value.
 #pragma once
@@ -70,6 +71,18 @@ class BlockStore {
   // device error the rows already accepted stay in memory and are written by a later
   // Flush: nothing accepted is lost.
   Status Write(const int64_t* ids, size_t n, const uint8_t* rows);
+  // Write(write_ids, nw, write_rows) then Read(read_ids, nr, out) in one call, with the
+  // device writes of the first overlapping the device reads of the second: the written
+  // rows are accepted into memory (row cache or log head) before any read is looked up,
+  // so a row both written and read here reads its new value; the full log segments they
+  // fill go to the device on a helper thread while this one streams the reads. Both id
+  // lists are checked first: an id outside [0, num_rows) returns OutOfRange and nothing
+  // is written or read. A failed read returns its error (the rows in `out` are then
+  // unspecified; the writes were still accepted); a failed segment write with good reads
+  // returns the write's error, the rows staying in memory for a later Flush as in Write.
+  // `write_rows` and `out` must not overlap.
+  Status Exchange(const int64_t* write_ids, size_t nw, const uint8_t* write_rows,
+                  const int64_t* read_ids, size_t nr, uint8_t* out);
   // Writes every dirty row and the location map, then fsyncs.
   Status Flush();
   // Flushes, then writes a point-in-time copy of the table to `dst` (stripes beside it).
@@ -92,7 +105,9 @@ class BlockStore {
   BlockStore(std::string path, TableHeader h);
   Status OpenDevices(const StoreRuntimeOptions& runtime);
   Status CheckIds(const int64_t* ids, size_t n) const;
-  Status ReadLocked(const int64_t* ids, size_t n, uint8_t* out);
+  // `flush_beside`: write the log's queued segments on a helper thread while the disk
+  // reads run, leaving the write's status there (Ok when nothing was queued).
+  Status ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status* flush_beside = nullptr);
   Status ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* wanted,
                       const std::vector<uint8_t*>& dest);
   Status WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows);

@@ -109,13 +109,19 @@ Status PartError(const FileSet& files, const FileSet::Part& p, bool write, int e
                                   files.PathOfFd(p.fd) + " failed: " + ErrnoText(err));
 }
 
-// io_uring engine: keeps up to queue_depth parts in flight per call.
+// io_uring engine: keeps up to queue_depth parts in flight per call. Reads (and read
+// streams) and writes have a ring each, so a write from one thread runs beside a read
+// stream of another (BlockStore::Exchange writes evicted rows while it reads).
 class UringFileDevice final : public Device {
  public:
-  UringFileDevice(const FileDeviceOptions& o, std::unique_ptr<FileSet> files, io_uring ring)
+  UringFileDevice(const FileDeviceOptions& o, std::unique_ptr<FileSet> files, io_uring ring,
+                  io_uring write_ring)
       : Device(o.size, o.alignment), files_(std::move(files)), ring_(ring),
-        depth_(o.queue_depth) {}
-  ~UringFileDevice() override { io_uring_queue_exit(&ring_); }
+        write_ring_(write_ring), depth_(o.queue_depth) {}
+  ~UringFileDevice() override {
+    io_uring_queue_exit(&ring_);
+    io_uring_queue_exit(&write_ring_);
+  }
   std::string Describe() const override {
     return "io_uring qd=" + std::to_string(depth_) + " on " + files_->JoinedPaths();
   }
@@ -181,7 +187,7 @@ class UringFileDevice final : public Device {
     while (true) {
       submit_more();
       if (inflight == 0) break;
-      MTRAINS_RETURN_IF_ERROR(WaitAndReap([&](uint64_t data, int res) {
+      MTRAINS_RETURN_IF_ERROR(WaitAndReap(&ring_, [&](uint64_t data, int res) {
         --inflight;
         const uint32_t s = static_cast<uint32_t>(data);
         Extent& e = slot[s];
@@ -215,7 +221,8 @@ class UringFileDevice final : public Device {
 
  private:
   Status Run(const IoOp* ops, size_t n, bool write) {
-    std::lock_guard<std::mutex> lock(mu_);  // one ring: one batch at a time
+    io_uring* ring = write ? &write_ring_ : &ring_;
+    std::lock_guard<std::mutex> lock(write ? write_mu_ : mu_);  // a ring: one batch at a time
     std::vector<FileSet::Part> parts;
     files_->Map(ops, n, &parts);
     std::vector<uint32_t> progress(parts.size(), 0);
@@ -226,7 +233,7 @@ class UringFileDevice final : public Device {
     Status first_error;
     while (!queue.empty() || inflight > 0) {
       while (first_error.ok() && !queue.empty() && inflight < depth_) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = io_uring_get_sqe(ring);
         if (sqe == nullptr) break;
         const size_t i = queue.front();
         queue.pop_front();
@@ -242,7 +249,7 @@ class UringFileDevice final : public Device {
         ++inflight;
       }
       if (inflight == 0) break;  // an error stopped new submissions and all have drained
-      MTRAINS_RETURN_IF_ERROR(WaitAndReap([&](uint64_t data, int res) {
+      MTRAINS_RETURN_IF_ERROR(WaitAndReap(ring, [&](uint64_t data, int res) {
         --inflight;
         const size_t i = data;
         const FileSet::Part& p = parts[i];
@@ -269,20 +276,20 @@ class UringFileDevice final : public Device {
     return first_error;
   }
 
-  // Submits what is queued, waits for at least one completion and calls
+  // Submits what is queued on `ring`, waits for at least one completion and calls
   // on_cqe(user data, result) for every completion available. Fails only if the ring
   // itself failed, after which nothing more can be reaped safely through it.
-  Status WaitAndReap(const std::function<void(uint64_t, int)>& on_cqe) {
-    const int rc = io_uring_submit_and_wait(&ring_, 1);
+  Status WaitAndReap(io_uring* ring, const std::function<void(uint64_t, int)>& on_cqe) {
+    const int rc = io_uring_submit_and_wait(ring, 1);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
       return Status::IoError(-rc, "io_uring_submit failed: " + ErrnoText(-rc));
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
-    io_uring_for_each_cqe(&ring_, head, cqe) {
+    io_uring_for_each_cqe(ring, head, cqe) {
       ++seen;
       on_cqe(io_uring_cqe_get_data64(cqe), cqe->res);
     }
-    io_uring_cq_advance(&ring_, seen);
+    io_uring_cq_advance(ring, seen);
     return Status::Ok();
   }
 
@@ -292,8 +299,9 @@ class UringFileDevice final : public Device {
   }
 
   std::unique_ptr<FileSet> files_;
-  std::mutex mu_;
-  io_uring ring_;  // GUARDED_BY(mu_)
+  std::mutex mu_, write_mu_;
+  io_uring ring_;        // reads and read streams; GUARDED_BY(mu_)
+  io_uring write_ring_;  // writes; GUARDED_BY(write_mu_)
   const uint32_t depth_;
 };
 
@@ -457,10 +465,15 @@ FileDeviceOpenResult OpenFileDevice(const FileDeviceOptions& o) {
   auto files = std::make_unique<FileSet>(std::move(fds), o.paths, o.base_offset, o.stripe_unit);
   result.direct_io = direct;
   if (o.engine != IoEngineKind::kThreads) {
-    io_uring ring;
-    const int rc = io_uring_queue_init(std::max<uint32_t>(o.queue_depth, 8), &ring, 0);
+    io_uring ring, write_ring;
+    const unsigned entries = std::max<uint32_t>(o.queue_depth, 8);
+    int rc = io_uring_queue_init(entries, &ring, 0);
     if (rc == 0) {
-      result.device = std::make_unique<UringFileDevice>(o, std::move(files), ring);
+      rc = io_uring_queue_init(entries, &write_ring, 0);
+      if (rc != 0) io_uring_queue_exit(&ring);
+    }
+    if (rc == 0) {
+      result.device = std::make_unique<UringFileDevice>(o, std::move(files), ring, write_ring);
       result.engine = "io_uring";
       return result;
     }

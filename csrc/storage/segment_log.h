@@ -53,8 +53,12 @@ class SegmentLog {
   // Appends a row version and points the map at it. Precondition: covered by Reserve.
   void Append(uint64_t row, const uint8_t* data);
 
-  // Writes full segments waiting in memory (sequential, batched).
+  // Writes full segments waiting in memory (sequential, batched). While it runs, another
+  // thread may call only the layout methods (BlockOfSlot, IndexInBlock, BlocksPerSlot)
+  // and ExtractRow, for slots of segments not in memory.
   Status FlushQueue();
+  // Full segments waiting in memory for FlushQueue.
+  size_t QueuedSegments() const { return queue_.size(); }
   // Persists everything appended so far and the map: after it returns ok, a reopen sees
   // every row as of this call.
   Status Commit();

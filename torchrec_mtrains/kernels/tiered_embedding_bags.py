@@ -50,6 +50,21 @@ class _Step:
     future: "object" = None
     slots: List[torch.Tensor] = dataclasses.field(default_factory=list)  # per table
     remapped: Optional[torch.Tensor] = None
+    moves: List["_Move"] = dataclasses.field(default_factory=list)  # per table, until moved
+
+
+@dataclasses.dataclass
+class _Move:
+    """Rows one table's plan moves: loads into slots, evictions packed out of them."""
+
+    load_rows: torch.Tensor
+    load_slots: torch.Tensor
+    evict_rows: torch.Tensor
+    evicted: Optional[torch.Tensor]  # packed rows of evict_rows, [n, row_width]
+    pack_seconds: float
+    buffer: Optional[torch.Tensor] = None  # the read buffer taken for this move
+    rows: Optional[torch.Tensor] = None  # rows read for load_rows (the buffer's first rows)
+    move_seconds: float = 0.0
 
 
 @dataclasses.dataclass
@@ -178,6 +193,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._broken: Optional[str] = None
         self._closed = False
         self._counters = [_TableCounters() for _ in specs]
+        self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
         self._wait_seconds = 0.0
         self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
 
@@ -268,55 +284,100 @@ class TieredEmbeddingBags(torch.nn.Module):
         # planned after it stay locked.
         oldest_live = max(0, self._last_forward_step)
         job.train = train = self.training
-        job.future = self._pipeline.submit(lambda: self._plan(job, oldest_live, train))
+        job.future = self._pipeline.submit(lambda: self._plan(job, oldest_live, train), lambda: self._move(job))
         return job
 
     def _plan(self, job: _Step, oldest_live: int, train: bool) -> None:
-        remapped = []
+        """Stage 1 (plan worker): remaps the batch to slots and packs the evicted rows.
+
+        Runs while the row moves of earlier steps are still in flight: the slots it
+        displaces are not locked by any live step, so none of them is being filled or
+        computed on, and their rows are copied out here, before any later load reuses them.
+        """
+        remapped, moves = [], []
         for t, part in enumerate(job.batch.per_table):
             counters = self._counters[t]
             t0 = time.perf_counter()
             slots, load_rows, load_slots, evict_rows, evict_slots = self._caches[t].plan(
                 part.contiguous(), job.step, oldest_live, train
             )
-            codec, store = self._codecs[t], self._stores[t]
-            counters.plan_seconds += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            if evict_rows.numel():
-                store.write(evict_rows, codec.gather(self._weights[t], self._states[t], evict_slots))
-                counters.rows_written_back += evict_rows.numel()
-            if load_rows.numel():
-                rows = store.read(load_rows)
-                counters.rows_loaded += load_rows.numel()
-                ready = load_slots < self._tbe_rows[t]
-                if bool(ready.all()):
-                    codec.scatter(self._weights[t], self._states[t], load_slots, rows)
-                else:  # overflow slots past the TBE: filled once it grows, between steps
-                    codec.scatter(self._weights[t], self._states[t], load_slots[ready], rows[ready])
-                    self._deferred.append(_Deferred(t, load_slots[~ready], load_rows[~ready], rows[~ready]))
-            counters.tier_seconds += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            counters.plan_seconds += t1 - t0
+            evicted = self._codecs[t].gather(self._weights[t], self._states[t], evict_slots)
+            moves.append(_Move(load_rows, load_slots, evict_rows, evicted, time.perf_counter() - t1))
             remapped.append(slots)
+        job.moves = moves
         job.slots = remapped
         job.remapped = torch.cat(remapped) if len(remapped) > 1 else remapped[0]
 
+    def _move(self, job: _Step) -> None:
+        """Stage 2 (I/O worker, in step order): writes the evicted rows back and reads the
+        missing ones, in one store call per table whose device writes overlap its reads.
+        Steps move in order, so a row evicted by one step and loaded again by a later one
+        is read after its write-back was accepted. The rows read wait in ``job.moves``
+        for ``_unpack`` (by the consumer), so the worker goes on to the next step's I/O."""
+        for t, m in enumerate(job.moves):
+            t0 = time.perf_counter()
+            n_load = m.load_rows.numel()
+            if n_load or m.evict_rows.numel():
+                m.buffer = self._take_buffer(t, n_load)
+                m.rows = self._stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
+                m.evicted = None
+            m.move_seconds = time.perf_counter() - t0
+
+    def _unpack(self, job: _Step) -> None:
+        """Copies a moved step's rows into their slots (the consumer thread, before the
+        step computes or anything reads the slots). Idempotent."""
+        for t, m in enumerate(job.moves):
+            counters = self._counters[t]
+            codec = self._codecs[t]
+            t0 = time.perf_counter()
+            n_load = m.load_rows.numel()
+            counters.rows_written_back += m.evict_rows.numel()
+            counters.rows_loaded += n_load
+            if n_load:
+                rows = m.rows
+                ready = m.load_slots < self._tbe_rows[t]
+                if bool(ready.all()):
+                    codec.scatter(self._weights[t], self._states[t], m.load_slots, rows)
+                else:  # overflow slots past the TBE: filled once it grows, between steps
+                    codec.scatter(self._weights[t], self._states[t], m.load_slots[ready], rows[ready])
+                    self._deferred.append(_Deferred(t, m.load_slots[~ready], m.load_rows[~ready], rows[~ready]))
+            if m.buffer is not None:
+                self._free_bufs[t].append(m.buffer)
+            counters.tier_seconds += m.pack_seconds + m.move_seconds + time.perf_counter() - t0
+        job.moves = []
+
+    def _take_buffer(self, t: int, n: int) -> torch.Tensor:
+        """A read buffer of table t with room for ``n`` rows: a free one (returned by
+        ``_unpack``) if large enough, else a new one with half again as many rows."""
+        free = self._free_bufs[t]
+        buf = free.pop() if free else None  # list.pop is atomic: the consumer appends
+        if buf is None or buf.shape[0] < n:
+            buf = torch.empty((n + n // 2, self._codecs[t].row_width), dtype=self._codecs[t].dtype)
+        return buf
+
     def _finish(self, job: _Step) -> None:
-        """Waits for the job's plan; grows the TBE (between steps) if the cache overflowed."""
+        """Waits for the job's row moves and copies its rows into their slots; grows the
+        TBE (between steps) if the cache overflowed."""
         t0 = time.perf_counter()
         try:
             job.future.result()
+            self._wait_seconds += time.perf_counter() - t0
+            self._unpack(job)
         except BaseException as e:
             self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
             raise
-        self._wait_seconds += time.perf_counter() - t0
         if self._deferred or any(c.capacity() > r for c, r in zip(self._caches, self._tbe_rows)):
             self._drain()
             self._grow_tbe()
 
     def _drain(self) -> None:
-        """Waits for every queued plan."""
+        """Waits for every queued job and puts its rows in their slots."""
         for job in list(self._pending):
             try:
                 job.future.result()
+                self._unpack(job)
             except BaseException as e:
                 self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
                 raise

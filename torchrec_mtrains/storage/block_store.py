@@ -271,6 +271,31 @@ class BlockStore(RowStore):
         self._check_rows(rows, ids.numel(), "rows")
         _raise_for(self._live().write(ids, rows.contiguous()))
 
+    def exchange(
+        self,
+        write_ids: torch.Tensor,
+        write_rows: torch.Tensor,
+        read_ids: torch.Tensor,
+        out: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``write(write_ids, write_rows)`` then ``read(read_ids, out)`` in one call, the
+        device writes of the rows running while the reads are in flight.
+
+        A row both written and read here reads its new value. If a read fails, the error
+        is raised (the written rows were accepted); if writing the rows to the device
+        fails, that error is raised, the rows staying in memory for a later ``flush()``.
+        """
+        write_ids, read_ids = self._as_ids(write_ids), self._as_ids(read_ids)
+        self._check_rows(write_rows, write_ids.numel(), "write_rows")
+        if out is None:
+            out = torch.empty((read_ids.numel(), self.row_width), dtype=self.dtype)
+        else:
+            self._check_rows(out, read_ids.numel(), "out")
+            if not out.is_contiguous():
+                raise ValueError("out must be contiguous")
+        _raise_for(self._live().exchange(write_ids, write_rows.contiguous(), read_ids, out))
+        return out
+
     def flush(self) -> None:
         """Writes every dirty row and the location map, then fsyncs."""
         _raise_for(self._live().flush())

@@ -41,6 +41,19 @@ class RowStore(abc.ABC):
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Stores ``rows[i]`` as row ``ids[i]``; for repeated ids the last one wins."""
 
+    def exchange(
+        self,
+        write_ids: torch.Tensor,
+        write_rows: torch.Tensor,
+        read_ids: torch.Tensor,
+        out: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``write(write_ids, write_rows)`` then ``read(read_ids, out)``; a store may
+        overlap the two's device I/O (the block store does), but a row both written and
+        read reads its new value."""
+        self.write(write_ids, write_rows)
+        return self.read(read_ids, out)
+
     @abc.abstractmethod
     def flush(self) -> None:
         """Makes every written row durable."""
