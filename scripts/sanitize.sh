@@ -32,7 +32,7 @@ flags_of() {
 
 # The core sources the drivers link (everything in csrc/ except the torch bindings).
 mapfile -t CORE < <(find csrc/common csrc/storage csrc/cache -name '*.cc' | sort)
-mapfile -t DRIVERS < <(find csrc/tests -name '*_test.cc' | sort)
+mapfile -t DRIVERS < <(find csrc/tests -name 'test_*.cc' | sort)
 ((${#DRIVERS[@]})) || die "no drivers in csrc/tests"
 
 # Preflight: liburing and each sanitizer runtime must link and run.

@@ -192,6 +192,6 @@ int main() {
   Run("header encode/decode round trip", TestHeaderRoundTrip);
   Run("header parser fuzz", TestHeaderFuzz);
   Run("log block / map page verifiers", TestBlockVerifiers);
-  std::fprintf(stderr, "block_format_test: all passed\n");
+  std::fprintf(stderr, "test_block_format: all passed\n");
   return 0;
 }

@@ -1,7 +1,7 @@
 // Standalone driver (no torch, no Python) for the storage core: devices, the segment log
 // and BlockStore, run plain and under ASan/UBSan and TSan by scripts/sanitize.sh.
 //
-// Usage: block_store_test [scratch_dir]   (default: $TMPDIR or /tmp)
+// Usage: test_block_store [scratch_dir]   (default: $TMPDIR or /tmp)
 // Exits 0 when every case passes; a failed CHECK aborts with file, line and message.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -475,6 +475,6 @@ int main(int argc, char** argv) {
     Run("store faults", [&] { TestStoreFaults(e); });
     Run("store concurrent readers/writer/flusher", [&] { TestStoreConcurrent(e); });
   }
-  std::fprintf(stderr, "block_store_test: all passed\n");
+  std::fprintf(stderr, "test_block_store: all passed\n");
   return 0;
 }

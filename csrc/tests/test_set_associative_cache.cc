@@ -166,6 +166,6 @@ int main() {
   Run("cache: sequential plans vs model (lfu)", [] { TestSequentialModel(CachePolicy::kLfu); });
   Run("cache: prefetch thread + training thread (lru)", [] { TestPrefetchPipeline(CachePolicy::kLru); });
   Run("cache: prefetch thread + training thread (lfu)", [] { TestPrefetchPipeline(CachePolicy::kLfu); });
-  std::fprintf(stderr, "set_associative_cache_test: all passed\n");
+  std::fprintf(stderr, "test_set_associative_cache: all passed\n");
   return 0;
 }
