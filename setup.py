@@ -1,7 +1,8 @@
 """Builds the C++ extension ``torchrec_mtrains._C``; metadata lives in pyproject.toml.
 
-Sources: every ``csrc/**/*.cc`` and ``csrc/**/*.cpp`` except files named ``test_*``
-(standalone C++ tests), globbed at build time. Object files are kept in
+Sources: every ``csrc/**/*.cc`` and ``csrc/**/*.cpp`` except files named ``test_*`` and
+anything under ``csrc/tests`` (standalone C++ test drivers, built by scripts/sanitize.sh),
+globbed at build time. Object files are kept in
 ``build/ext`` so that ninja recompiles only what changed, even under
 ``pip install -e`` (which otherwise builds in a fresh temporary directory).
 """
@@ -28,7 +29,7 @@ def _sources() -> list[str]:
         p.relative_to(ROOT).as_posix()
         for pattern in ("**/*.cc", "**/*.cpp")
         for p in CSRC.glob(pattern)
-        if not p.name.startswith("test_")
+        if not p.name.startswith("test_") and "tests" not in p.relative_to(CSRC).parts
     )
     if not files:
         raise SystemExit(f"setup.py: no C++ sources (*.cc, *.cpp) under {CSRC}")

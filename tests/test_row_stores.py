@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 from pathlib import Path
 from typing import Callable, Dict
 
@@ -286,10 +288,18 @@ def _damage(path: Path, how: str) -> None:
         data[0:8] = b"NOTSCM!!"
     elif how == "header_json":
         data[8:20] = b"{{{{{{{{{{{{"
-    elif how == "header_field":
-        meta = json.loads(bytes(data[8:4096]).rstrip(b"\0"))
-        del meta["dim"]
-        data[8:4096] = json.dumps(meta).encode().ljust(4088, b"\0")
+    elif how in ("header_field", "header_field_resealed", "negative_dim_resealed", "digit_flip"):
+        # The header's JSON lies in bytes [8, 4092); its CRC-32 (zlib) in [4092, 4096).
+        meta = json.loads(bytes(data[8:4092]).rstrip(b"\0"))
+        if how == "negative_dim_resealed":
+            meta["dim"] = -1
+        elif how == "digit_flip":  # num_rows 100 -> 101: one bit, valid JSON, same file size
+            meta["num_rows"] = 101
+        else:
+            del meta["dim"]
+        data[8:4092] = json.dumps(meta).encode().ljust(4084, b"\0")
+        if how.endswith("resealed"):
+            data[4092:4096] = struct.pack("<I", zlib.crc32(bytes(data[:4092])))
     elif how == "truncated":
         data = data[:-1]
     path.write_bytes(bytes(data))
@@ -298,7 +308,10 @@ def _damage(path: Path, how: str) -> None:
 @pytest.mark.parametrize("how, match", [
     ("magic", "not an SCM table"),
     ("header_json", "corrupted"),
-    ("header_field", "corrupted"),
+    ("header_field", "checksum mismatch"),
+    ("header_field_resealed", "field 'dim' is missing"),
+    ("negative_dim_resealed", "dim=-1"),
+    ("digit_flip", "checksum mismatch"),
     ("truncated", "truncated"),
 ])
 def test_scm_open_refuses_damaged_or_foreign_files(tmp_path: Path, how: str, match: str) -> None:

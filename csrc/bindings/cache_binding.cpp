@@ -35,9 +35,10 @@ class CacheHandle : public torch::CustomClassHolder {
     TORCH_CHECK_VALUE(indices.device().is_cpu() && indices.scalar_type() == at::kLong &&
                           indices.dim() == 1 && indices.is_contiguous(),
                       "indices must be a contiguous 1-D int64 CPU tensor");
-    cache_->Plan(indices.data_ptr<int64_t>(), indices.numel(), step, oldest_live_step, train, &plan_);
-    return {ToTensor(plan_.slot_of_index), ToTensor(plan_.load_rows), ToTensor(plan_.load_slots),
-            ToTensor(plan_.evict_rows), ToTensor(plan_.evict_slots)};
+    StepPlan plan;  // per call: the handle's methods may run on several threads at once
+    cache_->Plan(indices.data_ptr<int64_t>(), indices.numel(), step, oldest_live_step, train, &plan);
+    return {ToTensor(plan.slot_of_index), ToTensor(plan.load_rows), ToTensor(plan.load_slots),
+            ToTensor(plan.evict_rows), ToTensor(plan.evict_slots)};
   }
 
   void mark_dirty(const at::Tensor& slots) {
@@ -66,7 +67,7 @@ class CacheHandle : public torch::CustomClassHolder {
   int64_t capacity() { return static_cast<int64_t>(cache_->capacity()); }
 
   c10::Dict<std::string, int64_t> counters() {
-    const CacheCounters& c = cache_->counters();
+    const CacheCounters c = cache_->counters();
     c10::Dict<std::string, int64_t> d;
     d.insert("lookups", c.lookups);
     d.insert("unique_rows", c.unique_rows);
@@ -79,7 +80,6 @@ class CacheHandle : public torch::CustomClassHolder {
 
  private:
   std::unique_ptr<SetAssociativeCache> cache_;
-  StepPlan plan_;
 };
 
 }  // namespace

@@ -10,11 +10,14 @@
 //
 // Replacement: LRU (least recently used step) or LFU (fewest accesses, counted in a
 // count-min sketch with periodic halving so that counts outlive eviction, as in TinyLFU).
-// Not thread-safe: one caller at a time (TieredEmbeddingBags serialises prefetches).
+// Thread-safe: every method but num_slots() takes one mutex. TieredEmbeddingBags plans on its
+// prefetch thread while the training thread calls MarkDirty, capacity() and counters() (the
+// binding releases the GIL), so the index must not rely on its callers taking turns.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -61,8 +64,15 @@ class SetAssociativeCache {
 
   uint64_t num_slots() const { return num_slots_; }
   // Regular + overflow slots: the storage behind the slots must have this many rows.
-  uint64_t capacity() const { return slot_row_.size(); }
-  const CacheCounters& counters() const { return counters_; }
+  uint64_t capacity() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return slot_row_.size();
+  }
+  // A consistent copy of the counters (taken between plans).
+  CacheCounters counters() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counters_;
+  }
 
  private:
   static constexpr int64_t kEmpty = -1;
@@ -86,6 +96,7 @@ class SetAssociativeCache {
   const uint32_t ways_;
   const uint64_t num_sets_;
   const CachePolicy policy_;
+  mutable std::mutex mu_;            // guards every member below
   std::vector<int64_t> slot_row_;   // row in each slot, kEmpty if none (a set's ways adjacent)
   std::vector<SlotMeta> meta_;
   uint64_t overflow_cursor_ = 0;    // CLOCK hand over the overflow slots

@@ -170,6 +170,17 @@ Status DecodeHeader(const uint8_t* data, size_t len, TableHeader* h) {
   if (!st.ok()) return Status::FormatError("invalid header field: " + st.message());
   if (h->num_segments != nseg || h->num_segments > (1ull << 40))
     return Status::FormatError("invalid header field: num_segments=" + std::to_string(nseg));
+  // A header with a valid crc can still be hostile (or written by a buggy tool): bound the
+  // log by what Create can produce (overprovision <= 100), so that opening never sizes
+  // devices or allocates segment tables from a product that overflowed 64 bits.
+  const uint64_t needed = (h->num_rows + h->slots_per_segment - 1) / h->slots_per_segment;
+  const uint64_t max_segments = needed * 101 + 5;
+  const unsigned __int128 log_bytes = (unsigned __int128)nseg * h->segment_blocks * h->block_size;
+  if (nseg > max_segments || log_bytes + h->log_offset > (unsigned __int128)1 << 62)
+    return Status::FormatError("invalid header field: num_segments=" + std::to_string(nseg) +
+                               " of " + std::to_string(h->SegmentBytes()) + " bytes for num_rows=" +
+                               std::to_string(h->num_rows) + " (at most " +
+                               std::to_string(max_segments) + " segments, 2^62 bytes)");
   return Status::Ok();
 }
 

@@ -6,7 +6,9 @@ cache (which is how it is tested here). Rows are read and written in place with
 vectorised gathers and scatters, without block I/O.
 
 File layout (little-endian): a 4 KiB header (magic ``MTRNSCM1`` then a JSON object with the
-table's shape, dtype, init range and seed), then ``num_rows`` rows of
+table's shape, dtype, init range and seed, zero padding, and in its last 4 bytes the CRC-32
+(zlib) of the bytes before them; 0 there marks a file written before the checksum), then
+``num_rows`` rows of
 ``(dim + state_dim) * itemsize`` bytes, then one byte per row that is 1 once the row has been
 written. Rows never written read as their deterministic initial value (lazy_init.py), so a
 table is created instantly as a sparse file.
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional, Tuple
+import struct
+import zlib
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -37,6 +41,7 @@ __all__ = ["ScmStore"]
 
 _MAGIC = b"MTRNSCM1"
 _HEADER_BYTES = 4096
+_CRC_AT = _HEADER_BYTES - 4  # header bytes covered by the CRC-32 stored after them
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -60,6 +65,7 @@ class ScmStore(RowStore):
         check_int("dim", dim, 1, 2**20)
         check_int("state_dim", state_dim, 0, 2**20)
         check_init_range(init_range)
+        check_int("seed", seed, 0, 2**64 - 1)
         names = {v: k for k, v in _DTYPES.items()}
         if dtype not in names:
             raise ValueError(f"dtype={dtype} must be one of {list(_DTYPES.values())}")
@@ -68,7 +74,7 @@ class ScmStore(RowStore):
             "num_rows": num_rows, "dim": dim, "state_dim": state_dim, "dtype": names[dtype],
             "init_range": [float(init_range[0]), float(init_range[1])], "seed": seed,
         }
-        header = _MAGIC + json.dumps(meta).encode()
+        header = _encode_header(meta)
         row_bytes = (dim + state_dim) * torch.empty(0, dtype=dtype).element_size()
         size = _HEADER_BYTES + num_rows * row_bytes + num_rows
         flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
@@ -80,7 +86,7 @@ class ScmStore(RowStore):
             raise FileNotFoundError(e.errno, f"the directory of {path} does not exist") from None
         try:
             os.ftruncate(fd, size)
-            os.pwrite(fd, header.ljust(_HEADER_BYTES, b"\0"), 0)
+            os.pwrite(fd, header, 0)
             os.fsync(fd)
         except OSError as e:
             os.close(fd)
@@ -98,23 +104,21 @@ class ScmStore(RowStore):
                 head = f.read(_HEADER_BYTES)
         except FileNotFoundError:
             raise FileNotFoundError(2, f"table file {path} does not exist") from None
-        if not head.startswith(_MAGIC):
-            raise ValueError(f"{path} is not an SCM table (bad magic)")
-        try:
-            meta = json.loads(head[len(_MAGIC) :].rstrip(b"\0"))
-            dtype = _DTYPES[meta["dtype"]]
-            num_rows, dim, state_dim = int(meta["num_rows"]), int(meta["dim"]), int(meta["state_dim"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: corrupted SCM header ({e})") from None
-        row_bytes = (dim + state_dim) * torch.empty(0, dtype=dtype).element_size()
-        expected = _HEADER_BYTES + num_rows * row_bytes + num_rows
-        if os.path.getsize(path) < expected:
-            raise ValueError(f"{path} is truncated: {os.path.getsize(path)} bytes, expected {expected}")
+        meta = _decode_header(path, head)
+        dtype = _DTYPES[meta["dtype"]]
+        row_bytes = (meta["dim"] + meta["state_dim"]) * torch.empty(0, dtype=dtype).element_size()
+        expected = _HEADER_BYTES + meta["num_rows"] * row_bytes + meta["num_rows"]
+        size = os.path.getsize(path)
+        # Created with exactly this size (ftruncate): any other size means the header does
+        # not describe this file (or the file was cut or extended).
+        if size != expected:
+            what = "truncated" if size < expected else "longer than its header says"
+            raise ValueError(f"{path} is {what}: {size} bytes, the header needs {expected}")
         store = cls.__new__(cls)
         store._map(path, meta)
         return store
 
-    def _map(self, path: str, meta: dict) -> None:
+    def _map(self, path: str, meta: Dict[str, Any]) -> None:
         load_extension()
         self.path = path
         self.num_rows, self.dim, self.state_dim = meta["num_rows"], meta["dim"], meta["state_dim"]
@@ -178,3 +182,48 @@ class ScmStore(RowStore):
         ids = as_ids(self.path, ids)
         check_id_range(self.path, ids, self.num_rows)
         return ids
+
+
+def _encode_header(meta: Dict[str, Any]) -> bytes:
+    body = _MAGIC + json.dumps(meta).encode()
+    if len(body) > _CRC_AT:
+        raise ValueError(f"SCM table header of {len(body)} bytes does not fit in {_CRC_AT}")
+    body = body.ljust(_CRC_AT, b"\0")
+    return body + struct.pack("<I", zlib.crc32(body) or 1)  # 0 is reserved for "no checksum"
+
+
+def _decode_header(path: str, head: bytes) -> Dict[str, Any]:
+    """Parses and validates a header read from ``path``; raises ValueError naming the file
+    and the bad field (never KeyError/TypeError, never a header that would map garbage)."""
+    if not head.startswith(_MAGIC):
+        raise ValueError(f"{path} is not an SCM table (bad magic)")
+    if len(head) < _HEADER_BYTES:
+        raise ValueError(f"{path} is truncated: {len(head)} bytes, shorter than the SCM header")
+    (stored,) = struct.unpack_from("<I", head, _CRC_AT)
+    if stored != 0 and stored != (zlib.crc32(head[:_CRC_AT]) or 1):
+        raise ValueError(f"{path}: SCM header checksum mismatch (corrupted header)")
+    try:
+        meta = json.loads(head[len(_MAGIC) : _CRC_AT].rstrip(b"\0"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: corrupted SCM header ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: corrupted SCM header (not a JSON object)")
+    try:
+        for key in ("num_rows", "dim", "state_dim", "dtype", "init_range", "seed"):
+            if key not in meta:
+                raise ValueError(f"field {key!r} is missing")
+        check_int("num_rows", meta["num_rows"], 1, 2**40)
+        check_int("dim", meta["dim"], 1, 2**20)
+        check_int("state_dim", meta["state_dim"], 0, 2**20)
+        check_int("seed", meta["seed"], 0, 2**64 - 1)
+        if meta["dtype"] not in _DTYPES:
+            raise ValueError(f"dtype={meta['dtype']!r} must be one of {sorted(_DTYPES)}")
+        init = meta["init_range"]
+        if not isinstance(init, list) or len(init) != 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in init
+        ):
+            raise ValueError(f"init_range={init!r} must be [lo, hi]")
+        check_init_range(init)
+    except (ValueError, OverflowError) as e:
+        raise ValueError(f"{path}: corrupted SCM header ({e})") from None
+    return meta
