@@ -47,7 +47,8 @@ def _fbgemm(rows: int, dim: int):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen,
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
     )
 
     tbe = SplitTableBatchedEmbeddingBagsCodegen(

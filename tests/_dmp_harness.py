@@ -89,8 +89,6 @@ def initial_weights(seed: int = 7) -> Dict[str, torch.Tensor]:
 def global_batch(step: int):
     """The step's global batch: skewed ids, 0-3 ids per feature and sample, labels that
     depend on the ids (so the model has something to learn)."""
-    from torchrec.datasets.utils import Batch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     g = torch.Generator().manual_seed(1000 + step)
     lengths, values = [], []
@@ -126,12 +124,16 @@ def _build(spec: RunSpec, rank: int):
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.types import ShardingPlan
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.optim.keyed import KeyedOptimizerWrapper, CombinedOptimizer
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     from torchrec_mtrains import Tier
-    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParams, tiered_sharding_plan
+    from torchrec_mtrains.sharding import (
+        TieredEmbeddingBagCollectionSharder,
+        TieredParams,
+        tiered_sharding_plan,
+    )
 
     model = make_unsharded()
     apply_optimizer_in_backward(RowWiseAdagrad, model.ebc.parameters(), {"lr": 0.05})

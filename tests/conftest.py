@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
+import socket
 
+import pytest
+import torch.distributed as dist
 from _block_store_helpers import uring_unavailable_reason
 
 
@@ -16,3 +18,17 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         if reason:
             pytest.skip(f"io_uring unavailable: {reason}")
     return request.param
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """A gloo process group of one rank in this process (for DMP built in-process)."""
+    if dist.is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -3,13 +3,11 @@ and a StorageAwarePlanner plan that DistributedModelParallel trains with."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
 
@@ -20,7 +18,10 @@ from torchrec_mtrains.planner.placement import PlacementError, place
 from torchrec_mtrains.planner.planner import StorageAwarePlanner
 from torchrec_mtrains.planner.sizing import size_cluster
 from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
-from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParameterSharding
+from torchrec_mtrains.sharding import (
+    TieredEmbeddingBagCollectionSharder,
+    TieredParameterSharding,
+)
 
 G = 2**30
 CPU_NODE = TieredTopology(
@@ -165,19 +166,6 @@ def test_sizing_needs_fewer_nodes_with_scm_and_ssd() -> None:
     assert p.predicted_qps >= 200_000 and q.predicted_qps >= 200_000
     with pytest.raises(PlacementError, match="does not fit even 3 nodes"):
         size_cluster(spec, GPU_NODE, tiers=[Tier.HBM, Tier.DRAM], max_nodes=3)
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_planner_plan_trains_in_dmp(process_group, tmp_path: Path) -> None:

@@ -4,19 +4,17 @@ and the errors a bad plan gets at sharding time (world size 1, in this process).
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
     SplitTableBatchedEmbeddingBagsCodegen,
 )
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
@@ -37,19 +35,6 @@ def _ebc(rows=(100, 200, 300), dim=8) -> EmbeddingBagCollection:
         for i, r in enumerate(rows)
     ]
     return EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _shard(ebc, tables, **kwargs):
@@ -133,7 +118,10 @@ def test_uncreatable_storage_dir_fails_naming_table_and_tier(process_group, tmp_
 
 
 def test_customized_table_without_tier_settings_is_refused(process_group) -> None:
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.sharding_plan import (
+        construct_module_sharding_plan,
+        table_wise,
+    )
 
     ebc = _ebc()
     plan = construct_module_sharding_plan(

@@ -12,10 +12,9 @@ import os
 from pathlib import Path
 from typing import Dict
 
+import _dmp_harness as harness
 import pytest
 import torch
-
-import _dmp_harness as harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

@@ -26,7 +26,11 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_mtrains.stats import DLRM_DATASETS_REUSE, SyntheticTable, generate_dlrm_batch
+from torchrec_mtrains.stats import (
+    DLRM_DATASETS_REUSE,
+    SyntheticTable,
+    generate_dlrm_batch,
+)
 
 __all__ = ["DENSE_FEATURES", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES", "criteo_files",
            "criteo_batches", "table_locality"]
@@ -183,7 +187,10 @@ def criteo_batches(prefixes: Sequence[str], batch_size: int, rank: int, world_si
     """TorchRec's InMemoryBinaryCriteoIterDataPipe over the files; ids hashed into
     ``rows_per_table`` rows. ``stage`` "train" reads all files, "val" the first half of
     the last file (TorchRec's split)."""
-    from torchrec.datasets.criteo import CAT_FEATURE_COUNT, InMemoryBinaryCriteoIterDataPipe
+    from torchrec.datasets.criteo import (
+        CAT_FEATURE_COUNT,
+        InMemoryBinaryCriteoIterDataPipe,
+    )
 
     files = list(prefixes) if stage == "train" else [prefixes[-1]]
     pipe = InMemoryBinaryCriteoIterDataPipe(

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from torch import nn
 
 from torchrec_mtrains import Tier
-from torchrec_mtrains.planner import PlacementError, StorageAwarePlanner, TieredTopology, load_topology
+from torchrec_mtrains.planner import (
+    PlacementError,
+    StorageAwarePlanner,
+    TieredTopology,
+    load_topology,
+)
 
 __all__ = ["DEFAULT_PROFILE", "TableInfo", "check_fits", "is_tiered", "load_hardware", "make_planner", "parse_bytes",
            "placement_rows", "tier_of"]

@@ -27,9 +27,25 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from data import DEFAULT_TABLES, DENSE_FEATURES, SyntheticData, criteo_batches, criteo_files, table_locality  # noqa: E402
-from placement import (DEFAULT_PROFILE, TableInfo, check_fits, is_tiered, load_hardware, make_planner,  # noqa: E402
-                       parse_bytes, placement_rows, tier_of)
+from data import (  # noqa: E402
+    DEFAULT_TABLES,
+    DENSE_FEATURES,
+    SyntheticData,
+    criteo_batches,
+    criteo_files,
+    table_locality,
+)
+from placement import (  # noqa: E402
+    DEFAULT_PROFILE,
+    TableInfo,
+    check_fits,
+    is_tiered,
+    load_hardware,
+    make_planner,
+    parse_bytes,
+    placement_rows,
+    tier_of,
+)
 from report import auc, format_table, write_outputs  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -124,7 +140,6 @@ def build_model(args: argparse.Namespace, tables: List[TableInfo], features: Lis
 def shard(args, model, planner):
     """DMP with our sharder; returns (dmp, dense optimizer, combined optimizer)."""
     from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.types import ShardingPlan
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import yaml
 
-from torchrec_mtrains.planner.locality import LocalityCurve, histogram_locality, zipf_locality
+from torchrec_mtrains.planner.locality import (
+    LocalityCurve,
+    histogram_locality,
+    zipf_locality,
+)
 
 __all__ = ["ModelSpec", "ModelTable", "load_model_spec", "parse_model_spec"]
 

@@ -12,8 +12,17 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
-from torchrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingPlan, ShardingPlanner
+from torchrec.distributed.sharding_plan import (
+    construct_module_sharding_plan,
+    row_wise,
+    table_wise,
+)
+from torchrec.distributed.types import (
+    EmbeddingModuleShardingPlan,
+    ModuleSharder,
+    ShardingPlan,
+    ShardingPlanner,
+)
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -127,7 +136,11 @@ class StorageAwarePlanner(ShardingPlanner):
         raise error
 
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
-        from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParameterSharding, TieredParams
+        from torchrec_mtrains.sharding import (
+            TieredEmbeddingBagCollectionSharder,
+            TieredParameterSharding,
+            TieredParams,
+        )
 
         if self.topology.compute_device != "cpu":
             raise ValueError(

@@ -33,12 +33,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
 from torchrec_mtrains.planner.topology import parse_topology, topology_to_yaml
-from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
+from torchrec_mtrains.planner.types import TieredTopology, TierSpec
 from torchrec_mtrains.planner.units import format_quantity
 from torchrec_mtrains.types import Tier
 

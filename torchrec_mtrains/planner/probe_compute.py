@@ -56,9 +56,13 @@ def _median_step(step: Callable[[int], None], steps: int, warmup: int = 2) -> fl
 
 def _fbgemm(rows: int) -> torch.nn.Module:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        EmbeddingLocation,
+        PoolingMode,
+    )
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen,
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
     )
 
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
@@ -110,9 +114,10 @@ def tbe_rates(rows: int, steps: int) -> Tuple[float, float, str]:
 def tiered_overhead(rows: int, steps: int, work: Path) -> Tuple[float, float, str]:
     """TieredEmbeddingBags (Tier.DRAM, all rows cached) minus FBGEMM: (step_overhead_s,
     cache_row_s, note)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
     from torchrec_mtrains import Tier
     from torchrec_mtrains.kernels import TieredEmbeddingBags
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     fbgemm = _fbgemm(rows)
     tiered = TieredEmbeddingBags([(rows, DIM)], tier=Tier.DRAM, cache_rows=2 * rows, storage_dir=str(work),

@@ -7,7 +7,10 @@
                                      sharders=[sharder])
 """
 
-from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag, TieredFusedOptimizer
+from torchrec_mtrains.sharding.kernel import (
+    TieredBatchedEmbeddingBag,
+    TieredFusedOptimizer,
+)
 from torchrec_mtrains.sharding.pipeline import TieredTrainPipeline
 from torchrec_mtrains.sharding.plan import tiered_sharding_plan
 from torchrec_mtrains.sharding.sharded_ebc import ShardedTieredEmbeddingBagCollection

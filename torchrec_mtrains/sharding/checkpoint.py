@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Tuple
 import torch
 import torch.distributed as dist
 from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata, TensorProperties
+from torch.distributed._shard.sharded_tensor import (
+    Shard,
+    ShardedTensor,
+    ShardedTensorMetadata,
+    TensorProperties,
+)
 
 from torchrec_mtrains.sharding.staging import StagingArea
 

@@ -18,7 +18,10 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import nn
 from torchrec.distributed.embedding_kernel import BaseEmbedding
-from torchrec.distributed.embedding_types import GroupedEmbeddingConfig, ShardedEmbeddingTable
+from torchrec.distributed.embedding_types import (
+    GroupedEmbeddingConfig,
+    ShardedEmbeddingTable,
+)
 from torchrec.modules.embedding_configs import DataType, PoolingType
 from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -243,7 +246,9 @@ class TieredFusedOptimizer(FusedOptimizer):
         if not self._ready:
             return {}
         if self._cached is None or self._cached[0] != self._kernel._version:
-            from torchrec_mtrains.sharding.checkpoint import optimizer_state_of  # cycle: it imports us
+            from torchrec_mtrains.sharding.checkpoint import (
+                optimizer_state_of,  # cycle: it imports us
+            )
 
             self._cached = (self._kernel._version, optimizer_state_of(self._kernel, self.table_of_param, self.params.values()))
         return self._cached[1]

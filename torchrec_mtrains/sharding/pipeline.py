@@ -9,8 +9,12 @@ background prefetch gives the overlap.
 
 from __future__ import annotations
 
-from torchrec.distributed.train_pipeline.pipeline_context import PrefetchTrainPipelineContext
-from torchrec.distributed.train_pipeline.train_pipelines import PrefetchTrainPipelineSparseDist
+from torchrec.distributed.train_pipeline.pipeline_context import (
+    PrefetchTrainPipelineContext,
+)
+from torchrec.distributed.train_pipeline.train_pipelines import (
+    PrefetchTrainPipelineSparseDist,
+)
 
 __all__ = ["TieredTrainPipeline"]
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Optional
+from typing import List, Mapping, Optional
 
 from torch import nn
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, row_wise, table_wise
+from torchrec.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    row_wise,
+    table_wise,
+)
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding
 
 from torchrec_mtrains.sharding.sharder import TieredEmbeddingBagCollectionSharder

@@ -13,16 +13,26 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import TensorProperties
-from torchrec.distributed.embedding_sharding import EmbeddingSharding, EmbeddingShardingInfo
+from torchrec.distributed.embedding_sharding import (
+    EmbeddingSharding,
+    EmbeddingShardingInfo,
+)
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv, ShardingType
 from torchrec.modules.embedding_configs import data_type_to_dtype
 from torchrec.optim.fused import EmptyFusedOptimizer
 
-from torchrec_mtrains.sharding.checkpoint import LocalShard, load_weights, weights_sharded_tensor
+from torchrec_mtrains.sharding.checkpoint import (
+    LocalShard,
+    load_weights,
+    weights_sharded_tensor,
+)
 from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag
-from torchrec_mtrains.sharding.lookup import TIERED_SHARDINGS, TieredGroupedPooledEmbeddingsLookup
+from torchrec_mtrains.sharding.lookup import (
+    TIERED_SHARDINGS,
+    TieredGroupedPooledEmbeddingsLookup,
+)
 from torchrec_mtrains.sharding.types import TieredParameterSharding
 
 __all__ = ["ShardedTieredEmbeddingBagCollection"]
