@@ -53,9 +53,11 @@ def table_cost(
     topo: TieredTopology,
     batch_size: int,
     policy: str = "lru",
+    l2_rows: float = 0.0,
 ) -> TableCost:
     """Cost of ``table`` with its rows on ``tier``; ``cache_rows`` = 0 means the table is
-    whole in the compute tier (no cache)."""
+    whole in the compute tier (no cache). ``l2_rows``: on a GPU node, a host-DRAM cache of
+    a SCM/SSD table under the HBM one (inclusive: its hits are the L1 misses it holds)."""
     lookups = batch_size * table.pooling_factor
     unique = min(table.locality.unique_rows_per_step, table.num_embeddings)  # at the model's batch
     spec = topo.compute
@@ -72,9 +74,16 @@ def table_cost(
     misses = unique * (1.0 - hit)
     compute += spec.step_overhead_s + spec.cache_row_s * unique
     dev = topo.tiers[tier]
-    io[tier] = _device_seconds(dev, misses, table.row_bytes, False) + _device_seconds(dev, misses, table.row_bytes, True)
+    device_misses = misses
+    if l2_rows > effective and topo.compute_device == "cuda" and tier in (Tier.SCM, Tier.SSD):
+        device_misses = unique * (1.0 - table.locality.hit_rate(min(float(table.num_embeddings), l2_rows), policy))
+        dram = topo.tiers[Tier.DRAM]
+        io[Tier.DRAM] = _device_seconds(dram, misses, table.row_bytes, False) + _device_seconds(
+            dram, misses, table.row_bytes, True)
+    io[tier] = _device_seconds(dev, device_misses, table.row_bytes, False) + _device_seconds(
+        dev, device_misses, table.row_bytes, True)
     if topo.compute_device == "cpu":  # moving rows takes the rank's own cores
-        compute += 2 * misses * dev.row_cpu_s
+        compute += 2 * device_misses * dev.row_cpu_s
     if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
         link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
         io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier

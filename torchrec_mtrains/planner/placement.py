@@ -14,6 +14,9 @@
    target), or the best the capacity allows (without one).
 3. What the compute tier has left is then spent the same way on any remaining device time
    (a budget that holds every table keeps every table whole in it).
+On a GPU node a SCM/SSD table may also get a host-DRAM cache under its HBM one (MTrainS's
+hierarchical cache): growing it is one more action, its DRAM bytes weighed against HBM bytes
+by how much more DRAM there is; moving a whole table into DRAM is costed the same way.
 Per-rank balance is the partitioner's job; the prediction here assumes an even spread.
 """
 
@@ -32,6 +35,7 @@ __all__ = ["Placement", "PlacementError", "place", "CACHE_FRACTIONS"]
 
 CACHE_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
 _SMALL_TABLE_BYTES = 4 << 20
+_L2_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0)
 MAX_TIER_UTILIZATION = 0.5
 """Share of a step a tier's device may be busy: queues and the I/O's own CPU work (on a CPU
 node it shares the cores with compute) make a device near saturation slow the step (the
@@ -68,6 +72,10 @@ def _cache_sizes(table: ModelTable) -> List[float]:
     return sizes
 
 
+def _l2_sizes(table: ModelTable) -> List[float]:
+    return [f * table.num_embeddings for f in _L2_FRACTIONS]
+
+
 def place(
     model: ModelSpec,
     topo: TieredTopology,
@@ -96,24 +104,36 @@ def place(
     io_budget = step_budget * world_size * max_tier_utilization  # device seconds per step, all ranks
 
     sizes = {t.name: _cache_sizes(t) for t in model.tables}
-    state: Dict[str, Tuple[Tier, int]] = {}  # table -> (tier, cache size index; -1 = whole in fast)
+    # On a GPU node a SCM/SSD table may also get a host-DRAM cache under its HBM one.
+    l2_ok = topo.compute_device == "cuda" and Tier.DRAM in caps
+    l2_sizes = {t.name: _l2_sizes(t) for t in model.tables} if l2_ok else {}
+    # Host-DRAM bytes weigh what HBM bytes do, scaled by how much more of them there is.
+    l2_weight = caps[fast] / caps[Tier.DRAM] if l2_ok and caps[Tier.DRAM] > 0 else 1.0
+    # table -> (tier, cache size index or -1 = whole in fast, L2 size index or -1 = none)
+    state: Dict[str, Tuple[Tier, int, int]] = {}
     io: Dict[Tier, float] = {}
-    costs: Dict[Tuple[str, Tier, int], TableCost] = {}
+    costs: Dict[Tuple[str, Tier, int, int], TableCost] = {}
 
-    def cost(table: ModelTable, tier: Tier, k: int) -> TableCost:
-        key = (table.name, tier, k)
+    def l2_rows(table: ModelTable, k2: int) -> float:
+        return 0.0 if k2 < 0 else l2_sizes[table.name][k2]
+
+    def cost(table: ModelTable, tier: Tier, k: int, k2: int = -1) -> TableCost:
+        key = (table.name, tier, k, k2)
         if key not in costs:
-            costs[key] = table_cost(table, tier, 0.0 if k < 0 else sizes[table.name][k], topo, model.batch_size, policy)
+            costs[key] = table_cost(table, tier, 0.0 if k < 0 else sizes[table.name][k], topo, model.batch_size,
+                                    policy, l2_rows(table, k2))
         return costs[key]
 
     def fast_bytes(table: ModelTable, k: int) -> float:
         return table.bytes if k < 0 else sizes[table.name][k] * table.row_bytes
 
-    def apply(table: ModelTable, tier: Tier, k: int, sign: float) -> None:
+    def apply(table: ModelTable, tier: Tier, k: int, k2: int, sign: float) -> None:
         if tier != fast or k >= 0:
             used[tier] += sign * (table.bytes if tier != fast else 0.0)
         used[fast] += sign * fast_bytes(table, k)
-        for t, sec in cost(table, tier, k).io_s.items():
+        if k2 >= 0:
+            used[Tier.DRAM] += sign * l2_rows(table, k2) * table.row_bytes
+        for t, sec in cost(table, tier, k, k2).io_s.items():
             io[t] = io.get(t, 0.0) + sign * sec
 
     by_name = {t.name: t for t in model.tables}
@@ -122,15 +142,15 @@ def place(
         # Keep whole: a table whose smallest cache would hold half of it, or a small one (a
         # tiered table costs a fixed step overhead that its bytes do not repay).
         if fast_bytes(table, 0) >= 0.5 * table.bytes or table.bytes <= _SMALL_TABLE_BYTES:
-            state[table.name] = (fast, -1)
-            apply(table, fast, -1, 1.0)
+            state[table.name] = (fast, -1, -1)
+            apply(table, fast, -1, -1, 1.0)
             continue
         for tier in backing:
             if used[tier] + table.bytes <= caps[tier] and used[fast] + fast_bytes(table, 0) <= caps[fast]:
-                state[table.name] = (tier, 0)
+                state[table.name] = (tier, 0, -1)
                 break
         else:
-            state[table.name] = (fast, -1)
+            state[table.name] = (fast, -1, -1)
             homeless.append(table.name)
         apply(table, *state[table.name], 1.0)
     if used[fast] > caps[fast]:
@@ -142,62 +162,70 @@ def place(
         return io.get(t, 0.0) > limit[0] * (1 + 1e-9)
 
     def actions(table: ModelTable):
-        tier, k = state[table.name]
+        tier, k, k2 = state[table.name]
         if k < 0:
             return
-        now = cost(table, tier, k).io_s
+        now = cost(table, tier, k, k2).io_s
         relief = sum(s for t, s in now.items() if over(t))
         if relief <= 0 and limit[0] > 0.0:
             return
         for faster in backing[backing.index(tier) + 1:] if tier in backing else []:
-            yield (table.name, faster, k, 0.0)
+            if faster != Tier.DRAM or k2 < 0:
+                # Host DRAM also holds the L2 caches on a GPU node: a move there costs its bytes.
+                yield (table.name, faster, k, k2, table.bytes * l2_weight if faster == Tier.DRAM and l2_ok else 0.0)
         if k + 1 < len(sizes[table.name]):
-            yield (table.name, tier, k + 1, fast_bytes(table, k + 1) - fast_bytes(table, k))
-        yield (table.name, fast, -1, fast_bytes(table, -1) - fast_bytes(table, k))
+            yield (table.name, tier, k + 1, k2, fast_bytes(table, k + 1) - fast_bytes(table, k))
+        if l2_ok and tier in (Tier.SCM, Tier.SSD) and k2 + 1 < len(l2_sizes[table.name]):
+            extra = (l2_rows(table, k2 + 1) - l2_rows(table, k2)) * table.row_bytes * l2_weight
+            yield (table.name, tier, k, k2 + 1, extra)
+        yield (table.name, fast, -1, -1, fast_bytes(table, -1) - fast_bytes(table, k))
 
-    def gain(name: str, tier: Tier, k: int) -> float:
+    def gain(name: str, tier: Tier, k: int, k2: int) -> float:
         table = by_name[name]
-        old_tier, old_k = state[name]
-        before, after = cost(table, old_tier, old_k), cost(table, tier, k)
+        old_tier, old_k, old_k2 = state[name]
+        before, after = cost(table, old_tier, old_k, old_k2), cost(table, tier, k, k2)
         saved = sum(s for t, s in before.io_s.items() if over(t)) - sum(s for t, s in after.io_s.items() if over(t))
         if limit[0] == 0.0:  # phase 3: the cache's own compute counts too
             saved += before.compute_s - after.compute_s
         return saved
 
-    heap: List[Tuple[float, str, int, Tier, int]] = []
+    heap: List[Tuple[float, str, int, Tier, int, int]] = []
     seq = 0
 
     def push(table: ModelTable) -> None:
         nonlocal seq
-        for name, tier, k, extra in actions(table):
-            g = gain(name, tier, k)
+        for name, tier, k, k2, extra in actions(table):
+            g = gain(name, tier, k, k2)
             if g > 0:
                 seq += 1
-                heapq.heappush(heap, (-g / max(extra, 1.0), name, seq, tier, k))
+                heapq.heappush(heap, (-g / max(extra, 1.0), name, seq, tier, k, k2))
 
     def relieve() -> None:
         while heap and any(over(t) for t in io):
             step_once()
 
     def step_once() -> None:
-        _, name, _, tier, k = heapq.heappop(heap)
+        _, name, _, tier, k, k2 = heapq.heappop(heap)
         table = by_name[name]
-        old_tier, old_k = state[name]
-        valid = (tier == fast and k == -1) or (tier == old_tier and k == old_k + 1) or (
-            tier not in (old_tier, fast) and k == old_k and old_tier in backing
+        old_tier, old_k, old_k2 = state[name]
+        valid = (tier == fast and k == -1) or (tier == old_tier and k2 == old_k2 and k == old_k + 1) or (
+            tier == old_tier and k == old_k and k2 == old_k2 + 1) or (
+            tier not in (old_tier, fast) and k == old_k and k2 == old_k2 and old_tier in backing
             and backing.index(tier) > backing.index(old_tier)
         )
-        if old_k < 0 or not valid or gain(name, tier, k) <= 0:
+        if old_k < 0 or not valid or gain(name, tier, k, k2) <= 0:
             return  # made stale by an earlier action
-        apply(table, old_tier, old_k, -1.0)
-        apply(table, tier, k, 1.0)
+        dram_was_over = over(Tier.DRAM)
+        apply(table, old_tier, old_k, old_k2, -1.0)
+        apply(table, tier, k, k2, 1.0)
         fits = all(used[t] <= caps[t] * (1 + 1e-9) for t in used)
-        moved_onto_busy = tier != fast and tier != old_tier and over(tier)
+        moved_onto_busy = (tier != fast and tier != old_tier and over(tier)) or (
+            k2 > old_k2 and over(Tier.DRAM) and not dram_was_over)
         if not fits or moved_onto_busy:
-            apply(table, tier, k, -1.0)
-            apply(table, old_tier, old_k, 1.0)
+            apply(table, tier, k, k2, -1.0)
+            apply(table, old_tier, old_k, old_k2, 1.0)
             return
-        state[name] = (tier, k)
+        state[name] = (tier, k, k2)
         push(table)
 
     for table in model.tables:  # 2. relieve tiers over their budget
@@ -213,7 +241,8 @@ def place(
     for table in model.tables:
         push(table)
     relieve()
-    placed = {name: (tier, 0.0 if k < 0 else sizes[name][k]) for name, (tier, k) in state.items()}
+    placed = {name: (tier, 0.0 if k < 0 else sizes[name][k], l2_rows(by_name[name], k2))
+              for name, (tier, k, k2) in state.items()}
     return _finish(model, topo, world_size, placed, used, caps, policy)
 
 
@@ -235,8 +264,8 @@ def _finish(model, topo, world_size, placed, used, caps, policy) -> Placement:
     compute, io = 0.0, {}
     qps = model.target_qps or 0.0
     for table in model.tables:
-        tier, rows = placed[table.name]
-        cost = table_cost(table, tier, rows, topo, model.batch_size, policy)
+        tier, rows, l2 = placed[table.name]
+        cost = table_cost(table, tier, rows, topo, model.batch_size, policy, l2)
         costs[table.name] = cost
         compute += cost.compute_s
         for t, s in cost.io_s.items():
@@ -244,6 +273,7 @@ def _finish(model, topo, world_size, placed, used, caps, policy) -> Placement:
         tables[table.name] = TablePlacement(
             table.name, tier, int(round(rows)), cost.hit_rate,
             cost.tier_bytes_per_step * (qps / model.batch_size if qps else 0.0),
+            extra={"l2_cache_rows": float(round(l2))} if l2 else {},
         )
     dense = topo.compute.dense_s_per_sample * model.batch_size
     step = step_seconds(compute / world_size, {t: s / world_size for t, s in io.items()}, dense / world_size)
