@@ -32,6 +32,7 @@ from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_codec import SUPPORTED_OPTIMIZERS, SUPPORTED_PRECISIONS, RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
 from torchrec_mtrains.storage import RowStore
+from torchrec_mtrains.testing.faults import fault_point
 from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredEmbeddingBags"]
@@ -258,6 +259,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             for t, cache in enumerate(self._caches):
                 cache.mark_dirty(job.slots[t])
         self._last_forward_step = job.step
+        fault_point("forward")
         return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
 
     def _submit(self, indices: torch.Tensor, offsets: torch.Tensor) -> _Step:
@@ -272,6 +274,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         return job
 
     def _plan(self, job: _Step, oldest_live: int, train: bool) -> None:
+        fault_point("prefetch.before")
         remapped = []
         for t, part in enumerate(job.batch.per_table):
             counters = self._counters[t]
@@ -298,6 +301,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             remapped.append(slots)
         job.slots = remapped
         job.remapped = torch.cat(remapped) if len(remapped) > 1 else remapped[0]
+        fault_point("prefetch.after")
 
     def _finish(self, job: _Step) -> None:
         """Waits for the job's plan; grows the TBE (between steps) if the cache overflowed."""
@@ -345,6 +349,7 @@ class TieredEmbeddingBags(torch.nn.Module):
                 self._stores[t].write(rows, self._codecs[t].gather(self._weights[t], self._states[t], slots))
                 self._counters[t].rows_written_back += rows.numel()
             self._stores[t].flush()
+            fault_point("flush.table")
 
     def set_rows(
         self,
