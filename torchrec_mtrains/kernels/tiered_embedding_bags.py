@@ -13,6 +13,7 @@ the next batch on a background thread while the current one computes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import time
@@ -286,10 +287,12 @@ class TieredEmbeddingBags(torch.nn.Module):
             counters.plan_seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
             if evict_rows.numel():
-                store.write(evict_rows, codec.gather(self._weights[t], self._states[t], evict_slots))
+                with self._naming(t):
+                    store.write(evict_rows, codec.gather(self._weights[t], self._states[t], evict_slots))
                 counters.rows_written_back += evict_rows.numel()
             if load_rows.numel():
-                rows = store.read(load_rows)
+                with self._naming(t):
+                    rows = store.read(load_rows)
                 counters.rows_loaded += load_rows.numel()
                 ready = load_slots < self._tbe_rows[t]
                 if bool(ready.all()):
@@ -325,6 +328,15 @@ class TieredEmbeddingBags(torch.nn.Module):
                 self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
                 raise
 
+    @contextlib.contextmanager
+    def _naming(self, t: int):
+        """Re-raises a store's OSError (a full disk, a failed or corrupt read; its message
+        names the file) with the table and tier in front, keeping its type and errno."""
+        try:
+            yield
+        except OSError as e:
+            raise type(e)(e.errno, f"table {self.table_names[t]} on {self.tier.name}: {e.strerror or e}") from e
+
     def _check_usable(self) -> None:
         if self._closed:
             raise ValueError("TieredEmbeddingBags is closed")
@@ -345,10 +357,11 @@ class TieredEmbeddingBags(torch.nn.Module):
             rows, slots = cache.take_dirty(live)
             ready = slots < self._tbe_rows[t]
             rows, slots = rows[ready], slots[ready]
-            if rows.numel():
-                self._stores[t].write(rows, self._codecs[t].gather(self._weights[t], self._states[t], slots))
-                self._counters[t].rows_written_back += rows.numel()
-            self._stores[t].flush()
+            with self._naming(t):
+                if rows.numel():
+                    self._stores[t].write(rows, self._codecs[t].gather(self._weights[t], self._states[t], slots))
+                    self._counters[t].rows_written_back += rows.numel()
+                self._stores[t].flush()
             fault_point("flush.table")
 
     def set_rows(
