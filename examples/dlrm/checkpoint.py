@@ -36,6 +36,7 @@ from torchrec_mtrains.testing.faults import fault_point
 __all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
 _PREFIX = "step_"
+_FULL_BYTES = 1 << 20  # a failed save with less free space than this is reported as ENOSPC
 
 
 class _Writer(dcp.FileSystemWriter):
@@ -105,9 +106,13 @@ def save_checkpoint(directory: str, step: int, model, dense_optimizer, trainer: 
         if dist.get_rank() == 0:
             _write_atomic(os.path.join(path, "trainer.json"), json.dumps({**trainer, "step": step}))
     except (CheckpointException, OSError) as e:
+        code = _errno_of(e)
+        if code == errno.EIO and shutil.disk_usage(directory).free < _FULL_BYTES:
+            # DCP writes tensors through torch.save's zip writer, which reports a full disk
+            # as RuntimeError("unexpected pos ..."): name the cause from the free space.
+            code = errno.ENOSPC
         if dist.get_rank() == 0:
             shutil.rmtree(path, ignore_errors=True)
-        code = _errno_of(e)
         raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {_first_line(e)}; "
                             f"the latest complete checkpoint is still {previous}") from e
     if dist.get_rank() == 0:

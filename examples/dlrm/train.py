@@ -214,8 +214,14 @@ class Trainer:
     def run(self, batches, start: int) -> None:
         from tqdm import tqdm
 
-        step = start
         bar = tqdm(total=self.args.steps, initial=start, disable=self.rank != 0, unit="step", dynamic_ncols=True)
+        try:
+            self._loop(bar, batches, start)
+        finally:
+            bar.close()  # an error message then starts on a line of its own
+
+    def _loop(self, bar, batches, start: int) -> None:
+        step = start
         while True:
             try:
                 loss, logits, labels = self.pipeline.progress(batches)
@@ -233,7 +239,6 @@ class Trainer:
                 self._log(bar, step)
             if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
                 save_checkpoint(self.args.checkpoint_dir, step, self.dmp, self.dense_opt, self.state)
-        bar.close()
 
     def _log(self, bar, step: int) -> None:
         scores = np.concatenate([w[0] for w in self.window])
