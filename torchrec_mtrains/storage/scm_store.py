@@ -8,8 +8,10 @@ vectorised gathers and scatters, without block I/O.
 File layout (little-endian): a 4 KiB header (magic ``MTRNSCM1`` then a JSON object with the
 table's shape, dtype, init range and seed), then ``num_rows`` rows of
 ``(dim + state_dim) * itemsize`` bytes, then one byte per row that is 1 once the row has been
-written. Rows never written read as their deterministic initial value (lazy_init.py), so a
-table is created instantly as a sparse file.
+written. Rows never written read as their deterministic initial value (lazy_init.py). The
+file's blocks are reserved at creation (``posix_fallocate``): a store in a mapping cannot
+report a full disk on write -- the kernel sends SIGBUS -- so a table that does not fit fails
+at creation with an OSError naming its file instead.
 """
 
 from __future__ import annotations
@@ -80,12 +82,13 @@ class ScmStore(RowStore):
             raise FileNotFoundError(e.errno, f"the directory of {path} does not exist") from None
         try:
             os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later store
             os.pwrite(fd, header.ljust(_HEADER_BYTES, b"\0"), 0)
             os.fsync(fd)
         except OSError as e:
             os.close(fd)
             os.unlink(path)
-            raise OSError(e.errno, f"cannot create {path}: {e.strerror}") from None
+            raise OSError(e.errno, f"cannot create {path} ({size:,} bytes): {e.strerror}") from None
         os.close(fd)
         self._map(path, meta)
 
