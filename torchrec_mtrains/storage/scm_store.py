@@ -8,10 +8,13 @@ vectorised gathers and scatters, without block I/O.
 File layout (little-endian): a 4 KiB header (magic ``MTRNSCM1`` then a JSON object with the
 table's shape, dtype, init range and seed), then ``num_rows`` rows of
 ``(dim + state_dim) * itemsize`` bytes, then one byte per row that is 1 once the row has been
-written. Rows never written read as their deterministic initial value (lazy_init.py). The
-file's blocks are reserved at creation (``posix_fallocate``): a store in a mapping cannot
-report a full disk on write -- the kernel sends SIGBUS -- so a table that does not fit fails
-at creation with an OSError naming its file instead.
+written. Rows never written read as their deterministic initial value (lazy_init.py).
+
+A store into a mapping cannot report a full disk -- the kernel sends SIGBUS and the process
+dies -- so by default the file's blocks are reserved at creation (``posix_fallocate``: on
+ext4/xfs an instant extent allocation) and a table that does not fit fails there with an
+OSError naming its file. ``preallocate=False`` makes a sparse file that takes no space until
+rows are written, for tables far larger than what they will ever touch, at that risk.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class ScmStore(RowStore):
         init_range: Tuple[float, float] = (-0.01, 0.01),
         seed: int = 0,
         overwrite: bool = False,
+        preallocate: bool = True,
     ) -> None:
         check_int("num_rows", num_rows, 1, 2**40)
         check_int("dim", dim, 1, 2**20)
@@ -82,7 +86,8 @@ class ScmStore(RowStore):
             raise FileNotFoundError(e.errno, f"the directory of {path} does not exist") from None
         try:
             os.ftruncate(fd, size)
-            os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later store
+            if preallocate:
+                os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later store
             os.pwrite(fd, header.ljust(_HEADER_BYTES, b"\0"), 0)
             os.fsync(fd)
         except OSError as e:
