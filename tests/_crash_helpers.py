@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,7 +46,17 @@ def train_cmd(storage: str, ckpt: str, out: str, *more: str) -> List[str]:
 
 
 def run(cmd: List[str], environ: Dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
+    """Runs ``cmd`` in a session of its own; on timeout kills the whole group (torchrun's
+    workers too, which would outlive it) and raises TimeoutExpired."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def metrics(out: str) -> dict:
