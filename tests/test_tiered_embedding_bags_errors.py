@@ -247,3 +247,21 @@ def test_forward_of_a_batch_other_than_the_prefetched_one(tmp_path: Path, pipeli
             ker(steps[10].indices, off)
 
     _run_with_a_bad_call(tmp_path, Tier.SCM, pipeline, Workload(steps=20, data_seed=33), bad_call, queued=1)
+
+
+# Tier I/O errors ----------------------------------------------------------------------------
+def test_tier_io_error_names_table_tier_and_file(tmp_path: Path) -> None:
+    """A full disk under a table (ENOSPC injected into its block store) surfaces as an
+    OSError with errno 28 naming the table, its tier and its file (docs/reliability.md)."""
+    import errno
+
+    ker = make_kernel(Model(), Tier.SSD, tmp_path, cache_rows=8, table_names=["users", "items"])
+    steps = make_steps(Model().specs, Workload(steps=3, data_seed=5))
+    for s in steps:
+        ker(s.indices, s.offsets).sum().backward()
+    ker._stores[1]._inject_fault("write_error", count=1000, errno_code=errno.ENOSPC)
+    with pytest.raises(OSError) as info:
+        ker.flush()
+    msg = str(info.value)
+    assert info.value.errno == errno.ENOSPC, msg
+    assert "table items on SSD: " in msg and str(tmp_path / "items.blk") in msg, msg

@@ -33,7 +33,7 @@ from torchrec_mtrains.stats import (
 )
 
 __all__ = ["DENSE_FEATURES", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES", "criteo_files",
-           "criteo_batches", "table_locality"]
+           "criteo_batches", "scaled_tables", "table_locality"]
 
 DENSE_FEATURES = 13
 CALIBRATION_STEPS = 200  # the histogram is matched over this many steps...
@@ -67,6 +67,14 @@ DEFAULT_TABLES: Sequence[SyntheticTableSpec] = (
     SyntheticTableSpec("t8_10k", 10_000, 1.0),
     SyntheticTableSpec("t9_10k", 10_000, 1.0),
 )
+
+
+def scaled_tables(scale: float) -> List[SyntheticTableSpec]:
+    """DEFAULT_TABLES with ``scale`` x their rows (at least 1,000 rows each): ``--table-scale``,
+    for tests that need a run (and its checkpoints) of a few seconds."""
+    if scale == 1.0:
+        return list(DEFAULT_TABLES)
+    return [dataclasses.replace(t, num_rows=max(1000, int(t.num_rows * scale))) for t in DEFAULT_TABLES]
 
 
 def table_locality(spec: SyntheticTableSpec, global_batch: int) -> Dict[str, object]:

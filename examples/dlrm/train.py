@@ -6,8 +6,11 @@ environment (defaults: one process) and spawns nothing. Launch with torchx::
     torchx run -s local_cwd examples/dlrm/component.py:dlrm -- --steps 200
     torchx run -s local_cwd dist.ddp -j 1x2 --script examples/dlrm/train.py -- --steps 200
 
-Exit codes: 0 done; 2 bad input (flags, hardware profile, data dir), nothing written to --out.
-See docs/example.md.
+Exit codes: 0 done; 1 an I/O error while training or checkpointing (a full disk: the message
+names the table or checkpoint and the path; the last complete checkpoint stays usable);
+2 bad input (flags, hardware profile, data dir), nothing written to --out.
+Restarted by torchrun (TORCHELASTIC_RESTART_COUNT > 0) with a checkpoint in --checkpoint-dir,
+it resumes from it as with --resume. See docs/example.md and docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from data import (  # noqa: E402
-    DEFAULT_TABLES,
     DENSE_FEATURES,
     SyntheticData,
     criteo_batches,
     criteo_files,
+    scaled_tables,
     table_locality,
 )
 from placement import (  # noqa: E402
@@ -48,6 +51,9 @@ from placement import (  # noqa: E402
 )
 from report import auc, format_table, write_outputs  # noqa: E402
 
+from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
+
+EXIT_IO_ERROR = 1
 EXIT_BAD_INPUT = 2
 DEFAULT_DRAM_BUDGET = "64MiB"  # per rank: the default model then needs SCM and SSD
 CRITEO_ROWS = 1_000_000  # rows per Criteo table (ids hashed into them)
@@ -64,6 +70,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=512, help="samples per rank and step")
     p.add_argument("--seed", type=int, default=0, help="data and initial weights")
     p.add_argument("--embedding-dim", type=int, default=32, help="dim of every table (multiple of 4)")
+    p.add_argument("--table-scale", type=float, default=1.0,
+                   help="synthetic tables get this fraction of their rows (at least 1,000): small runs for tests")
     p.add_argument("--dcn", action="store_true", help="DLRM-DCN (cross layers) instead of DLRM's dot interaction")
     p.add_argument("--hardware", default=DEFAULT_PROFILE,
                    help="hardware profile: a shipped name (local) or a YAML file (`mtrains probe-hw --out F`)")
@@ -88,6 +96,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.checkpoint_every < 0 or args.eval_batches < 0:
         p.error("--checkpoint-every and --eval-batches must be >= 0")
+    if not 0 < args.table_scale <= 1:
+        p.error(f"--table-scale must be in (0, 1], got {args.table_scale}")
     if args.embedding_dim < 4 or args.embedding_dim % 4:
         p.error(f"--embedding-dim must be a positive multiple of 4, got {args.embedding_dim}")
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
@@ -119,7 +129,7 @@ def table_infos(args: argparse.Namespace) -> Tuple[List[TableInfo], Optional[Lis
         return [TableInfo(f"t_{n}", CRITEO_ROWS, args.embedding_dim) for n in DEFAULT_CAT_NAMES], prefixes
     world = dist_env()[1]
     return [TableInfo(t.name, t.num_rows, args.embedding_dim, table_locality(t, args.batch_size * world))
-            for t in DEFAULT_TABLES], None
+            for t in scaled_tables(args.table_scale)], None
 
 
 def build_model(args: argparse.Namespace, tables: List[TableInfo], features: List[str]):
@@ -219,8 +229,14 @@ class Trainer:
     def run(self, batches, start: int) -> None:
         from tqdm import tqdm
 
-        step = start
         bar = tqdm(total=self.args.steps, initial=start, disable=self.rank != 0, unit="step", dynamic_ncols=True)
+        try:
+            self._loop(bar, batches, start)
+        finally:
+            bar.close()  # an error message then starts on a line of its own
+
+    def _loop(self, bar, batches, start: int) -> None:
+        step = start
         while True:
             try:
                 loss, logits, labels = self.pipeline.progress(batches)
@@ -232,12 +248,12 @@ class Trainer:
             self.state["losses"].append(float(loss) / self.world)
             self.step_times.append(time.perf_counter())
             self.window.append((logits.float().numpy(), labels.float().numpy()))
+            fault_point("step")
             bar.update(1)
             if step % self.args.log_every == 0 or step == self.args.steps:
                 self._log(bar, step)
             if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
                 save_checkpoint(self.args.checkpoint_dir, step, self.dmp, self.dense_opt, self.state)
-        bar.close()
 
     def _log(self, bar, step: int) -> None:
         scores = np.concatenate([w[0] for w in self.window])
@@ -268,6 +284,12 @@ def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
         check_fits(planner, build_model(args, tables, [f"f_{t.name}" for t in tables]), args.dram_budget)
     except ValueError as e:
         raise BadInput(str(e)) from None
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if not args.resume and restarts > 0 and args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir):
+        args.resume = True  # torchrun restarted the job: continue from its last checkpoint
+        if rank == 0:
+            print(f"train.py: restart {restarts}: resuming from {latest_checkpoint(args.checkpoint_dir)}",
+                  file=sys.stderr, flush=True)
     if args.resume and latest_checkpoint(args.checkpoint_dir) is None:
         raise BadInput(f"--resume: no complete checkpoint in {args.checkpoint_dir!r}")
     if args.device == "cuda":
@@ -299,12 +321,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     root, made = storage_root(args, rank)
     try:
-        return train(args, tables, prefixes, hardware, root, rank, world)
-    finally:
-        dist.barrier()
+        code = train(args, tables, prefixes, hardware, root, rank, world)
+    except OSError as e:
+        # A full disk, a failing device: the message names the table or checkpoint and the
+        # path. No collective here: the other ranks may be stuck in one (torchrun ends them).
+        print(f"train.py: error (rank {rank}): {e}", file=sys.stderr, flush=True)
         if made and rank == 0:
             shutil.rmtree(root, ignore_errors=True)
-        dist.destroy_process_group()
+        return EXIT_IO_ERROR
+    dist.barrier()
+    if made and rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    dist.destroy_process_group()
+    return code
 
 
 def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) -> int:
@@ -315,7 +344,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
 
         features = list(DEFAULT_CAT_NAMES)
     else:
-        data = SyntheticData(DEFAULT_TABLES, args.batch_size, args.seed)
+        data = SyntheticData(scaled_tables(args.table_scale), args.batch_size, args.seed)
         features = data.feature_names()
     torch.manual_seed(args.seed)
     dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), planner)

@@ -13,6 +13,7 @@ the next batch on a background thread while the current one computes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import time
@@ -32,6 +33,7 @@ from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_codec import SUPPORTED_OPTIMIZERS, SUPPORTED_PRECISIONS, RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
 from torchrec_mtrains.storage import RowStore
+from torchrec_mtrains.testing.faults import fault_point
 from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredEmbeddingBags"]
@@ -274,6 +276,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             for t, cache in enumerate(self._caches):
                 cache.mark_dirty(job.slots[t])
         self._last_forward_step = job.step
+        fault_point("forward")
         return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
 
     def _submit(self, indices: torch.Tensor, offsets: torch.Tensor) -> _Step:
@@ -294,6 +297,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         displaces are not locked by any live step, so none of them is being filled or
         computed on, and their rows are copied out here, before any later load reuses them.
         """
+        fault_point("prefetch.before")
         remapped, moves = [], []
         for t, part in enumerate(job.batch.per_table):
             counters = self._counters[t]
@@ -309,6 +313,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         job.moves = moves
         job.slots = remapped
         job.remapped = torch.cat(remapped) if len(remapped) > 1 else remapped[0]
+        fault_point("prefetch.after")
 
     def _move(self, job: _Step) -> None:
         """Stage 2 (I/O worker, in step order): writes the evicted rows back and reads the
@@ -321,7 +326,8 @@ class TieredEmbeddingBags(torch.nn.Module):
             n_load = m.load_rows.numel()
             if n_load or m.evict_rows.numel():
                 m.buffer = self._take_buffer(t, n_load)
-                m.rows = self._stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
+                with self._naming(t):
+                    m.rows = self._stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
                 m.evicted = None
             m.move_seconds = time.perf_counter() - t0
 
@@ -382,6 +388,15 @@ class TieredEmbeddingBags(torch.nn.Module):
                 self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
                 raise
 
+    @contextlib.contextmanager
+    def _naming(self, t: int):
+        """Re-raises a store's OSError (a full disk, a failed or corrupt read; its message
+        names the file) with the table and tier in front, keeping its type and errno."""
+        try:
+            yield
+        except OSError as e:
+            raise type(e)(e.errno, f"table {self.table_names[t]} on {self.tier.name}: {e.strerror or e}") from e
+
     def _check_usable(self) -> None:
         if self._closed:
             raise ValueError("TieredEmbeddingBags is closed")
@@ -402,10 +417,12 @@ class TieredEmbeddingBags(torch.nn.Module):
             rows, slots = cache.take_dirty(live)
             ready = slots < self._tbe_rows[t]
             rows, slots = rows[ready], slots[ready]
-            if rows.numel():
-                self._stores[t].write(rows, self._codecs[t].gather(self._weights[t], self._states[t], slots))
-                self._counters[t].rows_written_back += rows.numel()
-            self._stores[t].flush()
+            with self._naming(t):
+                if rows.numel():
+                    self._stores[t].write(rows, self._codecs[t].gather(self._weights[t], self._states[t], slots))
+                    self._counters[t].rows_written_back += rows.numel()
+                self._stores[t].flush()
+            fault_point("flush.table")
 
     def set_rows(
         self,

@@ -10,8 +10,13 @@ table's shape, dtype, init range and seed, zero padding, and in its last 4 bytes
 (zlib) of the bytes before them; 0 there marks a file written before the checksum), then
 ``num_rows`` rows of
 ``(dim + state_dim) * itemsize`` bytes, then one byte per row that is 1 once the row has been
-written. Rows never written read as their deterministic initial value (lazy_init.py), so a
-table is created instantly as a sparse file.
+written. Rows never written read as their deterministic initial value (lazy_init.py).
+
+A store into a mapping cannot report a full disk -- the kernel sends SIGBUS and the process
+dies -- so by default the file's blocks are reserved at creation (``posix_fallocate``: on
+ext4/xfs an instant extent allocation) and a table that does not fit fails there with an
+OSError naming its file. ``preallocate=False`` makes a sparse file that takes no space until
+rows are written, for tables far larger than what they will ever touch, at that risk.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class ScmStore(RowStore):
         init_range: Tuple[float, float] = (-0.01, 0.01),
         seed: int = 0,
         overwrite: bool = False,
+        preallocate: bool = True,
     ) -> None:
         check_int("num_rows", num_rows, 1, 2**40)
         check_int("dim", dim, 1, 2**20)
@@ -86,12 +92,14 @@ class ScmStore(RowStore):
             raise FileNotFoundError(e.errno, f"the directory of {path} does not exist") from None
         try:
             os.ftruncate(fd, size)
+            if preallocate:
+                os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later store
             os.pwrite(fd, header, 0)
             os.fsync(fd)
         except OSError as e:
             os.close(fd)
             os.unlink(path)
-            raise OSError(e.errno, f"cannot create {path}: {e.strerror}") from None
+            raise OSError(e.errno, f"cannot create {path} ({size:,} bytes): {e.strerror}") from None
         os.close(fd)
         self._map(path, meta)
 

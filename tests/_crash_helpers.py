@@ -1,0 +1,94 @@
+"""Running examples/dlrm/train.py as a subprocess for the crash, restart and full-disk tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "examples", "dlrm", "train.py")
+sys.path.insert(0, os.path.join(ROOT, "examples", "dlrm"))
+
+# A run of a few seconds: tables at 5% of their rows (100K rows down to 1K), an 8 MiB DRAM
+# budget so the planner puts one table on SCM and two on SSD, a checkpoint every 4 steps.
+STEPS = 20
+EVERY = 4
+SMALL = ["--steps", str(STEPS), "--batch-size", "64", "--table-scale", "0.05", "--dram-budget", "8MiB",
+         "--checkpoint-every", str(EVERY), "--eval-batches", "1", "--log-every", "5"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(fault: Optional[str] = None, **extra: str) -> Dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MTRAINS_FAULT", "TORCHELASTIC"))}
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    e["MASTER_PORT"] = str(free_port())
+    e["OMP_NUM_THREADS"] = "1"
+    if fault:
+        e["MTRAINS_FAULT"] = fault
+    e.update(extra)
+    return e
+
+
+def train_cmd(storage: str, ckpt: str, out: str, *more: str) -> List[str]:
+    return [sys.executable, TRAIN, *SMALL, "--storage-dir", storage, "--checkpoint-dir", ckpt, "--out", out, *more]
+
+
+def run(cmd: List[str], environ: Dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``cmd`` in a session of its own; on timeout kills the whole group (torchrun's
+    workers too, which would outlive it) and raises TimeoutExpired."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def metrics(out: str) -> dict:
+    with open(os.path.join(out, "metrics.json")) as f:
+        return json.load(f)
+
+
+def checkpoint_tensors(path: str, tmp: str) -> Dict[str, torch.Tensor]:
+    """A DCP checkpoint as flat {key: tensor} (read without a process group)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dst = os.path.join(tmp, os.path.basename(path) + f".{os.getpid()}.{len(os.listdir(tmp))}.pt")
+    dcp_to_torch_save(path, dst)
+    flat: Dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, obj: object) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(obj, torch.Tensor):
+            flat[prefix] = obj
+        else:
+            flat[prefix] = torch.tensor(obj) if isinstance(obj, (int, float)) else obj
+
+    walk("", torch.load(dst, weights_only=False))
+    return flat
+
+
+def assert_same_tensors(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), f"{k} differs: max |diff| {(a[k].double() - b[k].double()).abs().max()}"
+        else:
+            assert a[k] == b[k], k
