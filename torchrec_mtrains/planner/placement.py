@@ -200,8 +200,8 @@ def place(
                 seq += 1
                 heapq.heappush(heap, (-g / max(extra, 1.0), name, seq, tier, k, k2))
 
-    def relieve() -> None:
-        while heap and any(over(t) for t in io):
+    def relieve(until_empty: bool = False) -> None:
+        while heap and (until_empty or any(over(t) for t in io)):
             step_once()
 
     def step_once() -> None:
@@ -240,7 +240,7 @@ def place(
     heap.clear()
     for table in model.tables:
         push(table)
-    relieve()
+    relieve(until_empty=True)  # the cache's own compute counts even where no device time is left
     placed = {name: (tier, 0.0 if k < 0 else sizes[name][k], l2_rows(by_name[name], k2))
               for name, (tier, k, k2) in state.items()}
     return _finish(model, topo, world_size, placed, used, caps, policy)
