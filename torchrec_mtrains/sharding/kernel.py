@@ -8,6 +8,7 @@ fused optimizer's state (read through the tiers on demand) as TorchRec's FUSED k
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -29,7 +30,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_mtrains.kernels import TieredEmbeddingBags
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.sharding.staging import StagingArea
-from torchrec_mtrains.sharding.types import TieredParams
+from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
 from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "rank_storage_dir"]
@@ -47,6 +48,15 @@ def rank_storage_dir(storage_dir: Optional[str], rank: int) -> Optional[str]:
 def _shard_name(table: ShardedEmbeddingTable) -> str:
     offsets = table.local_metadata.shard_offsets if table.local_metadata is not None else [0, 0]
     return f"{table.name}.r{offsets[0]}.c{offsets[1]}"
+
+
+def _shard_cache_rows(params: TieredParams, table: ShardedEmbeddingTable) -> int:
+    """A shard's cache slots: its table's own load factor (each table of a group may have
+    its own, under TorchRec's ``cache_load_factor``), else the group's settings."""
+    lf = (table.fused_params or {}).get(CACHE_LOAD_FACTOR)
+    if lf is None:
+        return params.shard_cache_rows(table.local_rows, table.num_embeddings)
+    return max(1, math.ceil(float(lf) * table.local_rows))
 
 
 def _optimizer_of(fused_params: Dict[str, Any]) -> Tuple[EmbOptimType, float, float]:
@@ -116,7 +126,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             self._emb = TieredEmbeddingBags(
                 [(t.local_rows, t.local_cols) for t in tables],
                 tier=self.params.tier,
-                cache_rows=[self.params.shard_cache_rows(t.local_rows, t.num_embeddings) for t in tables],
+                cache_rows=[_shard_cache_rows(self.params, t) for t in tables],
                 storage_dir=self.storage_dir,
                 optimizer=optimizer,
                 learning_rate=lr,

@@ -33,7 +33,7 @@ from torchrec_mtrains.sharding.lookup import (
     TIERED_SHARDINGS,
     TieredGroupedPooledEmbeddingsLookup,
 )
-from torchrec_mtrains.sharding.types import TieredParameterSharding
+from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, FUSED_PARAM_KEYS, TieredParameterSharding
 
 __all__ = ["ShardedTieredEmbeddingBagCollection"]
 
@@ -63,8 +63,13 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         for info in tiered:
             ps = info.param_sharding
             if isinstance(ps, TieredParameterSharding) and ps.tiered is not None:
-                # Tier settings join fused_params, so TorchRec groups tables by them.
-                info.fused_params = {**(info.fused_params or {}), **ps.tiered.to_fused_params()}
+                # Tier settings join fused_params, so TorchRec groups tables by them; the
+                # cache size goes under TorchRec's own "cache_load_factor", which its
+                # grouping ignores, so tables differing only in cache size share a kernel.
+                fused = {**(info.fused_params or {}), **ps.tiered.to_fused_params()}
+                fused[CACHE_LOAD_FACTOR] = ps.tiered.load_factor(info.embedding_config.num_embeddings)
+                fused[FUSED_PARAM_KEYS[1]] = fused[FUSED_PARAM_KEYS[2]] = None
+                info.fused_params = fused
         sharding_type = sharding_infos[0].param_sharding.sharding_type
         sharding_cls = TIERED_SHARDINGS.get(sharding_type)
         if sharding_cls is None:

@@ -17,7 +17,9 @@ from torchrec.distributed.types import ParameterSharding
 
 from torchrec_mtrains.types import Tier
 
-__all__ = ["TieredParams", "TieredParameterSharding", "FUSED_PARAM_KEYS"]
+__all__ = ["CACHE_LOAD_FACTOR", "FUSED_PARAM_KEYS", "TieredParameterSharding", "TieredParams"]
+
+CACHE_LOAD_FACTOR = "cache_load_factor"  # TorchRec's key; its table grouping leaves it out
 
 _PREFIX = "mtrains_"
 FUSED_PARAM_KEYS = tuple(
@@ -92,6 +94,12 @@ class TieredParams:
             raise ValueError(f"fused_params[{FUSED_PARAM_KEYS[0]!r}]={tier!r} is not a tier") from None
         return TieredParams(tier, rows, lf, algo or "lru", storage_dir,
                             1024.0 if ram_mb is None else ram_mb)
+
+    def load_factor(self, num_embeddings: int) -> float:
+        """The cache size as a fraction of the table's rows."""
+        if self.cache_rows is not None:
+            return self.cache_rows / num_embeddings
+        return 0.2 if self.cache_load_factor is None else float(self.cache_load_factor)
 
     def shard_cache_rows(self, local_rows: int, num_embeddings: int) -> int:
         """Cache slots for a shard of ``local_rows`` of a table of ``num_embeddings`` rows."""
