@@ -82,7 +82,8 @@ for b in "${BUILDS[@]}"; do
     # TSan looks for races, not parser bugs: a tenth of the fuzz iterations there.
     iters=$FUZZ_ITERS
     [[ $b == tsan ]] && iters=$((FUZZ_ITERS / 10))
-    if ! FUZZ_ITERS=$iters "$dir/$name" "$scratch" >"$dir/$name.log" 2>&1; then
+    # A driver that hangs fails here (DRIVER_TIMEOUT_S, default 600) instead of running into CI's limit.
+    if ! FUZZ_ITERS=$iters timeout "${DRIVER_TIMEOUT_S:-600}" "$dir/$name" "$scratch" >"$dir/$name.log" 2>&1; then
       tail -40 "$dir/$name.log" >&2
       die "$name failed under the '$b' build (full log: $dir/$name.log)"
     fi
