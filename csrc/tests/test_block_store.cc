@@ -399,6 +399,9 @@ void TestStoreConcurrent(IoEngineKind engine) {
         CHECK(v >= int64_t(floor[i])) << "row " << ids[i] << " read version " << v << " < published " << floor[i];
       }
       reads.fetch_add(1);
+      // The store's mutex is not fair: readers in a tight loop can starve the writer for
+      // minutes (seen: 135 s). A short pause keeps the three interleaved, not the writer waiting.
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   };
   std::thread writer([&] {
