@@ -505,7 +505,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         if not 0 <= start <= stop <= rows_t:
             raise IndexError(f"table {self.table_names[table]}: rows [{start}, {stop}) outside [0, {rows_t})")
         weights, state = self._codecs[table].split(self._full_rows(table, start, stop))
-        if state is None or self._codecs[table].state_values == 0:
+        if state is None:  # SGD: no state
             return weights.clone(), None
         return weights.clone(), state.clone()
 

@@ -109,9 +109,11 @@ class StorageAwarePlanner(ShardingPlanner):
         spec = parse_model_spec(doc)
         return dataclasses.replace(spec, target_qps=self.target_qps)  # None: no target, place for speed
 
-    def place(self, module: nn.Module) -> Placement:
+    def place(self, module: nn.Module, budget_bytes: Optional[Mapping[Tier, float]] = None) -> Placement:
+        """Places the module's tables (within ``budget_bytes``, default the planner's)."""
         model = self.model_spec(module)
-        placement = place(model, self.topology, self.world_size, self.tiers, self.target_qps, self.budget_bytes,
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        placement = place(model, self.topology, self.world_size, self.tiers, self.target_qps, budget,
                           self.cache_algorithm)
         self.last_model, self.last_placement = model, placement
         return placement
@@ -120,19 +122,15 @@ class StorageAwarePlanner(ShardingPlanner):
         """Placement is over the job's pooled capacity; when the tables then do not pack
         into the ranks' shares, it is redone with less of the compute tier."""
         fast = self.topology.cache_tier()
-        full = dict(self.budget_bytes)
-        pooled = full.get(fast, self.topology.tiers[fast].capacity_bytes * self.world_size)
+        pooled = self.budget_bytes.get(fast, self.topology.tiers[fast].capacity_bytes * self.world_size)
         error: Optional[PlacementError] = None
         for share in (1.0, 0.9, 0.8, 0.65, 0.5):
-            self.budget_bytes = {**full, fast: pooled * share}
             try:
-                placement = self.place(module)
+                placement = self.place(module, {**self.budget_bytes, fast: pooled * share})
                 assignment, rank_steps = partition(self.last_model, placement, self.topology)
                 return placement, assignment, rank_steps
             except PlacementError as e:
                 error = error or e
-            finally:
-                self.budget_bytes = full
         raise error
 
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:

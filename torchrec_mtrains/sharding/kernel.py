@@ -45,9 +45,14 @@ def rank_storage_dir(storage_dir: Optional[str], rank: int) -> Optional[str]:
     return None if storage_dir is None else os.path.join(storage_dir, f"rank_{rank}")
 
 
+def shard_offsets(table: ShardedEmbeddingTable) -> List[int]:
+    """[row, col] offset of a local shard in its table."""
+    return list(table.local_metadata.shard_offsets) if table.local_metadata is not None else [0, 0]
+
+
 def _shard_name(table: ShardedEmbeddingTable) -> str:
-    offsets = table.local_metadata.shard_offsets if table.local_metadata is not None else [0, 0]
-    return f"{table.name}.r{offsets[0]}.c{offsets[1]}"
+    row, col = shard_offsets(table)
+    return f"{table.name}.r{row}.c{col}"
 
 
 def _shard_cache_rows(params: TieredParams, table: ShardedEmbeddingTable) -> int:
@@ -196,14 +201,18 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
     def has_optimizer_state(self) -> bool:
         return self._emb._codecs[0].state_values > 0
 
+    def _part_layout(self, t: int, part: str) -> Tuple[Tuple[int, ...], torch.dtype]:
+        """Shape and dtype of local shard ``t``'s weights or optimizer state (FBGEMM's layout)."""
+        rows, codec = self._tables[t].local_rows, self._emb._codecs[t]
+        if part == "weight":
+            return (rows, codec.dim), codec.dtype
+        return ((rows,) if codec.state_values == 1 else (rows, codec.dim)), torch.float32
+
     def stage_shard(self, t: int, part: str, area: StagingArea) -> torch.Tensor:
         """Local shard ``t``'s weights (``part="weight"``) or optimizer state
         (``"state"``), read through the tiers in chunks into a tensor of ``area``."""
         rows = self._tables[t].local_rows
-        codec = self._emb._codecs[t]
-        shape = (rows, codec.dim) if part == "weight" else ((rows,) if codec.state_values == 1 else (rows, codec.dim))
-        dtype = codec.dtype if part == "weight" else torch.float32
-        out = area.empty(shape, dtype)
+        out = area.empty(*self._part_layout(t, part))
         for lo in range(0, rows, _CHUNK_ROWS):
             hi = min(rows, lo + _CHUNK_ROWS)
             weights, state = self._emb.read_rows(t, lo, hi)
@@ -214,8 +223,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         """Writes ``source`` (the full local shard ``t``: weights or optimizer state) to
         the tiers in chunks, keeping the other part of each row."""
         rows = self._tables[t].local_rows
-        codec = self._emb._codecs[t]
-        want = (rows, codec.dim) if part == "weight" else ((rows,) if codec.state_values == 1 else (rows, codec.dim))
+        want, dtype = self._part_layout(t, part)
         if tuple(source.shape) != want:
             raise ValueError(
                 f"table {self._tables[t].name}: the {part} shard to load has shape {tuple(source.shape)}, "
@@ -226,9 +234,9 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             hi = min(rows, lo + _CHUNK_ROWS)
             weights, state = self._emb.read_rows(t, lo, hi)
             if part == "weight":
-                weights = source[lo:hi].to(codec.dtype)
+                weights = source[lo:hi].to(dtype)
             else:
-                state = source[lo:hi].to(torch.float32)
+                state = source[lo:hi].to(dtype)
             self._emb.set_rows(t, torch.arange(lo, hi), weights.contiguous(),
                                None if state is None else state.contiguous())
 
@@ -272,7 +280,7 @@ class TieredFusedOptimizer(FusedOptimizer):
             return
         from torchrec_mtrains.sharding.checkpoint import load_optimizer_state
 
-        version, state = self._cached
+        _, state = self._cached
         self._cached = None
         load_optimizer_state(self._kernel, self.table_of_param, state)
 

@@ -28,7 +28,7 @@ from torchrec_mtrains.sharding.checkpoint import (
     load_weights,
     weights_sharded_tensor,
 )
-from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag
+from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag, shard_offsets
 from torchrec_mtrains.sharding.lookup import (
     TIERED_SHARDINGS,
     TieredGroupedPooledEmbeddingsLookup,
@@ -99,8 +99,7 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         out: Dict[str, List[LocalShard]] = {name: [] for name in self._tiered_tables()}
         for kernel in self.tiered_kernels():
             for t, table in kernel.shards():
-                offsets = list(table.local_metadata.shard_offsets) if table.local_metadata else [0, 0]
-                out[table.name].append((kernel, t, offsets))
+                out[table.name].append((kernel, t, shard_offsets(table)))
         return out
 
     def reset_parameters(self) -> None:
