@@ -130,8 +130,6 @@ def _torchrun(tmp_path, name: str, *more: str, **extra: str) -> subprocess.Compl
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.skip(reason="known hang: after a rank is killed, the restarted workers sometimes wait forever in "
-                         "gloo's connectFullMesh (docs/reliability.md); elastic restart is not reliable yet")
 def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tmp_path) -> None:
     ref = _torchrun(tmp_path, "ref")
     assert ref.returncode == 0, ref.stderr[-3000:]

@@ -51,6 +51,7 @@ from placement import (  # noqa: E402
 )
 from report import auc, format_table, write_outputs  # noqa: E402
 
+from torchrec_mtrains.elastic import init_process_group  # noqa: E402
 from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
 
 EXIT_IO_ERROR = 1
@@ -318,7 +319,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if world == 1:  # a plain `python train.py`: a process group of one
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29511")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_process_group("gloo", rank=rank, world_size=world)
     root, made = storage_root(args, rank)
     try:
         code = train(args, tables, prefixes, hardware, root, rank, world)

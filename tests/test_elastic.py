@@ -1,0 +1,66 @@
+"""torchrec_mtrains.elastic.init_process_group: a restarted attempt never reads the keys a
+previous attempt left in torchrun's shared store (the cause of the restart hang in
+docs/reliability.md)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchrec_mtrains.elastic import init_process_group
+
+WORLD = 2
+
+
+def _worker(rank: int, port: int, attempt: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+                      TORCHELASTIC_RESTART_COUNT=str(attempt))
+    init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
+    t = torch.tensor([float(rank + 1 + 10 * attempt)])
+    dist.all_reduce(t)
+    out.put((attempt, rank, t.item()))
+    # No destroy_process_group: a killed attempt leaves its keys and sockets behind.
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+def test_restarted_attempts_get_keys_of_their_own() -> None:
+    port = _free_port()
+    # The agent's store: it outlives every attempt, as torchrun's shared store does.
+    agent_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                                timeout=timedelta(seconds=30))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    for attempt in range(3):
+        procs = [ctx.Process(target=_worker, args=(r, port, attempt, out)) for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0, f"attempt {attempt}: worker exit {p.exitcode}"
+        got = sorted(out.get(timeout=10) for _ in range(WORLD))
+        assert got == [(attempt, r, 3.0 + 20 * attempt) for r in range(WORLD)]
+
+
+def test_without_torchelastic_it_is_the_plain_env_init(monkeypatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    init_process_group("gloo", rank=0, world_size=1)
+    try:
+        assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
+    finally:
+        dist.destroy_process_group()
