@@ -249,12 +249,14 @@ def _scm_mutation(draw: st.DrawFn, original: bytes) -> _Mutated:
         sealed = draw(st.booleans())
         header = _scm_meta_header(meta, sealed)
         return _Mutated(header + original[HEADER_BYTES:], False, f"header (sealed={sealed}) {json.dumps(meta)[:200]}")
-    # Damage to the header region only: the row data and written flags of an SCM table are
-    # not checksummed (loads and stores go straight to memory), see docs/reliability.md.
-    m = draw(_mutation(original[:HEADER_BYTES], [(8, "<Q"), (16, "<Q")], HEADER_BYTES))
-    if len(m.data) == HEADER_BYTES and not m.what.startswith("truncated"):
-        m.data += original[HEADER_BYTES:]
-    return m
+    if draw(st.booleans()):
+        # Damage to the header region.
+        m = draw(_mutation(original[:HEADER_BYTES], [(8, "<Q"), (16, "<Q")], HEADER_BYTES))
+        if len(m.data) == HEADER_BYTES and not m.what.startswith("truncated"):
+            m.data += original[HEADER_BYTES:]
+        return m
+    # Damage anywhere in the file: rows, their checksums, never-written rows' bytes.
+    return draw(_mutation(original, [(8, "<Q"), (16, "<Q")], len(original)))
 
 
 @_SETTINGS

@@ -10,6 +10,7 @@ or foreign files refused.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -22,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchrec_mtrains.storage import BlockStore, DramStore, RowStore, ScmStore, lazy_init_rows
+from torchrec_mtrains.storage import BlockStore, CorruptionError, DramStore, RowStore, ScmStore, lazy_init_rows
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 KINDS = ["dram", "scm"]
@@ -340,3 +341,85 @@ def test_scm_closed_store_raises_value_error(tmp_path: Path, op: str) -> None:
     }
     with pytest.raises(ValueError, match="closed"):
         calls[op]()
+
+
+# ScmStore row checksums ---------------------------------------------------------------------------
+def _scm_row_offset(store: ScmStore, row: int) -> int:
+    return 4096 + row * store.row_width * store.data.element_size()
+
+
+def _scm_sum_offset(store: ScmStore, row: int) -> int:
+    return 4096 + store.num_rows * store.row_width * store.data.element_size() + 4 * row
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("where", ["row data", "optimizer state", "checksum"])
+def test_scm_flipped_byte_in_a_row_is_detected_never_returned(tmp_path: Path, where: str) -> None:
+    """A flipped bit in a written row (weights or state) or in its checksum: CorruptionError
+    naming the file and row; other rows still read; writing the row again repairs it."""
+    path = tmp_path / "t.scm"
+    rows = torch.randn(50, 9)
+    with ScmStore(path, 50, 8, 1) as store:
+        store.write(torch.arange(50), rows)
+        offset = {"row data": _scm_row_offset(store, 7) + 5,
+                  "optimizer state": _scm_row_offset(store, 7) + 8 * 4 + 1,
+                  "checksum": _scm_sum_offset(store, 7) + 2}[where]
+    _flip(path, offset)
+    with ScmStore.open(path) as store:
+        with pytest.raises(CorruptionError, match=rf"{path}: row 7 .*crc32c mismatch") as e:
+            store.read(torch.tensor([3, 7, 9]))
+        assert e.value.errno == errno.EBADMSG and isinstance(e.value, OSError)
+        torch.testing.assert_close(store.read(torch.tensor([3, 9, 49])), rows[[3, 9, 49]], rtol=0, atol=0)
+        store.write(torch.tensor([7]), rows[[7]])
+        torch.testing.assert_close(store.read(torch.tensor([7])), rows[[7]], rtol=0, atol=0)
+
+
+def test_scm_never_written_rows_read_their_initial_value_and_checksums_track_rewrites(tmp_path: Path) -> None:
+    """Rows never written have no checksum (lazy init); every rewrite, repeated ids
+    included, leaves checksums that match the bytes (a reopen reads all rows back)."""
+    path = tmp_path / "t.scm"
+    with ScmStore(path, 1000, 4, 1, seed=5) as store:
+        ids = torch.tensor([5, 900, 5, 17])  # 5 twice: the last wins
+        store.write(ids, torch.arange(20, dtype=torch.float32).view(4, 5))
+        touched = set(ids.tolist())
+        g = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            some = torch.randint(0, 1000, (200,), generator=g)
+            store.write(some, torch.randn(200, 5, generator=g))
+            touched |= set(some.tolist())
+        want = store.read(torch.arange(1000))
+    with ScmStore.open(path) as store:
+        assert store.checksummed
+        torch.testing.assert_close(store.read(torch.arange(1000)), want, rtol=0, atol=0)
+        untouched = sorted(set(range(1000)) - touched)[:3]
+        torch.testing.assert_close(store.read(torch.tensor(untouched)),
+                                   lazy_init_rows(torch.tensor(untouched), 4, 1, (-0.01, 0.01), 5))
+
+
+def test_scm_first_format_files_still_open_unchecked(tmp_path: Path) -> None:
+    """A file of the first format (a written-flag byte per row, no "row_checksums" key)
+    opens, reads and writes as before."""
+    path = tmp_path / "old.scm"
+    n, dim, sd = 20, 4, 1
+    meta = {"num_rows": n, "dim": dim, "state_dim": sd, "dtype": "float32", "init_range": [-0.01, 0.01], "seed": 3}
+    body = b"MTRNSCM1" + json.dumps(meta).encode()
+    body = body.ljust(4092, b"\0")
+    rows = torch.randn(n, dim + sd)
+    written = torch.zeros(n, dtype=torch.uint8)
+    written[:10] = 1
+    path.write_bytes(body + struct.pack("<I", zlib.crc32(body)) + rows.numpy().tobytes() + written.numpy().tobytes())
+    with ScmStore.open(path) as store:
+        assert not store.checksummed
+        torch.testing.assert_close(store.read(torch.arange(10)), rows[:10], rtol=0, atol=0)
+        torch.testing.assert_close(store.read(torch.tensor([15])),
+                                   lazy_init_rows(torch.tensor([15]), dim, sd, (-0.01, 0.01), 3))
+        store.write(torch.tensor([15]), rows[[0]])
+    with ScmStore.open(path) as store:
+        torch.testing.assert_close(store.read(torch.tensor([15])), rows[[0]], rtol=0, atol=0)

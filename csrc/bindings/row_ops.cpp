@@ -10,6 +10,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "common/crc32c.h"
 #include "storage/lazy_init.h"
 
 namespace mtrains {
@@ -132,6 +133,71 @@ void ScatterRowsMark(const at::Tensor& rows, const at::Tensor& ids, const at::Te
   for (int64_t i = 0; i < ids.numel(); ++i) w[s[i]] = 1;
 }
 
+// A row's checksum in an SCM table: crc32c of its bytes, with 0 (kept for "never written")
+// mapped to 1.
+inline uint32_t RowSum(const uint8_t* row, size_t bytes) {
+  const uint32_t c = Crc32c(0, row, bytes);
+  return c ? c : 1u;
+}
+
+void CheckSums(const at::Tensor& sums, const at::Tensor& data) {
+  TORCH_CHECK_VALUE(sums.dim() == 1 && sums.scalar_type() == at::kInt && sums.is_contiguous() &&
+                        sums.size(0) == data.size(0),
+                    "sums must be a contiguous int32 vector with one entry per row");
+}
+
+// Rows `ids` of a table in memory with a checksum per row (sums[id] == 0: never written,
+// reads as its deterministic initial value). Returns the rows, how many were initialised
+// and the position in `ids` of the first row whose bytes do not match its checksum (-1 if
+// none; the rows are then not to be used).
+std::tuple<at::Tensor, int64_t, int64_t> GatherRowsChecked(const at::Tensor& data, const at::Tensor& sums,
+                                                            const at::Tensor& ids, int64_t dim,
+                                                            int64_t state_dim, int64_t seed, double lo,
+                                                            double hi) {
+  CheckMatrix(data, "data");
+  CheckSums(sums, data);
+  CheckSlots(ids, data.size(0), "gather_rows_checked");
+  const DType dtype = DTypeOf(data.scalar_type());
+  const size_t rb = RowBytes(data);
+  const int64_t n = ids.numel();
+  at::Tensor out = at::empty({n, data.size(1)}, data.options());
+  auto* o = static_cast<uint8_t*>(out.data_ptr());
+  const auto* d = static_cast<const uint8_t*>(data.data_ptr());
+  const auto* sum = static_cast<const uint32_t*>(sums.data_ptr());
+  const int64_t* s = ids.data_ptr<int64_t>();
+  int64_t lazy = 0;
+  constexpr int64_t kAhead = 8;  // rows: each costs a cache miss on its bytes and one on its sum
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      __builtin_prefetch(sum + s[i + kAhead]);
+      const uint8_t* next = d + s[i + kAhead] * rb;
+      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(next + b);
+    }
+    const uint32_t want = sum[s[i]];
+    if (want == 0) {
+      LazyInitRow(uint64_t(seed), uint64_t(s[i]), lo, hi, uint32_t(dim), uint32_t(state_dim), dtype, o + i * rb);
+      ++lazy;
+      continue;
+    }
+    // Copy first, then check the copy: the row handed back is the one that was verified.
+    std::memcpy(o + i * rb, d + s[i] * rb, rb);
+    if (RowSum(o + i * rb, rb) != want) return {out, lazy, i};
+  }
+  return {out, lazy, -1};
+}
+
+// data[ids[i]] = rows[i] (the last of repeated ids wins) and sums[ids[i]] = its checksum.
+void ScatterRowsChecked(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data,
+                        const at::Tensor& sums) {
+  CheckSums(sums, data);
+  UnpackRows(rows, ids, data, c10::nullopt);
+  const size_t rb = RowBytes(data);
+  const auto* d = static_cast<const uint8_t*>(data.data_ptr());
+  auto* sum = static_cast<uint32_t*>(sums.data_ptr());
+  const int64_t* s = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) sum[s[i]] = RowSum(d + s[i] * rb, rb);
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -139,6 +205,9 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
   m.def("gather_rows_or_init(Tensor data, Tensor written, Tensor ids, int dim, int state_dim, "
         "int seed, float lo, float hi) -> (Tensor, int)");
   m.def("scatter_rows_mark(Tensor rows, Tensor ids, Tensor(a!) data, Tensor(b!) written) -> ()");
+  m.def("gather_rows_checked(Tensor data, Tensor sums, Tensor ids, int dim, int state_dim, "
+        "int seed, float lo, float hi) -> (Tensor, int, int)");
+  m.def("scatter_rows_checked(Tensor rows, Tensor ids, Tensor(a!) data, Tensor(b!) sums) -> ()");
   m.def("pack_rows(Tensor weights, Tensor? state, Tensor slots, ScalarType out_dtype) -> Tensor");
   m.def("unpack_rows(Tensor rows, Tensor slots, Tensor(a!) weights, Tensor(b!)? state) -> ()");
 }
@@ -148,4 +217,6 @@ TORCH_LIBRARY_IMPL(mtrains, CPU, m) {
   m.impl("unpack_rows", &mtrains::UnpackRows);
   m.impl("gather_rows_or_init", &mtrains::GatherRowsOrInit);
   m.impl("scatter_rows_mark", &mtrains::ScatterRowsMark);
+  m.impl("gather_rows_checked", &mtrains::GatherRowsChecked);
+  m.impl("scatter_rows_checked", &mtrains::ScatterRowsChecked);
 }

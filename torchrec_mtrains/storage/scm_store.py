@@ -8,9 +8,17 @@ vectorised gathers and scatters, without block I/O.
 File layout (little-endian): a 4 KiB header (magic ``MTRNSCM1`` then a JSON object with the
 table's shape, dtype, init range and seed, zero padding, and in its last 4 bytes the CRC-32
 (zlib) of the bytes before them; 0 there marks a file written before the checksum), then
-``num_rows`` rows of
-``(dim + state_dim) * itemsize`` bytes, then one byte per row that is 1 once the row has been
-written. Rows never written read as their deterministic initial value (lazy_init.py).
+``num_rows`` rows of ``(dim + state_dim) * itemsize`` bytes, then one little-endian u32 per
+row: the crc32c of the row's bytes (0 mapped to 1), or 0 while the row has never been
+written. Rows never written read as their deterministic initial value (lazy_init.py); every
+other row is checked against its checksum on each read, so a flipped bit in the file is
+reported (``CorruptionError`` naming the file and row), never returned as weights. Files of
+the first format (no ``"row_checksums"`` key in the header: one written-flag byte per row,
+no checksums) still open and work, unchecked.
+
+A process killed in the middle of a write may leave a row whose checksum does not match
+its bytes; that row then reads as corrupt until it is written again (restore the last
+checkpoint), rather than as a half-written row.
 
 A store into a mapping cannot report a full disk -- the kernel sends SIGBUS and the process
 dies -- so by default the file's blocks are reserved at creation (``posix_fallocate``: on
@@ -21,6 +29,7 @@ rows are written, for tables far larger than what they will ever touch, at that 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -40,7 +49,7 @@ from torchrec_mtrains.storage._validation import (
     check_rows,
 )
 from torchrec_mtrains._ops import load_extension
-from torchrec_mtrains.storage.types import RowStore
+from torchrec_mtrains.storage.types import CorruptionError, RowStore
 
 __all__ = ["ScmStore"]
 
@@ -48,6 +57,7 @@ _MAGIC = b"MTRNSCM1"
 _HEADER_BYTES = 4096
 _CRC_AT = _HEADER_BYTES - 4  # header bytes covered by the CRC-32 stored after them
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_ROW_CHECKSUMS = "crc32c"  # the header's "row_checksums" value in files with a checksum per row
 
 
 class ScmStore(RowStore):
@@ -79,10 +89,10 @@ class ScmStore(RowStore):
         meta = {
             "num_rows": num_rows, "dim": dim, "state_dim": state_dim, "dtype": names[dtype],
             "init_range": [float(init_range[0]), float(init_range[1])], "seed": seed,
+            "row_checksums": _ROW_CHECKSUMS,
         }
         header = _encode_header(meta)
-        row_bytes = (dim + state_dim) * torch.empty(0, dtype=dtype).element_size()
-        size = _HEADER_BYTES + num_rows * row_bytes + num_rows
+        size = _file_bytes(meta)
         flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
         try:
             fd = os.open(path, flags, 0o644)
@@ -113,9 +123,7 @@ class ScmStore(RowStore):
         except FileNotFoundError:
             raise FileNotFoundError(2, f"table file {path} does not exist") from None
         meta = _decode_header(path, head)
-        dtype = _DTYPES[meta["dtype"]]
-        row_bytes = (meta["dim"] + meta["state_dim"]) * torch.empty(0, dtype=dtype).element_size()
-        expected = _HEADER_BYTES + meta["num_rows"] * row_bytes + meta["num_rows"]
+        expected = _file_bytes(meta)
         size = os.path.getsize(path)
         # Created with exactly this size (ftruncate): any other size means the header does
         # not describe this file (or the file was cut or extended).
@@ -133,21 +141,32 @@ class ScmStore(RowStore):
         self.dtype = _DTYPES[meta["dtype"]]
         self.init_range = tuple(meta["init_range"])
         self.seed = meta["seed"]
-        row_bytes = self.row_width * torch.empty(0, dtype=self.dtype).element_size()
+        self.checksummed = meta.get("row_checksums") == _ROW_CHECKSUMS
+        row_bytes, tail_bytes = _row_bytes(meta), _tail_bytes(meta)
         self._rows_mm = np.memmap(path, np.uint8, "r+", _HEADER_BYTES, (self.num_rows, row_bytes))
-        self._written_mm = np.memmap(
-            path, np.uint8, "r+", _HEADER_BYTES + self.num_rows * row_bytes, (self.num_rows,)
+        self._tail_mm = np.memmap(
+            path, np.uint8, "r+", _HEADER_BYTES + self.num_rows * row_bytes, (self.num_rows * tail_bytes,)
         )
         self.data = torch.from_numpy(self._rows_mm).view(self.dtype)
-        self._written = torch.from_numpy(self._written_mm).view(torch.bool)
+        # Per row: its crc32c (0: never written), or in first-format files a written flag.
+        self._tail = torch.from_numpy(self._tail_mm).view(torch.int32 if self.checksummed else torch.bool)
         self._rows_read = self._rows_written = self._lazy_rows = 0
 
     def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         ids = self._checked(ids)
-        rows, lazy = torch.ops.mtrains.gather_rows_or_init(
-            self.data, self._written, ids, self.dim, self.state_dim, self.seed,
-            float(self.init_range[0]), float(self.init_range[1]),
-        )
+        lo, hi = float(self.init_range[0]), float(self.init_range[1])
+        if self.checksummed:
+            rows, lazy, bad = torch.ops.mtrains.gather_rows_checked(
+                self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
+            if bad >= 0:
+                raise CorruptionError(
+                    errno.EBADMSG,
+                    f"{self.path}: row {int(ids[bad])} (byte offset {self._row_offset(int(ids[bad]))}): crc32c "
+                    "mismatch, the row's bytes or its checksum are damaged (write the row again or restore "
+                    "a checkpoint)")
+        else:
+            rows, lazy = torch.ops.mtrains.gather_rows_or_init(
+                self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
         self._lazy_rows += lazy
         self._rows_read += ids.numel()
         if out is None:
@@ -160,7 +179,8 @@ class ScmStore(RowStore):
         ids = self._checked(ids)
         check_rows(self.path, rows, ids.numel(), self.row_width, self.dtype, "rows")
         # Rows are copied in order, so for a repeated id the last one wins.
-        torch.ops.mtrains.scatter_rows_mark(rows.contiguous(), ids, self.data, self._written)
+        scatter = torch.ops.mtrains.scatter_rows_checked if self.checksummed else torch.ops.mtrains.scatter_rows_mark
+        scatter(rows.contiguous(), ids, self.data, self._tail)
         self._rows_written += ids.numel()
 
     def flush(self) -> None:
@@ -168,14 +188,14 @@ class ScmStore(RowStore):
         if getattr(self, "_rows_mm", None) is None:
             raise ValueError(f"{self.path} is closed")
         self._rows_mm.flush()
-        self._written_mm.flush()
+        self._tail_mm.flush()
 
     def close(self) -> None:
         if getattr(self, "_rows_mm", None) is None:
             return
         self.flush()
-        del self.data, self._written
-        self._rows_mm = self._written_mm = None
+        del self.data, self._tail
+        self._rows_mm = self._tail_mm = None
 
     def stats(self) -> Dict[str, float]:
         return {
@@ -184,12 +204,28 @@ class ScmStore(RowStore):
             "lazy_init_rows": float(self._lazy_rows),
         }
 
+    def _row_offset(self, row: int) -> int:
+        return _HEADER_BYTES + row * self.data.shape[1] * self.data.element_size()
+
     def _checked(self, ids: object) -> torch.Tensor:
         if getattr(self, "_rows_mm", None) is None:
             raise ValueError(f"{self.path} is closed")
         ids = as_ids(self.path, ids)
         check_id_range(self.path, ids, self.num_rows)
         return ids
+
+
+def _row_bytes(meta: Dict[str, Any]) -> int:
+    return (meta["dim"] + meta["state_dim"]) * torch.empty(0, dtype=_DTYPES[meta["dtype"]]).element_size()
+
+
+def _tail_bytes(meta: Dict[str, Any]) -> int:
+    """Bytes per row after the rows: a u32 checksum, or the first format's written flag."""
+    return 4 if meta.get("row_checksums") == _ROW_CHECKSUMS else 1
+
+
+def _file_bytes(meta: Dict[str, Any]) -> int:
+    return _HEADER_BYTES + meta["num_rows"] * (_row_bytes(meta) + _tail_bytes(meta))
 
 
 def _encode_header(meta: Dict[str, Any]) -> bytes:
@@ -224,7 +260,7 @@ def _decode_header(path: str, head: bytes) -> Dict[str, Any]:
         check_int("dim", meta["dim"], 1, 2**20)
         check_int("state_dim", meta["state_dim"], 0, 2**20)
         check_int("seed", meta["seed"], 0, 2**64 - 1)
-        if meta["dtype"] not in _DTYPES:
+        if not isinstance(meta["dtype"], str) or meta["dtype"] not in _DTYPES:
             raise ValueError(f"dtype={meta['dtype']!r} must be one of {sorted(_DTYPES)}")
         init = meta["init_range"]
         if not isinstance(init, list) or len(init) != 2 or not all(
@@ -232,6 +268,8 @@ def _decode_header(path: str, head: bytes) -> Dict[str, Any]:
         ):
             raise ValueError(f"init_range={init!r} must be [lo, hi]")
         check_init_range(init)
+        if meta.get("row_checksums", _ROW_CHECKSUMS) != _ROW_CHECKSUMS:
+            raise ValueError(f"row_checksums={meta['row_checksums']!r} must be {_ROW_CHECKSUMS!r}")
     except (ValueError, OverflowError) as e:
         raise ValueError(f"{path}: corrupted SCM header ({e})") from None
     return meta

@@ -62,6 +62,12 @@ class RowStore(abc.ABC):
     def close(self) -> None:
         """Flushes and releases the store."""
 
+    def __enter__(self) -> "RowStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @abc.abstractmethod
     def stats(self) -> Dict[str, float]:
         """Counters of rows and bytes moved, cache hits, latencies."""
