@@ -37,6 +37,7 @@ CACHE_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35
 _SMALL_TABLE_BYTES = 4 << 20
 _L2_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0)
 MAX_TIER_UTILIZATION = 0.5
+_RELAXED = (4.0, 16.0)  # looser step-2 budgets tried when the real one strands (see place)
 """Share of a step a tier's device may be busy: queues and the I/O's own CPU work (on a CPU
 node it shares the cores with compute) make a device near saturation slow the step (the
 kernel benchmark's SSD step ran 1.34x its device time when the device was the bound)."""
@@ -89,7 +90,39 @@ def place(
     """Places ``model`` on ``world_size`` ranks of ``topo`` using ``tiers`` (default: all
     the node has); ``budget_bytes`` caps a tier's bytes for the whole job (e.g. the DRAM
     embeddings may use); a tier's device may be busy for at most ``max_tier_utilization``
-    of a step. Raises PlacementError if it does not fit."""
+    of a step. Raises PlacementError if it does not fit.
+
+    Relieving the tiers over budget (step 2) is greedy and can strand: while every cache
+    is small a faster tier is over budget too, so tables stay on a slow tier whose load
+    no cache the compute tier can still afford brings down. If it fails that way, steps 2
+    and 3 run again with step 2 steering by a looser budget (``_RELAXED``: tables move to
+    the faster tiers first, step 3 then grows every cache), and the result is checked
+    against the real budget."""
+    first: Optional[PlacementError] = None
+    for relax in (1.0,) + _RELAXED:
+        try:
+            return _place(model, topo, world_size, tiers, target_qps, budget_bytes, policy, max_tier_utilization,
+                          relax)
+        except _BusyTiers as e:
+            first = first or e
+    raise first
+
+
+class _BusyTiers(PlacementError):
+    """Tiers stay over their device-time budget."""
+
+
+def _place(
+    model: ModelSpec,
+    topo: TieredTopology,
+    world_size: int,
+    tiers: Optional[Sequence[Tier]],
+    target_qps: Optional[float],
+    budget_bytes: Optional[Mapping[Tier, float]],
+    policy: str,
+    max_tier_utilization: float,
+    relax: float,
+) -> Placement:
     fast = topo.cache_tier()
     tiers = list(tiers) if tiers is not None else list(topo.tiers)
     if fast not in tiers or fast not in topo.tiers:
@@ -161,6 +194,11 @@ def place(
     def over(t: Tier) -> bool:
         return io.get(t, 0.0) > limit[0] * (1 + 1e-9)
 
+    def over_guard(t: Tier) -> bool:
+        """Whether a tier is past what a move onto it may leave: step 2's limit, or in
+        step 3 (limit 0: any device time is worth relieving) the real budget."""
+        return io.get(t, 0.0) > (limit[0] or io_budget) * (1 + 1e-9)
+
     def actions(table: ModelTable):
         tier, k, k2 = state[table.name]
         if k < 0:
@@ -215,12 +253,12 @@ def place(
         )
         if old_k < 0 or not valid or gain(name, tier, k, k2) <= 0:
             return  # made stale by an earlier action
-        dram_was_over = over(Tier.DRAM)
+        dram_was_over = over_guard(Tier.DRAM)
         apply(table, old_tier, old_k, old_k2, -1.0)
         apply(table, tier, k, k2, 1.0)
         fits = all(used[t] <= caps[t] * (1 + 1e-9) for t in used)
-        moved_onto_busy = (tier != fast and tier != old_tier and over(tier)) or (
-            k2 > old_k2 and over(Tier.DRAM) and not dram_was_over)
+        moved_onto_busy = (tier != fast and tier != old_tier and over_guard(tier)) or (
+            k2 > old_k2 and over_guard(Tier.DRAM) and not dram_was_over)
         if not fits or moved_onto_busy:
             apply(table, tier, k, k2, -1.0)
             apply(table, old_tier, old_k, old_k2, 1.0)
@@ -228,6 +266,7 @@ def place(
         state[name] = (tier, k, k2)
         push(table)
 
+    limit[0] = io_budget * relax
     for table in model.tables:  # 2. relieve tiers over their budget
         push(table)
     relieve()
@@ -241,6 +280,11 @@ def place(
     for table in model.tables:
         push(table)
     relieve(until_empty=True)  # the cache's own compute counts even where no device time is left
+    if relax != 1.0:
+        limit[0] = io_budget
+        busy = [t for t in io if over(t)]
+        if busy and qps:
+            raise _no_room(model, topo, world_size, caps, used, qps, busy)
     placed = {name: (tier, 0.0 if k < 0 else sizes[name][k], l2_rows(by_name[name], k2))
               for name, (tier, k, k2) in state.items()}
     return _finish(model, topo, world_size, placed, used, caps, policy)
@@ -253,7 +297,7 @@ def _no_room(model, topo, world_size, caps, used, qps, busy=(), homeless=()) -> 
     else:
         names = ", ".join(homeless[:5]) + (f" and {len(homeless) - 5} more" if len(homeless) > 5 else "")
         why = f"the tables do not fit (no tier holds {names})" if homeless else "the tables do not fit"
-    return PlacementError(
+    return (_BusyTiers if busy else PlacementError)(
         f"{len(model.tables)} tables ({model.embedding_bytes / 2**30:,.1f} GiB) on {world_size} ranks of "
         f"{topo.name}: {why}; capacity left {left}"
     )
