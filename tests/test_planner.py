@@ -168,6 +168,38 @@ def test_sizing_needs_fewer_nodes_with_scm_and_ssd() -> None:
         size_cluster(spec, GPU_NODE, tiers=[Tier.HBM, Tier.DRAM], max_nodes=3)
 
 
+def test_placement_falls_back_when_the_greedy_strands_tables_on_a_slow_tier() -> None:
+    """prod_b (benchmarks/configs/models) on 3 gpu-scm-nodes: starting every table on SSD,
+    relieving only busy tiers leaves tables there that no affordable cache can feed;
+    place() finds the plan that exists (most tables on PMem and in host DRAM) and it keeps
+    every capacity and every tier's device-time budget."""
+    from torchrec_mtrains.planner import placement
+    from torchrec_mtrains.planner.estimator import table_cost
+    from torchrec_mtrains.planner.model_spec import load_model_spec
+    from torchrec_mtrains.planner.topology import load_topology
+
+    root = Path(__file__).resolve().parent.parent
+    spec = load_model_spec(str(root / "benchmarks" / "configs" / "models" / "prod_b.yaml"))
+    topo = load_topology("gpu-scm-node")
+    ranks = 3 * topo.ranks_per_node
+    args = (spec, topo, ranks, None, None, None, "lru", placement.MAX_TIER_UTILIZATION)
+    with pytest.raises(PlacementError, match="cannot feed"):
+        placement._place(*args, relax=1.0, fastest_first=False)
+    p = place(spec, topo, ranks)
+    assert p.predicted_qps >= spec.target_qps
+    for tier, used in p.used_bytes.items():
+        assert used <= p.capacity_bytes[tier] * (1 + 1e-9), tier
+    io = {}
+    for table in spec.tables:
+        t = p.tables[table.name]
+        cost = table_cost(table, t.tier, t.cache_rows, topo, spec.batch_size, "lru", t.extra.get("l2_cache_rows", 0.0))
+        for tier, seconds in cost.io_s.items():
+            io[tier] = io.get(tier, 0.0) + seconds
+    budget = spec.batch_size / spec.target_qps * ranks * placement.MAX_TIER_UTILIZATION
+    assert all(seconds <= budget * (1 + 1e-9) for seconds in io.values()), io
+
+
+
 def test_planner_plan_trains_in_dmp(process_group, tmp_path: Path) -> None:
     configs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=n, embedding_dim=8, feature_names=[f"f{i}"])
                for i, n in enumerate((200_000, 50_000, 500))]

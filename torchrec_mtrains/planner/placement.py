@@ -38,6 +38,8 @@ _SMALL_TABLE_BYTES = 4 << 20
 _L2_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0)
 MAX_TIER_UTILIZATION = 0.5
 _RELAXED = (4.0, 16.0)  # looser step-2 budgets tried when the real one strands (see place)
+# (start on the fastest tier, step-2 budget factor), in the order place() tries them.
+_STRATEGIES = [(False, 1.0)] + [(False, r) for r in _RELAXED] + [(True, 1.0)] + [(True, r) for r in _RELAXED]
 """Share of a step a tier's device may be busy: queues and the I/O's own CPU work (on a CPU
 node it shares the cores with compute) make a device near saturation slow the step (the
 kernel benchmark's SSD step ran 1.34x its device time when the device was the bound)."""
@@ -99,10 +101,10 @@ def place(
     the faster tiers first, step 3 then grows every cache), and the result is checked
     against the real budget."""
     first: Optional[PlacementError] = None
-    for relax in (1.0,) + _RELAXED:
+    for fastest_first, relax in _STRATEGIES:
         try:
             return _place(model, topo, world_size, tiers, target_qps, budget_bytes, policy, max_tier_utilization,
-                          relax)
+                          relax, fastest_first)
         except _BusyTiers as e:
             first = first or e
     raise first
@@ -122,6 +124,7 @@ def _place(
     policy: str,
     max_tier_utilization: float,
     relax: float,
+    fastest_first: bool,
 ) -> Placement:
     fast = topo.cache_tier()
     tiers = list(tiers) if tiers is not None else list(topo.tiers)
@@ -171,14 +174,23 @@ def _place(
 
     by_name = {t.name: t for t in model.tables}
     homeless: List[str] = []  # whole in the compute tier because no other tier holds them
-    for table in sorted(model.tables, key=lambda t: -t.bytes):  # 1. cheapest tier that holds it
+    if fastest_first:
+        start = list(reversed(backing))
+
+        def density(t: ModelTable) -> float:
+            return sum(cost(t, backing[0], 0).io_s.values()) / t.bytes if backing and sizes[t.name] else 0.0
+
+        first_order = sorted(model.tables, key=lambda t: (-density(t), -t.bytes))
+    else:
+        start, first_order = backing, sorted(model.tables, key=lambda t: -t.bytes)
+    for table in first_order:  # 1. cheapest (or fastest) tier that holds it
         # Keep whole: a table whose smallest cache would hold half of it, or a small one (a
         # tiered table costs a fixed step overhead that its bytes do not repay).
         if fast_bytes(table, 0) >= 0.5 * table.bytes or table.bytes <= _SMALL_TABLE_BYTES:
             state[table.name] = (fast, -1, -1)
             apply(table, fast, -1, -1, 1.0)
             continue
-        for tier in backing:
+        for tier in start:
             if used[tier] + table.bytes <= caps[tier] and used[fast] + fast_bytes(table, 0) <= caps[fast]:
                 state[table.name] = (tier, 0, -1)
                 break
