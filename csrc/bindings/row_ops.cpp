@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 
 #include "common/crc32c.h"
 #include "storage/lazy_init.h"
@@ -90,35 +91,74 @@ DType DTypeOf(at::ScalarType t) {
   return DType::kBFloat16;
 }
 
-// Rows `ids` of a table in memory whose never-written rows (written[id] == 0) read as
-// their deterministic initial value. Returns the rows and how many were initialised.
-std::tuple<at::Tensor, int64_t> GatherRowsOrInit(const at::Tensor& data, const at::Tensor& written,
-                                                  const at::Tensor& ids, int64_t dim, int64_t state_dim,
-                                                  int64_t seed, double lo, double hi) {
+// A row's checksum in an SCM table: crc32c of its bytes, with 0 (kept for "never written")
+// mapped to 1.
+inline uint32_t RowSum(const uint8_t* row, size_t bytes) {
+  const uint32_t c = Crc32c(0, row, bytes);
+  return c ? c : 1u;
+}
+
+// Rows `ids` of an SCM table in memory. `Tail` is the per-row word after the rows: a
+// written flag (uint8_t, first format) or the row's checksum (uint32_t; RowSum). Rows whose
+// word is 0 were never written and read as their deterministic initial value. Returns the
+// rows, how many were initialised and, with checksums, the position in `ids` of the first
+// row whose bytes do not match (-1 if none; the rows are then not to be used).
+template <typename Tail>
+std::tuple<at::Tensor, int64_t, int64_t> GatherRows(const at::Tensor& data, const at::Tensor& tail,
+                                                     const at::Tensor& ids, int64_t dim, int64_t state_dim,
+                                                     int64_t seed, double lo, double hi, const char* what) {
   CheckMatrix(data, "data");
-  TORCH_CHECK_VALUE(written.dim() == 1 && written.element_size() == 1 && written.is_contiguous() &&
-                        written.size(0) == data.size(0),
-                    "written must be a contiguous 1-byte mask with one entry per row");
+  TORCH_CHECK_VALUE(tail.dim() == 1 && tail.element_size() == sizeof(Tail) && tail.is_contiguous() &&
+                        tail.size(0) == data.size(0),
+                    what, ": the per-row ", sizeof(Tail), "-byte words must be a contiguous vector with one "
+                    "entry per row");
   TORCH_CHECK_VALUE(dim + state_dim == data.size(1), "dim + state_dim must equal the row width");
-  CheckSlots(ids, data.size(0), "gather_rows_or_init");
+  CheckSlots(ids, data.size(0), what);
   const DType dtype = DTypeOf(data.scalar_type());
   const size_t rb = RowBytes(data);
   const int64_t n = ids.numel();
   at::Tensor out = at::empty({n, data.size(1)}, data.options());
   auto* o = static_cast<uint8_t*>(out.data_ptr());
   const auto* d = static_cast<const uint8_t*>(data.data_ptr());
-  const auto* w = static_cast<const uint8_t*>(written.data_ptr());
+  const auto* word = static_cast<const Tail*>(tail.data_ptr());
   const int64_t* s = ids.data_ptr<int64_t>();
   int64_t lazy = 0;
+  constexpr int64_t kAhead = 8;  // rows: each costs a cache miss on its bytes and one on its word
   for (int64_t i = 0; i < n; ++i) {
-    if (w[s[i]]) {
-      std::memcpy(o + i * rb, d + s[i] * rb, rb);
-    } else {
+    if (i + kAhead < n) {
+      __builtin_prefetch(word + s[i + kAhead]);
+      const uint8_t* next = d + s[i + kAhead] * rb;
+      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(next + b);
+    }
+    const Tail want = word[s[i]];
+    if (want == 0) {
       LazyInitRow(uint64_t(seed), uint64_t(s[i]), lo, hi, uint32_t(dim), uint32_t(state_dim), dtype, o + i * rb);
       ++lazy;
+      continue;
+    }
+    std::memcpy(o + i * rb, d + s[i] * rb, rb);
+    // The copy is what is checked: the row handed back is the one that was verified.
+    if constexpr (std::is_same_v<Tail, uint32_t>) {
+      if (RowSum(o + i * rb, rb) != want) return {out, lazy, i};
     }
   }
-  return {out, lazy};
+  return {out, lazy, -1};
+}
+
+std::tuple<at::Tensor, int64_t> GatherRowsOrInit(const at::Tensor& data, const at::Tensor& written,
+                                                  const at::Tensor& ids, int64_t dim, int64_t state_dim,
+                                                  int64_t seed, double lo, double hi) {
+  auto [rows, lazy, bad] = GatherRows<uint8_t>(data, written, ids, dim, state_dim, seed, lo, hi,
+                                               "gather_rows_or_init");
+  return {rows, lazy};
+}
+
+std::tuple<at::Tensor, int64_t, int64_t> GatherRowsChecked(const at::Tensor& data, const at::Tensor& sums,
+                                                            const at::Tensor& ids, int64_t dim,
+                                                            int64_t state_dim, int64_t seed, double lo,
+                                                            double hi) {
+  TORCH_CHECK_VALUE(sums.scalar_type() == at::kInt, "gather_rows_checked: sums must be int32");
+  return GatherRows<uint32_t>(data, sums, ids, dim, state_dim, seed, lo, hi, "gather_rows_checked");
 }
 
 // data[ids[i]] = rows[i] (the last of repeated ids wins) and written[ids[i]] = 1.
@@ -133,63 +173,12 @@ void ScatterRowsMark(const at::Tensor& rows, const at::Tensor& ids, const at::Te
   for (int64_t i = 0; i < ids.numel(); ++i) w[s[i]] = 1;
 }
 
-// A row's checksum in an SCM table: crc32c of its bytes, with 0 (kept for "never written")
-// mapped to 1.
-inline uint32_t RowSum(const uint8_t* row, size_t bytes) {
-  const uint32_t c = Crc32c(0, row, bytes);
-  return c ? c : 1u;
-}
-
-void CheckSums(const at::Tensor& sums, const at::Tensor& data) {
-  TORCH_CHECK_VALUE(sums.dim() == 1 && sums.scalar_type() == at::kInt && sums.is_contiguous() &&
-                        sums.size(0) == data.size(0),
-                    "sums must be a contiguous int32 vector with one entry per row");
-}
-
-// Rows `ids` of a table in memory with a checksum per row (sums[id] == 0: never written,
-// reads as its deterministic initial value). Returns the rows, how many were initialised
-// and the position in `ids` of the first row whose bytes do not match its checksum (-1 if
-// none; the rows are then not to be used).
-std::tuple<at::Tensor, int64_t, int64_t> GatherRowsChecked(const at::Tensor& data, const at::Tensor& sums,
-                                                            const at::Tensor& ids, int64_t dim,
-                                                            int64_t state_dim, int64_t seed, double lo,
-                                                            double hi) {
-  CheckMatrix(data, "data");
-  CheckSums(sums, data);
-  CheckSlots(ids, data.size(0), "gather_rows_checked");
-  const DType dtype = DTypeOf(data.scalar_type());
-  const size_t rb = RowBytes(data);
-  const int64_t n = ids.numel();
-  at::Tensor out = at::empty({n, data.size(1)}, data.options());
-  auto* o = static_cast<uint8_t*>(out.data_ptr());
-  const auto* d = static_cast<const uint8_t*>(data.data_ptr());
-  const auto* sum = static_cast<const uint32_t*>(sums.data_ptr());
-  const int64_t* s = ids.data_ptr<int64_t>();
-  int64_t lazy = 0;
-  constexpr int64_t kAhead = 8;  // rows: each costs a cache miss on its bytes and one on its sum
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      __builtin_prefetch(sum + s[i + kAhead]);
-      const uint8_t* next = d + s[i + kAhead] * rb;
-      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(next + b);
-    }
-    const uint32_t want = sum[s[i]];
-    if (want == 0) {
-      LazyInitRow(uint64_t(seed), uint64_t(s[i]), lo, hi, uint32_t(dim), uint32_t(state_dim), dtype, o + i * rb);
-      ++lazy;
-      continue;
-    }
-    // Copy first, then check the copy: the row handed back is the one that was verified.
-    std::memcpy(o + i * rb, d + s[i] * rb, rb);
-    if (RowSum(o + i * rb, rb) != want) return {out, lazy, i};
-  }
-  return {out, lazy, -1};
-}
-
 // data[ids[i]] = rows[i] (the last of repeated ids wins) and sums[ids[i]] = its checksum.
 void ScatterRowsChecked(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data,
                         const at::Tensor& sums) {
-  CheckSums(sums, data);
+  TORCH_CHECK_VALUE(sums.dim() == 1 && sums.scalar_type() == at::kInt && sums.is_contiguous() &&
+                        sums.size(0) == data.size(0),
+                    "sums must be a contiguous int32 vector with one entry per row");
   UnpackRows(rows, ids, data, c10::nullopt);
   const size_t rb = RowBytes(data);
   const auto* d = static_cast<const uint8_t*>(data.data_ptr());
