@@ -142,3 +142,44 @@ def test_checkpoint_dir_filling_up(tmp_path, small_fs) -> None:
     assert ref.returncode == 0 and res.returncode == 0, res.stderr[-3000:]
     assert metrics(str(tmp_path / "resumed"))["resumed_from"] == 4
     assert metrics(str(tmp_path / "resumed"))["losses"] == metrics(str(tmp_path / "ref"))["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_tier_files_filling_up_under_a_two_rank_torchrun_job(tmp_path, small_fs) -> None:
+    """The disk fills under a 2-rank job: the rank that hits it exits 1 naming the table and
+    file, torchrun ends its peer (no hang in a collective), and the last checkpoint loads."""
+    import sys
+
+    from _crash_helpers import SMALL, TRAIN
+
+    fs = small_fs("tiers2", "64M")
+    ckpt = str(tmp_path / "ckpt")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--max-restarts", "0", "--monitor-interval", "0.5", TRAIN, *SMALL, "--steps", "400",
+           "--storage-dir", fs, "--checkpoint-dir", ckpt, "--out", str(tmp_path / "out")]
+    environ = env()
+    environ.pop("MASTER_PORT")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while latest_checkpoint(ckpt) is None and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        if latest_checkpoint(ckpt) is None:
+            proc.kill()
+            pytest.fail(f"no checkpoint was taken:\n{proc.communicate()[1][-3000:]}")
+        _fill(fs)
+        stderr = proc.communicate(timeout=180)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode != 0, stderr[-3000:]
+    error = [line for line in stderr.splitlines() if line.startswith("train.py: error")]
+    assert error, "\n".join(line for line in stderr.splitlines() if "train.py" in line or "Errno" in line)[-3000:]
+    m = re.search(r"\(rank (\d)\): \[Errno 28\] table (t\w+)\.r\d+\.c\d+ on (SSD|SCM): "
+                  rf"{re.escape(fs)}/rank_(\d)/\2\.r\d+\.c\d+\.(blk|scm)", error[0])
+    assert m and m.group(1) == m.group(4), error[0]
+    os.remove(os.path.join(fs, "filler"))
+    last = latest_checkpoint(ckpt)
+    assert last is not None and os.path.exists(os.path.join(last, ".metadata"))

@@ -326,7 +326,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         # A full disk, a failing device: the message names the table or checkpoint and the
         # path. No collective here: the other ranks may be stuck in one (torchrun ends them).
-        print(f"train.py: error (rank {rank}): {e}", file=sys.stderr, flush=True)
+        # On a line of its own: rank 0's progress bar may be mid-line on the same stream.
+        print(f"\ntrain.py: error (rank {rank}): {e}", file=sys.stderr, flush=True)
         if made and rank == 0:
             shutil.rmtree(root, ignore_errors=True)
         return EXIT_IO_ERROR

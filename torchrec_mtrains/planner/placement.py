@@ -207,8 +207,8 @@ def _place(
         return io.get(t, 0.0) > limit[0] * (1 + 1e-9)
 
     def over_guard(t: Tier) -> bool:
-        """Whether a tier is past what a move onto it may leave: step 2's limit, or in
-        step 3 (limit 0: any device time is worth relieving) the real budget."""
+        """Whether a tier is past what growing a cache on it may leave: step 2's limit, or
+        in step 3 (limit 0: any device time is worth relieving) the real budget."""
         return io.get(t, 0.0) > (limit[0] or io_budget) * (1 + 1e-9)
 
     def actions(table: ModelTable):
@@ -269,7 +269,9 @@ def _place(
         apply(table, old_tier, old_k, old_k2, -1.0)
         apply(table, tier, k, k2, 1.0)
         fits = all(used[t] <= caps[t] * (1 + 1e-9) for t in used)
-        moved_onto_busy = (tier != fast and tier != old_tier and over_guard(tier)) or (
+        # Step 3 moves no table to a dearer tier (limit 0: any device time is "over"): it
+        # spends the compute tier's bytes (and host DRAM's, as L2 caches within the budget).
+        moved_onto_busy = (tier != fast and tier != old_tier and over(tier)) or (
             k2 > old_k2 and over_guard(Tier.DRAM) and not dram_was_over)
         if not fits or moved_onto_busy:
             apply(table, tier, k, k2, -1.0)
