@@ -7,9 +7,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from torchrec_mtrains._ops import load_extension
+
 __all__ = ["Batch", "check_feature_table_map", "check_index_tensor", "split_batch"]
 
 _INT_DTYPES = (torch.int64, torch.int32)
+_BAD_ENDS, _DECREASING, _ID_OUT_OF_RANGE = 1, 2, 3  # csrc/bindings/batch_ops.cpp BatchProblem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,34 +64,19 @@ def split_batch(
     if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
         what = "T * B + 1 with T = {} tables" if feature_table_map is None else "F * B + 1 with F = {} features"
         raise ValueError(f"offsets has {offsets.numel()} entries; expected {what.format(num_features)}")
-    if int(offsets[0]) != 0 or int(offsets[-1]) != indices.numel():
+    load_extension()
+    # One C++ pass: offsets' ends and order, each table's slice, every id in its table.
+    bounds, problem, table, pos, value = torch.ops.mtrains.batch_table_bounds(
+        indices, offsets, [rows for rows, _ in specs], table_of_feature)
+    if problem == _BAD_ENDS:
         raise ValueError(
-            f"offsets must start at 0 and end at len(indices) = {indices.numel()}, "
-            f"got {int(offsets[0])} .. {int(offsets[-1])}"
-        )
-    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-        pos = int((offsets[1:] < offsets[:-1]).nonzero()[0, 0]) + 1
-        raise ValueError(f"offsets must not decrease: offsets[{pos}] = {int(offsets[pos])} < offsets[{pos - 1}]")
-    batch_size = (offsets.numel() - 1) // num_features
-    feature_bounds = offsets[::batch_size].tolist() if batch_size else [0] * (num_features + 1)
-    # Table t spans from its first feature's start to its last feature's end.
-    bounds = [0] * (len(specs) + 1)
-    for f, t in enumerate(table_of_feature):
-        bounds[t + 1] = feature_bounds[f + 1]
-    for t in range(len(specs)):
-        bounds[t + 1] = max(bounds[t + 1], bounds[t])
-    per_table = []
-    for t, (rows, _) in enumerate(specs):
-        part = indices[bounds[t] : bounds[t + 1]]
-        if part.numel():
-            lo, hi = torch.aminmax(part)
-            if int(lo) < 0 or int(hi) >= rows:
-                pos = int(((part < 0) | (part >= rows)).nonzero()[0, 0])
-                raise IndexError(
-                    f"table {names[t]}: id {int(part[pos])} at position {bounds[t] + pos} of indices "
-                    f"is outside [0, {rows})"
-                )
-        per_table.append(part)
+            f"offsets must start at 0 and end at len(indices) = {indices.numel()}, got {pos} .. {value}")
+    if problem == _DECREASING:
+        raise ValueError(f"offsets must not decrease: offsets[{pos}] = {value} < offsets[{pos - 1}]")
+    if problem == _ID_OUT_OF_RANGE:
+        raise IndexError(
+            f"table {names[table]}: id {value} at position {pos} of indices is outside [0, {specs[table][0]})")
+    per_table = [indices[bounds[t] : bounds[t + 1]] for t in range(len(specs))]
     return Batch(indices, offsets, per_table)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from typing import Union
+from typing import Iterator, Union
 
 import torch
 
@@ -36,6 +37,18 @@ def check_id_range(table: str, ids: torch.Tensor, num_rows: int) -> None:
         raise IndexError(
             f"{table}: row id {int(ids[pos])} at position {pos} is outside [0, {num_rows})"
         )
+
+
+@contextlib.contextmanager
+def id_range_checked_by_op(table: str, ids: torch.Tensor, num_rows: int) -> Iterator[None]:
+    """For a C++ op that checks every id before it touches a row (CheckSlots): its
+    IndexError becomes ``check_id_range``'s, naming the table, the id and its position.
+    Saves the separate range pass of torch ops on every call."""
+    try:
+        yield
+    except IndexError:
+        check_id_range(table, ids, num_rows)
+        raise
 
 
 def check_rows(table: str, rows: object, n: int, width: int, dtype: torch.dtype, name: str) -> None:

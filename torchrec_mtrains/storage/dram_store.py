@@ -8,7 +8,7 @@ import torch
 
 from torchrec_mtrains.storage._validation import (
     as_ids,
-    check_id_range,
+    id_range_checked_by_op,
     check_init_range,
     check_int,
     check_rows,
@@ -53,19 +53,20 @@ class DramStore(RowStore):
 
     def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         ids = as_ids(self.name, ids)
-        check_id_range(self.name, ids, self.num_rows)
         if out is not None:
             check_rows(self.name, out, ids.numel(), self.row_width, self.dtype, "out")
+        with id_range_checked_by_op(self.name, ids, self.num_rows):
+            rows = torch.ops.mtrains.pack_rows(self.data, None, ids, self.dtype)
         self._rows_read += ids.numel()
-        rows = torch.ops.mtrains.pack_rows(self.data, None, ids, self.dtype)
         return out.copy_(rows) if out is not None else rows
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         ids = as_ids(self.name, ids)
-        check_id_range(self.name, ids, self.num_rows)
         check_rows(self.name, rows, ids.numel(), self.row_width, self.dtype, "rows")
-        # Rows are copied in order, so for a repeated id the last one wins.
-        torch.ops.mtrains.unpack_rows(rows.contiguous(), ids, self.data, None)
+        # Rows are copied in order, so for a repeated id the last one wins; every id is
+        # checked before any row is written.
+        with id_range_checked_by_op(self.name, ids, self.num_rows):
+            torch.ops.mtrains.unpack_rows(rows.contiguous(), ids, self.data, None)
         self._rows_written += ids.numel()
 
     def flush(self) -> None:

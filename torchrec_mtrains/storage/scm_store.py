@@ -42,7 +42,7 @@ import torch
 from torchrec_mtrains.storage._validation import (
     PathLike,
     as_ids,
-    check_id_range,
+    id_range_checked_by_op,
     check_init_range,
     check_int,
     check_path,
@@ -156,8 +156,9 @@ class ScmStore(RowStore):
         ids = self._checked(ids)
         lo, hi = float(self.init_range[0]), float(self.init_range[1])
         if self.checksummed:
-            rows, lazy, bad = torch.ops.mtrains.gather_rows_checked(
-                self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
+            with id_range_checked_by_op(self.path, ids, self.num_rows):
+                rows, lazy, bad = torch.ops.mtrains.gather_rows_checked(
+                    self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
             if bad >= 0:
                 raise CorruptionError(
                     errno.EBADMSG,
@@ -165,8 +166,9 @@ class ScmStore(RowStore):
                     "mismatch, the row's bytes or its checksum are damaged (write the row again or restore "
                     "a checkpoint)")
         else:
-            rows, lazy = torch.ops.mtrains.gather_rows_or_init(
-                self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
+            with id_range_checked_by_op(self.path, ids, self.num_rows):
+                rows, lazy = torch.ops.mtrains.gather_rows_or_init(
+                    self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
         self._lazy_rows += lazy
         self._rows_read += ids.numel()
         if out is None:
@@ -180,7 +182,8 @@ class ScmStore(RowStore):
         check_rows(self.path, rows, ids.numel(), self.row_width, self.dtype, "rows")
         # Rows are copied in order, so for a repeated id the last one wins.
         scatter = torch.ops.mtrains.scatter_rows_checked if self.checksummed else torch.ops.mtrains.scatter_rows_mark
-        scatter(rows.contiguous(), ids, self.data, self._tail)
+        with id_range_checked_by_op(self.path, ids, self.num_rows):  # checked before any row is written
+            scatter(rows.contiguous(), ids, self.data, self._tail)
         self._rows_written += ids.numel()
 
     def flush(self) -> None:
@@ -210,9 +213,7 @@ class ScmStore(RowStore):
     def _checked(self, ids: object) -> torch.Tensor:
         if getattr(self, "_rows_mm", None) is None:
             raise ValueError(f"{self.path} is closed")
-        ids = as_ids(self.path, ids)
-        check_id_range(self.path, ids, self.num_rows)
-        return ids
+        return as_ids(self.path, ids)
 
 
 def _row_bytes(meta: Dict[str, Any]) -> int:
