@@ -98,20 +98,27 @@ inline uint32_t RowSum(const uint8_t* row, size_t bytes) {
   return c ? c : 1u;
 }
 
-// Rows `ids` of an SCM table in memory. `Tail` is the per-row word after the rows: a
-// written flag (uint8_t, first format) or the row's checksum (uint32_t; RowSum). Rows whose
-// word is 0 were never written and read as their deterministic initial value. Returns the
-// rows, how many were initialised and, with checksums, the position in `ids` of the first
-// row whose bytes do not match (-1 if none; the rows are then not to be used).
+// An SCM table's per-row word after the rows (`Tail`): a written flag (uint8_t, first
+// format) or the row's checksum (uint32_t, an int32 tensor; RowSum). 0: never written.
+template <typename Tail>
+void CheckTail(const at::Tensor& tail, const at::Tensor& data, const char* what) {
+  TORCH_CHECK_VALUE(tail.dim() == 1 && tail.element_size() == sizeof(Tail) && tail.is_contiguous() &&
+                        tail.size(0) == data.size(0) &&
+                        (!std::is_same_v<Tail, uint32_t> || tail.scalar_type() == at::kInt),
+                    what, ": the per-row ", sizeof(Tail), "-byte words must be a contiguous vector with one "
+                    "entry per row", std::is_same_v<Tail, uint32_t> ? " (int32)" : "");
+}
+
+// Rows `ids` of an SCM table in memory. Rows whose word is 0 were never written and read as
+// their deterministic initial value. Returns the rows, how many were initialised and, with
+// checksums, the position in `ids` of the first row whose bytes do not match (-1 if none;
+// the rows are then not to be used).
 template <typename Tail>
 std::tuple<at::Tensor, int64_t, int64_t> GatherRows(const at::Tensor& data, const at::Tensor& tail,
                                                      const at::Tensor& ids, int64_t dim, int64_t state_dim,
                                                      int64_t seed, double lo, double hi, const char* what) {
   CheckMatrix(data, "data");
-  TORCH_CHECK_VALUE(tail.dim() == 1 && tail.element_size() == sizeof(Tail) && tail.is_contiguous() &&
-                        tail.size(0) == data.size(0),
-                    what, ": the per-row ", sizeof(Tail), "-byte words must be a contiguous vector with one "
-                    "entry per row");
+  CheckTail<Tail>(tail, data, what);
   TORCH_CHECK_VALUE(dim + state_dim == data.size(1), "dim + state_dim must equal the row width");
   CheckSlots(ids, data.size(0), what);
   const DType dtype = DTypeOf(data.scalar_type());
@@ -157,34 +164,37 @@ std::tuple<at::Tensor, int64_t, int64_t> GatherRowsChecked(const at::Tensor& dat
                                                             const at::Tensor& ids, int64_t dim,
                                                             int64_t state_dim, int64_t seed, double lo,
                                                             double hi) {
-  TORCH_CHECK_VALUE(sums.scalar_type() == at::kInt, "gather_rows_checked: sums must be int32");
   return GatherRows<uint32_t>(data, sums, ids, dim, state_dim, seed, lo, hi, "gather_rows_checked");
 }
 
-// data[ids[i]] = rows[i] (the last of repeated ids wins) and written[ids[i]] = 1.
-void ScatterRowsMark(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data,
-                     const at::Tensor& written) {
-  TORCH_CHECK_VALUE(written.dim() == 1 && written.element_size() == 1 && written.is_contiguous() &&
-                        written.size(0) == data.size(0),
-                    "written must be a contiguous 1-byte mask with one entry per row");
-  UnpackRows(rows, ids, data, c10::nullopt);
-  auto* w = static_cast<uint8_t*>(written.data_ptr());
-  const int64_t* s = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) w[s[i]] = 1;
-}
-
-// data[ids[i]] = rows[i] (the last of repeated ids wins) and sums[ids[i]] = its checksum.
-void ScatterRowsChecked(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data,
-                        const at::Tensor& sums) {
-  TORCH_CHECK_VALUE(sums.dim() == 1 && sums.scalar_type() == at::kInt && sums.is_contiguous() &&
-                        sums.size(0) == data.size(0),
-                    "sums must be a contiguous int32 vector with one entry per row");
+// data[ids[i]] = rows[i] (the last of repeated ids wins, every id checked before any row is
+// written) and each written row's word set: 1, or its checksum.
+template <typename Tail>
+void ScatterRows(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data, const at::Tensor& tail,
+                 const char* what) {
+  CheckTail<Tail>(tail, data, what);
   UnpackRows(rows, ids, data, c10::nullopt);
   const size_t rb = RowBytes(data);
   const auto* d = static_cast<const uint8_t*>(data.data_ptr());
-  auto* sum = static_cast<uint32_t*>(sums.data_ptr());
+  auto* word = static_cast<Tail*>(tail.data_ptr());
   const int64_t* s = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) sum[s[i]] = RowSum(d + s[i] * rb, rb);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    if constexpr (std::is_same_v<Tail, uint32_t>) {
+      word[s[i]] = RowSum(d + s[i] * rb, rb);
+    } else {
+      word[s[i]] = 1;
+    }
+  }
+}
+
+void ScatterRowsMark(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data,
+                     const at::Tensor& written) {
+  ScatterRows<uint8_t>(rows, ids, data, written, "scatter_rows_mark");
+}
+
+void ScatterRowsChecked(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data,
+                        const at::Tensor& sums) {
+  ScatterRows<uint32_t>(rows, ids, data, sums, "scatter_rows_checked");
 }
 
 }  // namespace

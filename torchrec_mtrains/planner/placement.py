@@ -37,12 +37,12 @@ CACHE_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35
 _SMALL_TABLE_BYTES = 4 << 20
 _L2_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0)
 MAX_TIER_UTILIZATION = 0.5
-_RELAXED = (4.0, 16.0)  # looser step-2 budgets tried when the real one strands (see place)
-# (start on the fastest tier, step-2 budget factor), in the order place() tries them.
-_STRATEGIES = [(False, 1.0)] + [(False, r) for r in _RELAXED] + [(True, 1.0)] + [(True, r) for r in _RELAXED]
 """Share of a step a tier's device may be busy: queues and the I/O's own CPU work (on a CPU
 node it shares the cores with compute) make a device near saturation slow the step (the
 kernel benchmark's SSD step ran 1.34x its device time when the device was the bound)."""
+_RELAXED = (4.0, 16.0)  # looser step-2 budgets tried when the real one strands (see place)
+# (start on the fastest tier, step-2 budget factor), in the order place() tries them.
+_STRATEGIES = [(False, 1.0)] + [(False, r) for r in _RELAXED] + [(True, 1.0)] + [(True, r) for r in _RELAXED]
 _BACKING_ORDER = (Tier.SSD, Tier.SCM, Tier.DRAM)  # cheapest first
 
 
@@ -201,7 +201,7 @@ def _place(
     if used[fast] > caps[fast]:
         raise _no_room(model, topo, world_size, caps, used, qps, homeless=homeless)
 
-    limit = [io_budget]  # phase 2: the budget; phase 3: any device time at all
+    limit = [io_budget * relax]  # phase 2: the (steering) budget; phase 3: any device time at all
 
     def over(t: Tier) -> bool:
         return io.get(t, 0.0) > limit[0] * (1 + 1e-9)
@@ -280,7 +280,6 @@ def _place(
         state[name] = (tier, k, k2)
         push(table)
 
-    limit[0] = io_budget * relax
     for table in model.tables:  # 2. relieve tiers over their budget
         push(table)
     relieve()

@@ -336,12 +336,6 @@ class BlockStore(RowStore):
         """
         self._live().arm_fault(kind, after, count, errno_code, on_map)
 
-    def __enter__(self) -> "BlockStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if getattr(self, "_closed", True) else self.io_engine
         return (

@@ -8,10 +8,10 @@ import torch
 
 from torchrec_mtrains.storage._validation import (
     as_ids,
-    id_range_checked_by_op,
     check_init_range,
     check_int,
     check_rows,
+    id_range_checked_by_op,
 )
 from torchrec_mtrains._ops import load_extension
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows

@@ -42,11 +42,11 @@ import torch
 from torchrec_mtrains.storage._validation import (
     PathLike,
     as_ids,
-    id_range_checked_by_op,
     check_init_range,
     check_int,
     check_path,
     check_rows,
+    id_range_checked_by_op,
 )
 from torchrec_mtrains._ops import load_extension
 from torchrec_mtrains.storage.types import CorruptionError, RowStore
@@ -141,7 +141,7 @@ class ScmStore(RowStore):
         self.dtype = _DTYPES[meta["dtype"]]
         self.init_range = tuple(meta["init_range"])
         self.seed = meta["seed"]
-        self.checksummed = meta.get("row_checksums") == _ROW_CHECKSUMS
+        self.checksummed = _has_row_checksums(meta)
         row_bytes, tail_bytes = _row_bytes(meta), _tail_bytes(meta)
         self._rows_mm = np.memmap(path, np.uint8, "r+", _HEADER_BYTES, (self.num_rows, row_bytes))
         self._tail_mm = np.memmap(
@@ -154,21 +154,19 @@ class ScmStore(RowStore):
 
     def read(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         ids = self._checked(ids)
-        lo, hi = float(self.init_range[0]), float(self.init_range[1])
-        if self.checksummed:
-            with id_range_checked_by_op(self.path, ids, self.num_rows):
-                rows, lazy, bad = torch.ops.mtrains.gather_rows_checked(
-                    self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
-            if bad >= 0:
-                raise CorruptionError(
-                    errno.EBADMSG,
-                    f"{self.path}: row {int(ids[bad])} (byte offset {self._row_offset(int(ids[bad]))}): crc32c "
-                    "mismatch, the row's bytes or its checksum are damaged (write the row again or restore "
-                    "a checkpoint)")
-        else:
-            with id_range_checked_by_op(self.path, ids, self.num_rows):
-                rows, lazy = torch.ops.mtrains.gather_rows_or_init(
-                    self.data, self._tail, ids, self.dim, self.state_dim, self.seed, lo, hi)
+        args = (self.data, self._tail, ids, self.dim, self.state_dim, self.seed,
+                float(self.init_range[0]), float(self.init_range[1]))
+        with id_range_checked_by_op(self.path, ids, self.num_rows):
+            if self.checksummed:
+                rows, lazy, bad = torch.ops.mtrains.gather_rows_checked(*args)
+            else:
+                (rows, lazy), bad = torch.ops.mtrains.gather_rows_or_init(*args), -1
+        if bad >= 0:
+            raise CorruptionError(
+                errno.EBADMSG,
+                f"{self.path}: row {int(ids[bad])} (byte offset {self._row_offset(int(ids[bad]))}): crc32c "
+                "mismatch, the row's bytes or its checksum are damaged (write the row again or restore "
+                "a checkpoint)")
         self._lazy_rows += lazy
         self._rows_read += ids.numel()
         if out is None:
@@ -220,9 +218,14 @@ def _row_bytes(meta: Dict[str, Any]) -> int:
     return (meta["dim"] + meta["state_dim"]) * torch.empty(0, dtype=_DTYPES[meta["dtype"]]).element_size()
 
 
+def _has_row_checksums(meta: Dict[str, Any]) -> bool:
+    """A file of the current format (a checksum per row), not the first (a written flag)."""
+    return meta.get("row_checksums") == _ROW_CHECKSUMS
+
+
 def _tail_bytes(meta: Dict[str, Any]) -> int:
     """Bytes per row after the rows: a u32 checksum, or the first format's written flag."""
-    return 4 if meta.get("row_checksums") == _ROW_CHECKSUMS else 1
+    return 4 if _has_row_checksums(meta) else 1
 
 
 def _file_bytes(meta: Dict[str, Any]) -> int:

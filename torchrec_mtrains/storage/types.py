@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Dict, Optional
+from typing import Dict, Optional, Self
 
 import torch
 
@@ -62,7 +62,7 @@ class RowStore(abc.ABC):
     def close(self) -> None:
         """Flushes and releases the store."""
 
-    def __enter__(self) -> "RowStore":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
