@@ -45,6 +45,19 @@ def train_cmd(storage: str, ckpt: str, out: str, *more: str) -> List[str]:
     return [sys.executable, TRAIN, *SMALL, "--storage-dir", storage, "--checkpoint-dir", ckpt, "--out", out, *more]
 
 
+def torchrun_cmd(storage: str, ckpt: str, out: str, *more: str, max_restarts: int = 2) -> List[str]:
+    """``train_cmd`` under a 2-rank ``torchrun --standalone`` that may restart the job."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "--max-restarts", str(max_restarts), "--monitor-interval", "0.5", *train_cmd(storage, ckpt, out, *more)[1:]]
+
+
+def torchrun_env(**extra: str) -> Dict[str, str]:
+    """``env`` for ``torchrun_cmd``: no MASTER_PORT (torchrun --standalone picks the port)."""
+    e = env(**extra)
+    e.pop("MASTER_PORT")
+    return e
+
+
 def run(cmd: List[str], environ: Dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs ``cmd`` in a session of its own; on timeout kills the whole group (torchrun's
     workers too, which would outlive it) and raises TimeoutExpired."""

@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from _crash_helpers import (EVERY, ROOT, STEPS, assert_same_tensors, checkpoint_tensors, env, metrics, run, train_cmd)
+from _crash_helpers import (EVERY, ROOT, STEPS, assert_same_tensors, checkpoint_tensors, env, metrics, run, torchrun_cmd,
+                            torchrun_env, train_cmd)
 from checkpoint import latest_checkpoint
 
 # Each entry kills one attempt; the counts are per process (a resumed attempt counts anew).
@@ -115,17 +116,9 @@ def test_kills_at_every_phase_resume_bit_identically(tmp_path) -> None:
 
 
 def _torchrun(tmp_path, name: str, *more: str, **extra: str) -> subprocess.CompletedProcess:
-    import sys
-
-    from _crash_helpers import SMALL, TRAIN
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--max-restarts", "2", "--monitor-interval", "0.5", TRAIN, *SMALL,
-           "--storage-dir", str(tmp_path / f"{name}_storage"), "--checkpoint-dir", str(tmp_path / f"{name}_ckpt"),
-           "--out", str(tmp_path / f"{name}_out"), *more]
-    environ = env(**extra)
-    environ.pop("MASTER_PORT")  # torchrun --standalone picks the port
-    return run(cmd, environ, timeout=240)
+    cmd = torchrun_cmd(str(tmp_path / f"{name}_storage"), str(tmp_path / f"{name}_ckpt"), str(tmp_path / f"{name}_out"),
+                       *more)
+    return run(cmd, torchrun_env(**extra), timeout=240)
 
 
 @pytest.mark.slow

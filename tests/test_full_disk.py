@@ -16,6 +16,7 @@ import errno
 import glob
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -149,18 +150,12 @@ def test_checkpoint_dir_filling_up(tmp_path, small_fs) -> None:
 def test_tier_files_filling_up_under_a_two_rank_torchrun_job(tmp_path, small_fs) -> None:
     """The disk fills under a 2-rank job: the rank that hits it exits 1 naming the table and
     file, torchrun ends its peer (no hang in a collective), and the last checkpoint loads."""
-    import sys
-
-    from _crash_helpers import SMALL, TRAIN
+    from _crash_helpers import torchrun_cmd, torchrun_env
 
     fs = small_fs("tiers2", "64M")
     ckpt = str(tmp_path / "ckpt")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--max-restarts", "0", "--monitor-interval", "0.5", TRAIN, *SMALL, "--steps", "400",
-           "--storage-dir", fs, "--checkpoint-dir", ckpt, "--out", str(tmp_path / "out")]
-    environ = env()
-    environ.pop("MASTER_PORT")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    cmd = torchrun_cmd(fs, ckpt, str(tmp_path / "out"), "--steps", "400", max_restarts=0)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=torchrun_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         deadline = time.time() + 180
@@ -173,7 +168,7 @@ def test_tier_files_filling_up_under_a_two_rank_torchrun_job(tmp_path, small_fs)
         stderr = proc.communicate(timeout=180)[1]
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, 9)
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0, stderr[-3000:]
     error = [line for line in stderr.splitlines() if line.startswith("train.py: error")]
     assert error, "\n".join(line for line in stderr.splitlines() if "train.py" in line or "Errno" in line)[-3000:]

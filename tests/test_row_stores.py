@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _block_store_helpers import flip_byte
 from torchrec_mtrains.storage import BlockStore, CorruptionError, DramStore, RowStore, ScmStore, lazy_init_rows
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -352,14 +353,6 @@ def _scm_sum_offset(store: ScmStore, row: int) -> int:
     return 4096 + store.num_rows * store.row_width * store.data.element_size() + 4 * row
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x10]))
-
-
 @pytest.mark.parametrize("where", ["row data", "optimizer state", "checksum"])
 def test_scm_flipped_byte_in_a_row_is_detected_never_returned(tmp_path: Path, where: str) -> None:
     """A flipped bit in a written row (weights or state) or in its checksum: CorruptionError
@@ -371,7 +364,7 @@ def test_scm_flipped_byte_in_a_row_is_detected_never_returned(tmp_path: Path, wh
         offset = {"row data": _scm_row_offset(store, 7) + 5,
                   "optimizer state": _scm_row_offset(store, 7) + 8 * 4 + 1,
                   "checksum": _scm_sum_offset(store, 7) + 2}[where]
-    _flip(path, offset)
+    flip_byte(path, offset, mask=0x10)
     with ScmStore.open(path) as store:
         with pytest.raises(CorruptionError, match=rf"{path}: row 7 .*crc32c mismatch") as e:
             store.read(torch.tensor([3, 7, 9]))
