@@ -146,6 +146,29 @@ def test_placement_uses_slow_tiers_when_dram_is_short() -> None:
     assert whole.predicted_qps >= p.predicted_qps
 
 
+def test_cpu_placement_keeps_tables_table_wise() -> None:
+    """On a CPU node a table is made whole in DRAM only if one rank's share holds it: one
+    larger would be split by rows, a sharding group of its own whose collectives cost the
+    example DLRM more than caching it does; it is cached on a backing tier instead."""
+    from torchrec_mtrains.planner.partitioner import partition
+
+    doc = {"batch_size": 4096, "target_qps": 1, "tables": [
+        {"name": "zipf", "num_embeddings": 10_000_000, "embedding_dim": 32, "pooling_factor": 4, "zipf_alpha": 1.1},
+        {"name": "hot", "count": 4, "num_embeddings": 100_000, "embedding_dim": 32, "pooling_factor": 1,
+         "zipf_alpha": 0.8},
+    ]}
+    spec = parse_model_spec(doc)
+    zipf_bytes = next(t.bytes for t in spec.tables if t.name == "zipf")
+    budget = {Tier.DRAM: 1.5 * zipf_bytes}  # pooled it holds the table whole; a rank's share does not
+    p = place(spec, CPU_NODE, 2, budget_bytes=budget)
+    assert p.tables["zipf"].tier in (Tier.SCM, Tier.SSD) and p.tables["zipf"].cache_rows > 0
+    assignment, _ = partition(spec, p, CPU_NODE)
+    assert {a.sharding_type for a in assignment.values()} == {"table_wise"}
+    # One rank alone holds it: whole in DRAM, as before.
+    alone = place(spec, CPU_NODE, 1, budget_bytes=budget)
+    assert alone.tables["zipf"].tier is Tier.DRAM and alone.tables["zipf"].cache_rows == 0
+
+
 def test_placement_reports_what_does_not_fit() -> None:
     spec = parse_model_spec(MODEL)
     with pytest.raises(PlacementError, match=r"on 1 ranks of test-cpu: the tables do not fit \(no tier holds big"):
