@@ -146,6 +146,24 @@ def test_placement_uses_slow_tiers_when_dram_is_short() -> None:
     assert whole.predicted_qps >= p.predicted_qps
 
 
+def test_ssd_writes_cost_their_bytes_and_reads_a_block_each() -> None:
+    """The block store appends evicted rows to log segments: a miss costs one random block
+    read (IOPS) but only its row's bytes written; SCM rows cost access units both ways."""
+    from torchrec_mtrains.planner.estimator import table_cost
+
+    spec = parse_model_spec({**MODEL, "tables": [MODEL["tables"][0]]})
+    table = spec.tables[0]
+    cache = 0.01 * table.num_embeddings
+    ssd, scm = (table_cost(table, tier, cache, CPU_NODE, spec.batch_size) for tier in (Tier.SSD, Tier.SCM))
+    misses = ssd.tier_bytes_per_step / (2 * table.row_bytes)
+    dev = CPU_NODE.tiers[Tier.SSD]
+    reads = max(misses * 4096 / dev.read_bytes_per_s, misses / dev.read_iops)
+    assert ssd.io_s[Tier.SSD] == pytest.approx(reads + misses * table.row_bytes / dev.write_bytes_per_s)
+    dev = CPU_NODE.tiers[Tier.SCM]
+    units = -(-table.row_bytes // 64) * 64
+    assert scm.io_s[Tier.SCM] == pytest.approx(misses * units / dev.read_bytes_per_s + misses * units / dev.write_bytes_per_s)
+
+
 def test_cpu_placement_keeps_tables_table_wise() -> None:
     """On a CPU node a table is made whole in DRAM only if one rank's share holds it: one
     larger would be split by rows, a sharding group of its own whose collectives cost the

@@ -34,9 +34,15 @@ class TableCost:
     tier_bytes_per_step: float  # rows moved to and from the backing tier
 
 
-def _device_seconds(spec: TierSpec, rows: float, row_bytes: int, write: bool) -> float:
+def _device_seconds(spec: TierSpec, rows: float, row_bytes: int, write: bool, appended: bool = False) -> float:
+    """Device time to read or write ``rows`` random rows. ``appended``: writes of the SSD
+    tier's log-structured BlockStore, which packs written rows into appended segments, so
+    they cost their bytes at the tier's write bandwidth (row bytes appended per second, write
+    amplification included) rather than one random block each."""
     if rows <= 0:
         return 0.0
+    if write and appended:
+        return rows * row_bytes / spec.write_bytes_per_s
     bw = spec.write_bytes_per_s if write else spec.read_bytes_per_s
     iops = spec.write_iops if write else spec.read_iops
     units = math.ceil(row_bytes / spec.access_bytes)
@@ -81,7 +87,7 @@ def table_cost(
         io[Tier.DRAM] = _device_seconds(dram, misses, table.row_bytes, False) + _device_seconds(
             dram, misses, table.row_bytes, True)
     io[tier] = _device_seconds(dev, device_misses, table.row_bytes, False) + _device_seconds(
-        dev, device_misses, table.row_bytes, True)
+        dev, device_misses, table.row_bytes, True, appended=tier is Tier.SSD)
     if topo.compute_device == "cpu":  # moving rows takes the rank's own cores
         compute += 2 * device_misses * dev.row_cpu_s
     if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:

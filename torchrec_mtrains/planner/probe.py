@@ -270,11 +270,12 @@ def probe_ssd(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
         "write_iops": "BlockStore random rows, batches of 4096, each flushed (log-structured: rows are packed "
                       "into appended segments, so writes outrun reads)",
         "read_bandwidth": f"read_iops x {BLOCK_BYTES} B (one block per random row)",
-        "write_bandwidth": f"write_iops x {BLOCK_BYTES} B",
+        "write_bandwidth": f"write_iops x {ROW_BYTES} B: row bytes appended per second (the planner costs SSD "
+                           "writes by their bytes, not by blocks)",
         "row_cpu_cost": "process CPU time (all threads, user + system) per row read or written above",
     }
     notes["read_iops"] += "; " + _fio_note(cfg, work)
-    spec = TierSpec(_free_bytes(cfg), _round(reads * BLOCK_BYTES), _round(writes * BLOCK_BYTES),
+    spec = TierSpec(_free_bytes(cfg), _round(reads * BLOCK_BYTES), _round(writes * ROW_BYTES),
                     read_iops=_round(reads), write_iops=_round(writes), access_bytes=BLOCK_BYTES,
                     row_cpu_s=_round(cpu_per_row))
     return spec, notes

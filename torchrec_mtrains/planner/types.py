@@ -21,7 +21,9 @@ class TierSpec:
     Args:
         capacity_bytes: bytes the rank may use for embeddings on this tier.
         read_bytes_per_s, write_bytes_per_s: sustained bandwidth for the kernel's access
-            pattern (random rows).
+            pattern (random rows). SSD writes are appended by the log-structured block
+            store: there ``write_bytes_per_s`` is the row bytes it appends per second
+            (the device's sequential write rate over the store's write amplification).
         read_iops, write_iops: random accesses per second (block tiers; None where the
             bandwidth alone bounds it).
         access_bytes: the unit one row access costs at least (64 for byte-addressable
