@@ -25,6 +25,12 @@ class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     (``TieredParameterSharding``: see ``tiered_sharding_plan`` and the planner).
     """
 
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        # TorchRec lists no row-wise sharding for CPU; this sharder trains it there (tiered
+        # and FUSED tables alike: tests/test_sharding_dmp.py), so planners may propose it.
+        types = list(super().sharding_types(compute_device_type))
+        return types + [t for t in TIERED_SHARDINGS if t not in types]
+
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         kernels = list(super().compute_kernels(sharding_type, compute_device_type))
         if sharding_type in TIERED_SHARDINGS and compute_device_type == "cpu":
