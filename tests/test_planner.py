@@ -164,27 +164,100 @@ def test_ssd_writes_cost_their_bytes_and_reads_a_block_each() -> None:
     assert scm.io_s[Tier.SCM] == pytest.approx(misses * units / dev.read_bytes_per_s + misses * units / dev.write_bytes_per_s)
 
 
-def test_cpu_placement_keeps_tables_table_wise() -> None:
+def _meta_ebc(tables) -> EmbeddingBagCollection:
+    return EmbeddingBagCollection(device=torch.device("meta"), tables=[
+        EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=[f"f_{name}"])
+        for name, rows, dim in tables])
+
+
+def test_cpu_placement_keeps_tables_table_wise(tmp_path: Path) -> None:
     """On a CPU node a table is made whole in DRAM only if one rank's share holds it: one
     larger would be split by rows, a sharding group of its own whose collectives cost the
     example DLRM more than caching it does; it is cached on a backing tier instead."""
-    from torchrec_mtrains.planner.partitioner import partition
-
-    doc = {"batch_size": 4096, "target_qps": 1, "tables": [
-        {"name": "zipf", "num_embeddings": 10_000_000, "embedding_dim": 32, "pooling_factor": 4, "zipf_alpha": 1.1},
-        {"name": "hot", "count": 4, "num_embeddings": 100_000, "embedding_dim": 32, "pooling_factor": 1,
-         "zipf_alpha": 0.8},
-    ]}
-    spec = parse_model_spec(doc)
-    zipf_bytes = next(t.bytes for t in spec.tables if t.name == "zipf")
+    ebc = _meta_ebc([("zipf", 10_000_000, 32)] + [(f"hot{i}", 100_000, 32) for i in range(4)])
+    locality = {"zipf": {"pooling_factor": 4, "zipf_alpha": 1.1},
+                **{f"hot{i}": {"pooling_factor": 1, "zipf_alpha": 0.8} for i in range(4)}}
+    zipf_bytes = 10_000_000 * (32 + 1) * 4
     budget = {Tier.DRAM: 1.5 * zipf_bytes}  # pooled it holds the table whole; a rank's share does not
-    p = place(spec, CPU_NODE, 2, budget_bytes=budget)
-    assert p.tables["zipf"].tier in (Tier.SCM, Tier.SSD) and p.tables["zipf"].cache_rows > 0
-    assignment, _ = partition(spec, p, CPU_NODE)
-    assert {a.sharding_type for a in assignment.values()} == {"table_wise"}
+    planner = StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=2, locality=locality, budget_bytes=budget,
+                                  storage_dir=str(tmp_path))
+    plan = planner.plan(ebc, [TieredEmbeddingBagCollectionSharder()])
+    zipf = planner.last_placement.tables["zipf"]
+    assert zipf.tier in (Tier.SCM, Tier.SSD) and zipf.cache_rows > 0
+    assert {a.sharding_type for a in planner.last_assignment.values()} == {"table_wise"}
+    assert {ps.sharding_type for ps in plan.plan[""].values()} == {"table_wise"}
     # One rank alone holds it: whole in DRAM, as before.
-    alone = place(spec, CPU_NODE, 1, budget_bytes=budget)
-    assert alone.tables["zipf"].tier is Tier.DRAM and alone.tables["zipf"].cache_rows == 0
+    alone = StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=1, locality=locality, budget_bytes=budget,
+                                storage_dir=str(tmp_path))
+    alone.plan(ebc, [TieredEmbeddingBagCollectionSharder()])
+    assert alone.last_placement.tables["zipf"].tier is Tier.DRAM and alone.last_placement.tables["zipf"].cache_rows == 0
+
+
+def test_plan_goes_through_torchrec_planner_interfaces() -> None:
+    """The plan is TorchRec's enumerate -> estimate -> propose -> partition: options carry
+    TieredStorage (with SCM) and Perf per shard; a table no rank holds is proposed again
+    row-wise after the partition fails; the partitioner respects every tier's capacity."""
+    from torchrec.distributed.planner.types import Enumerator, Partitioner, PlannerError, Proposer, ShardEstimator
+
+    from torchrec_mtrains.planner.enumerator import TieredEnumerator
+    from torchrec_mtrains.planner.partitioner import TieredPartitioner
+    from torchrec_mtrains.planner.proposer import TieredProposer
+    from torchrec_mtrains.planner.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
+    from torchrec_mtrains.planner.tiered_storage import TieredStorage, torchrec_topology
+
+    assert issubclass(TieredEnumerator, Enumerator) and issubclass(TieredProposer, Proposer)
+    assert issubclass(TieredPartitioner, Partitioner) and issubclass(TieredStorageEstimator, ShardEstimator)
+    ebc = _meta_ebc([("big", 4_000_000, 64), ("scm", 2_000_000, 32), ("small", 10_000, 16)])
+    spec = parse_model_spec({"batch_size": 1024, "target_qps": 1, "tables": [
+        {"name": "big", "num_embeddings": 4_000_000, "embedding_dim": 64, "pooling_factor": 2, "zipf_alpha": 1.1},
+        {"name": "scm", "num_embeddings": 2_000_000, "embedding_dim": 32, "pooling_factor": 2, "zipf_alpha": 1.1},
+        {"name": "small", "num_embeddings": 10_000, "embedding_dim": 16, "pooling_factor": 1, "zipf_alpha": 0.5},
+    ]})
+    p = place(spec, CPU_NODE, 2, budget_bytes={Tier.DRAM: 0.2 * G})
+    assert p.tables["big"].tier is not Tier.DRAM
+    # Each rank's room on big's tier: the other tables there and 60% of big, so big fits
+    # only split over both ranks.
+    tier = p.tables["big"].tier
+    big = next(t for t in spec.tables if t.name == "big")
+    capacity = dict(p.capacity_bytes)
+    capacity[tier] = 2 * (0.6 * big.bytes + p.used_bytes[tier] - big.bytes)
+    topology = torchrec_topology(CPU_NODE, 2, capacity)
+    assert isinstance(topology.devices[0].storage, TieredStorage)
+    enumerator = TieredEnumerator(topology, 1024, estimator=[TieredStorageEstimator(topology), TieredPerfEstimator(topology)],
+                                  model=spec, placement=p, compute_tier=Tier.DRAM)
+    options = enumerator.enumerate(ebc, [TieredEmbeddingBagCollectionSharder()])
+    assert sorted({(o.name, o.sharding_type) for o in options}) == sorted(
+        (n, s) for n in ("big", "scm", "small") for s in ("table_wise", "row_wise"))
+    for o in options:
+        whole = sum((s.storage for s in o.shards), TieredStorage(0, 0))
+        assert whole.on(o.placement.tier) == pytest.approx(o.table.bytes, rel=1e-6)
+        assert sum(s.perf.total for s in o.shards) == pytest.approx(
+            o.cost.compute_s + max(o.cost.io_s.values(), default=0.0), rel=1e-6)
+    proposer, partitioner = TieredProposer(), TieredPartitioner(0.001, Tier.DRAM)
+    proposer.load(options, enumerator)
+    first = proposer.propose()
+    assert {o.sharding_type for o in first} == {"table_wise"}
+    with pytest.raises(PlannerError, match=r"big \(whole on one rank\)"):
+        partitioner.partition(first, topology)
+    proposer.feedback(partitionable=False, plan=first)
+    for _ in range(3):  # big row-wise leaves a rank too little DRAM for scm's cache: scm next
+        proposal = proposer.propose()
+        assert {o.name: o.sharding_type for o in proposal}["big"] == "row_wise"
+        try:
+            done = partitioner.partition(proposal, topology)
+            break
+        except PlannerError:
+            proposer.feedback(partitionable=False, plan=proposal)
+    else:
+        pytest.fail("no proposal partitioned")
+    used = [TieredStorage(0, 0) for _ in range(2)]
+    for o in done:
+        for s in o.shards:
+            used[s.rank] = used[s.rank] + s.storage
+    for r in range(2):
+        assert used[r].fits_in(topology.devices[r].storage)
+    proposer.feedback(partitionable=True, plan=done)
+    assert proposer.propose() is None
 
 
 def test_placement_reports_what_does_not_fit() -> None:

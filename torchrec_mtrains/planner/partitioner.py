@@ -1,84 +1,105 @@
-"""Partitioner: spreads placed tables over ranks, balancing each rank's predicted step.
+"""TieredPartitioner: TorchRec's ``Partitioner`` for tiered tables, balancing each rank's
+predicted step.
 
-Tables go whole to one rank (table-wise), the largest compute-tier footprint first, onto the
-rank whose step grows least, within each rank's capacity on the table's tier (and on the
-compute tier for its cache). A table larger than any rank's room is split by rows over all ranks (row-wise).
+Options are placed largest compute-tier footprint first (bin packing), then heaviest load:
+a table-wise one on the rank whose step grows least among those with room on every tier it
+uses (its rows on its tier, its cache in the compute tier); a row-wise one shard i on rank i.
+A rank's step is the perf model's: ``max(compute + dense, busiest tier)``. Options that fit
+nowhere keep shards without a rank (the proposer's cue to propose them row-wise) and the
+partition raises ``PlannerError``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional
 
+from torchrec.distributed.planner.types import (
+    Partitioner,
+    PlannerError,
+    PlannerErrorType,
+    ShardingOption,
+    Topology,
+)
+from torchrec.distributed.types import ShardingType
+
+from torchrec_mtrains.planner.enumerator import TieredShardingOption
 from torchrec_mtrains.planner.estimator import step_seconds
-from torchrec_mtrains.planner.model_spec import ModelSpec
-from torchrec_mtrains.planner.placement import Placement, PlacementError
-from torchrec_mtrains.planner.types import TieredTopology
+from torchrec_mtrains.planner.tiered_storage import TieredStorage
 from torchrec_mtrains.types import Tier
 
-__all__ = ["RankAssignment", "partition"]
-
-
-@dataclasses.dataclass(frozen=True)
-class RankAssignment:
-    sharding_type: str  # "table_wise" or "row_wise"
-    ranks: Tuple[int, ...]
+__all__ = ["TieredPartitioner"]
 
 
 @dataclasses.dataclass
 class _Rank:
+    free: TieredStorage
     compute: float = 0.0
     io: Dict[Tier, float] = dataclasses.field(default_factory=dict)
-    used: Dict[Tier, float] = dataclasses.field(default_factory=dict)
 
-    def step(self, dense: float, extra_compute: float = 0.0, extra_io: Dict[Tier, float] = None) -> float:
-        io = dict(self.io)
-        for t, s in (extra_io or {}).items():
-            io[t] = io.get(t, 0.0) + s
-        return step_seconds(self.compute + extra_compute, io, dense)
+    def step(self, dense: float, option: Optional[TieredShardingOption] = None, fraction: float = 1.0) -> float:
+        io, compute = dict(self.io), self.compute
+        if option is not None:
+            compute += option.cost.compute_s * fraction
+            for t, s in option.cost.io_s.items():
+                io[t] = io.get(t, 0.0) + s * fraction
+        return step_seconds(compute, io, dense)
+
+    def take(self, option: TieredShardingOption, shard_index: int) -> None:
+        shard = option.shards[shard_index]
+        f = option.shard_fraction(shard)
+        self.free = self.free - shard.storage
+        self.compute += option.cost.compute_s * f
+        for t, s in option.cost.io_s.items():
+            self.io[t] = self.io.get(t, 0.0) + s * f
 
 
-def partition(model: ModelSpec, placement: Placement, topo: TieredTopology) -> Tuple[Dict[str, RankAssignment], List[float]]:
-    """(assignment per table, predicted step seconds per rank)."""
-    world = placement.world_size
-    ranks = [_Rank() for _ in range(world)]
-    cap = {t: placement.capacity_bytes[t] / world for t in placement.capacity_bytes}
-    fast = topo.cache_tier()
-    dense = topo.compute.dense_s_per_sample * model.batch_size / world
-    by_name = {t.name: t for t in model.tables}
+class TieredPartitioner(Partitioner):
+    """Args: ``dense_s_per_rank``: the dense part of a rank's step (it is the same on every
+    rank, but sets how much embedding work a rank takes before its step grows);
+    ``compute_tier``: where caches and whole tables live (HBM or DRAM)."""
 
-    def load(name: str) -> float:
-        c = placement.costs[name]
-        return max([c.compute_s] + list(c.io_s.values()))
+    def __init__(self, dense_s_per_rank: float, compute_tier: Tier) -> None:
+        self._dense = dense_s_per_rank
+        self._compute_tier = compute_tier
+        self.rank_step_s: List[float] = []  # of the last successful partition
 
-    def fast_bytes(name: str) -> float:
-        where, table = placement.tables[name], by_name[name]
-        return where.cache_rows * table.row_bytes if where.cache_rows else (table.bytes if where.tier == fast else 0.0)
+    def partition(self, proposal: List[ShardingOption], storage_constraint: Topology) -> List[ShardingOption]:
+        options: List[TieredShardingOption] = [o for o in proposal if isinstance(o, TieredShardingOption)]
+        if len(options) != len(proposal):
+            raise PlannerError("TieredPartitioner partitions the TieredShardingOptions of TieredEnumerator",
+                               PlannerErrorType.PARTITION)
+        ranks = [_Rank(free=TieredStorage.of_storage(d.storage)) for d in storage_constraint.devices]
+        for option in options:
+            for shard in option.shards:
+                shard.rank = None
 
-    out: Dict[str, RankAssignment] = {}
-    # Largest compute-tier footprint first (bin packing), then the heaviest load.
-    for name in sorted(by_name, key=lambda n: (fast_bytes(n), load(n)), reverse=True):
-        table, where, cost = by_name[name], placement.tables[name], placement.costs[name]
-        need = {where.tier: table.bytes}
-        if where.cache_rows:
-            need[fast] = need.get(fast, 0.0) + where.cache_rows * table.row_bytes
-        fits = [r for r, rank in enumerate(ranks)
-                if all(rank.used.get(t, 0.0) + b <= cap[t] for t, b in need.items())]
-        if fits:
-            best = min(fits, key=lambda r: (ranks[r].step(dense, cost.compute_s, cost.io_s), r))
-            chosen = [best]
-            out[name] = RankAssignment("table_wise", (best,))
-        else:
-            share = {t: b / world for t, b in need.items()}
-            if any(rank.used.get(t, 0.0) + b > cap[t] for rank in ranks for t, b in share.items()):
-                raise PlacementError(f"table {name} does not fit even split by rows over {world} ranks")
-            chosen = list(range(world))
-            out[name] = RankAssignment("row_wise", tuple(chosen))
-        part = 1.0 / len(chosen)
-        for r in chosen:
-            ranks[r].compute += cost.compute_s * part
-            for t, s in cost.io_s.items():
-                ranks[r].io[t] = ranks[r].io.get(t, 0.0) + s * part
-            for t, b in need.items():
-                ranks[r].used[t] = ranks[r].used.get(t, 0.0) + b * part
-    return out, [rank.step(dense) for rank in ranks]
+        def load(o: TieredShardingOption) -> float:
+            return max([o.cost.compute_s] + list(o.cost.io_s.values()))
+
+        unplaced: List[str] = []
+        for option in sorted(options, key=lambda o: (o.tier_bytes.get(self._compute_tier, 0.0), load(o)), reverse=True):
+            if option.sharding_type == ShardingType.TABLE_WISE.value:
+                shard = option.shards[0]
+                fits = [r for r, rank in enumerate(ranks) if shard.storage.fits_in(rank.free)]
+                if not fits:
+                    unplaced.append(f"{option.name} (whole on one rank)")
+                    continue
+                best = min(fits, key=lambda r: (ranks[r].step(self._dense, option), r))
+                ranks[best].take(option, 0)
+                shard.rank = best
+            else:  # row-wise: shard i on rank i
+                if len(option.shards) != len(ranks) or not all(
+                        s.storage.fits_in(rank.free) for s, rank in zip(option.shards, ranks)):
+                    unplaced.append(f"{option.name} (even split by rows)")
+                    continue
+                for r, shard in enumerate(option.shards):
+                    ranks[r].take(option, r)
+                    shard.rank = r
+        if unplaced:
+            names = ", ".join(unplaced[:5]) + (f" and {len(unplaced) - 5} more" if len(unplaced) > 5 else "")
+            raise PlannerError(f"tables {names} do not fit the capacity of {len(ranks)} ranks",
+                               PlannerErrorType.PARTITION)
+        self.rank_step_s = [rank.step(self._dense) for rank in ranks]
+        return proposal
+

@@ -1,6 +1,9 @@
-"""StorageAwarePlanner: a drop-in for TorchRec's EmbeddingShardingPlanner that places each
-table on a tier with a cache size (placement.py), spreads tables over ranks
-(partitioner.py) and returns TorchRec's ShardingPlan, tiered tables as
+"""StorageAwarePlanner: a drop-in for TorchRec's EmbeddingShardingPlanner built on its
+planner interfaces. placement.py puts each table on a tier with a cache size (one knapsack
+for the whole job); TieredEnumerator turns that into TorchRec sharding options (table-wise
+and row-wise per table) whose storage (TieredStorage: HBM, DRAM, SCM, SSD) and perf the
+tiered shard estimators fill in; TieredProposer proposes, TieredPartitioner spreads them
+over ranks; TorchRec's ``to_sharding_plan`` makes the ShardingPlan, tiered tables as
 TieredParameterSharding entries for TieredEmbeddingBagCollectionSharder."""
 
 from __future__ import annotations
@@ -11,25 +14,20 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.sharding_plan import (
-    construct_module_sharding_plan,
-    row_wise,
-    table_wise,
-)
-from torchrec.distributed.types import (
-    EmbeddingModuleShardingPlan,
-    ModuleSharder,
-    ShardingPlan,
-    ShardingPlanner,
-)
+from torchrec.distributed.planner.planners import to_sharding_plan
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_mtrains.planner.enumerator import TieredEnumerator
 from torchrec_mtrains.planner.model_spec import ModelSpec, parse_model_spec
-from torchrec_mtrains.planner.partitioner import RankAssignment, partition
+from torchrec_mtrains.planner.partitioner import TieredPartitioner
 from torchrec_mtrains.planner.placement import Placement, PlacementError, place
-from torchrec_mtrains.planner.types import TieredTopology
+from torchrec_mtrains.planner.proposer import TieredProposer
+from torchrec_mtrains.planner.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
+from torchrec_mtrains.planner.tiered_storage import torchrec_topology
+from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.types import Tier
 
 __all__ = ["StorageAwarePlanner"]
@@ -118,19 +116,40 @@ class StorageAwarePlanner(ShardingPlanner):
         self.last_model, self.last_placement = model, placement
         return placement
 
-    def _place_and_partition(self, module: nn.Module):
-        """Placement is over the job's pooled capacity; when the tables then do not pack
-        into the ranks' shares, it is redone with less of the compute tier."""
+    def _search(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]):
+        """TorchRec's planning loop over our components: enumerate the options of a
+        placement, propose, partition until a proposal fits. Placement is over the job's
+        pooled capacity; when no proposal packs into the ranks' shares, it is redone with
+        less of the compute tier. Returns (placement, partitioned options, topology,
+        per-rank predicted step seconds)."""
         fast = self.topology.cache_tier()
         pooled = self.budget_bytes.get(fast, self.topology.tiers[fast].capacity_bytes * self.world_size)
-        error: Optional[PlacementError] = None
+        dense = self.topology.compute.dense_s_per_sample * self.batch_size / self.world_size
+        error: Optional[Exception] = None
         for share in (1.0, 0.9, 0.8, 0.65, 0.5):
             try:
                 placement = self.place(module, {**self.budget_bytes, fast: pooled * share})
-                assignment, rank_steps = partition(self.last_model, placement, self.topology)
-                return placement, assignment, rank_steps
             except PlacementError as e:
                 error = error or e
+                continue
+            topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
+            estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
+            enumerator = TieredEnumerator(topology, self.batch_size, estimator=estimators, model=self.last_model,
+                                          placement=placement, compute_tier=fast)
+            proposer, partitioner = TieredProposer(), TieredPartitioner(dense, fast)
+            proposer.load(enumerator.enumerate(module, sharders), enumerator)
+            last: Optional[PlannerError] = None  # the last proposal's (row-wise tried) is the telling one
+            while (proposal := proposer.propose()) is not None:
+                try:
+                    options = partitioner.partition(proposal, topology)
+                except PlannerError as e:
+                    last = e
+                    proposer.feedback(partitionable=False, plan=proposal, storage_constraint=topology)
+                    continue
+                proposer.feedback(partitionable=True, plan=options, storage_constraint=topology)
+                return placement, options, topology, partitioner.rank_step_s
+            error = error or PlacementError(f"{len(self.last_model.tables)} tables on {self.world_size} ranks of "
+                                            f"{self.topology.name}: {last}")
         raise error
 
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
@@ -146,37 +165,28 @@ class StorageAwarePlanner(ShardingPlanner):
                 f"runs on the CPU); {self.topology.name} is {self.topology.compute_device}: use "
                 "`mtrains plan` to size such a cluster"
             )
-        placement, assignment, rank_steps = self._place_and_partition(module)
-        self.last_assignment, self.last_rank_step_s = assignment, rank_steps
-        fast = self.topology.cache_tier()
-        sharder = next((s for s in sharders if isinstance(s, TieredEmbeddingBagCollectionSharder)),
-                       TieredEmbeddingBagCollectionSharder())
-        plan: Dict[str, EmbeddingModuleShardingPlan] = {}
-        for path, ebc in _ebcs(module):
-            generators, tiered = {}, {}
-            for config in ebc.embedding_bag_configs():
-                where, rank = placement.tables[config.name], assignment[config.name]
-                is_tiered = where.tier != fast or where.cache_rows > 0
-                kernel = (EmbeddingComputeKernel.CUSTOMIZED_KERNEL if is_tiered else EmbeddingComputeKernel.FUSED).value
-                generators[config.name] = (
-                    table_wise(rank=rank.ranks[0], compute_kernel=kernel)
-                    if rank.sharding_type == "table_wise" else row_wise(compute_kernel=kernel)
-                )
-                if is_tiered:
-                    tiered[config.name] = TieredParams(
-                        where.tier, cache_rows=max(1, where.cache_rows), cache_algorithm=self.cache_algorithm,
-                        storage_dir=self.storage_dir if where.tier in (Tier.SCM, Tier.SSD) else None,
-                    )
-            module_plan = construct_module_sharding_plan(
-                ebc, generators, sharder=sharder, local_size=self.world_size, world_size=self.world_size,
-                device_type="cpu",
+        if not any(isinstance(s, TieredEmbeddingBagCollectionSharder) for s in sharders):
+            sharders = [TieredEmbeddingBagCollectionSharder()] + list(sharders)
+        placement, options, topology, rank_steps = self._search(module, sharders)
+        self.last_rank_step_s = rank_steps
+        self.last_assignment = {
+            o.name: RankAssignment(o.sharding_type, tuple(int(s.rank) for s in o.shards)) for o in options
+        }
+        plan = to_sharding_plan(options, topology)
+        for option in options:
+            if not option.is_tiered:
+                continue
+            where = option.placement
+            module_plan = plan.plan[option.path]
+            ps = module_plan[option.name]
+            module_plan[option.name] = TieredParameterSharding(
+                **{k: getattr(ps, k) for k in ps.__dataclass_fields__},
+                tiered=TieredParams(
+                    where.tier, cache_rows=max(1, where.cache_rows), cache_algorithm=self.cache_algorithm,
+                    storage_dir=self.storage_dir if where.tier in (Tier.SCM, Tier.SSD) else None,
+                ),
             )
-            for name, params in tiered.items():
-                ps = module_plan[name]
-                module_plan[name] = TieredParameterSharding(**{k: getattr(ps, k) for k in ps.__dataclass_fields__},
-                                                            tiered=params)
-            plan[path] = module_plan
-        return ShardingPlan(plan)
+        return plan
 
     def collective_plan(
         self,

@@ -117,3 +117,11 @@ class TablePlacement:
     bandwidth_bytes_per_s: float  # the table's traffic to its tier at the target QPS
     ranks: Tuple[int, ...] = ()
     extra: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankAssignment:
+    """Where a plan put a table: its sharding type and the ranks of its shards."""
+
+    sharding_type: str  # "table_wise" or "row_wise"
+    ranks: Tuple[int, ...]
