@@ -98,12 +98,18 @@ def _plot(report: Dict[str, Any], model: ModelSpec, directory: str) -> List[str]
     os.makedirs(directory, exist_ok=True)
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    largest = sorted(model.tables, key=lambda t: -t.bytes)[:8]
-    for t in largest:
+    # One curve per kind of table (tables of one `count:` entry share theirs), largest first.
+    kinds: Dict[tuple, List[Any]] = {}
+    for t in sorted(model.tables, key=lambda t: -t.bytes):
+        key = (t.num_embeddings, t.pooling_factor, tuple(np.round(t.locality.lru_hit_rate[::16], 6)))
+        kinds.setdefault(key, []).append(t)
+    for tables in list(kinds.values())[:8]:
+        t = tables[0]
         frac = t.locality.cache_rows / t.num_embeddings
-        ax.semilogx(frac * 100, t.locality.lru_hit_rate * 100, label=t.name)
+        label = t.name + (f" (and {len(tables) - 1} alike)" if len(tables) > 1 else "")
+        ax.semilogx(frac * 100, t.locality.lru_hit_rate * 100, label=label)
     ax.set(xlabel="cache size (% of the table's rows)", ylabel="predicted LRU hit rate (%)",
-           title="Hit-rate curves of the largest tables")
+           title="Hit-rate curves of the largest kinds of table")
     ax.legend(fontsize=7)
     paths.append(os.path.join(directory, "hit_rate_curves.png"))
     fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
