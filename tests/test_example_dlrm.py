@@ -65,6 +65,9 @@ def test_component_launch_learns(default_run) -> None:
     assert {"SSD", "SCM", "DRAM"} <= set(m["placement"].values())  # the default budget needs SCM and SSD
     tiered = {t for t, tier in m["placement"].items() if tier in ("SSD", "SCM")}
     assert set(m["hit_rate"]) == tiered and all(0 < h <= 1 for h in m["hit_rate"].values())
+    # Warm caches (the run's last quarter) hit at least as often as the whole run, cold start included.
+    assert m["hit_rate_warm_from_step"] >= 3 * STEPS // 4 and set(m["hit_rate_warm"]) == tiered
+    assert all(m["hit_rate_warm"][t] >= m["hit_rate"][t] - 0.02 for t in tiered)
     assert (out / "summary.txt").exists()
 
 

@@ -184,11 +184,26 @@ def cache_counts(dmp, names: List[str]) -> torch.Tensor:
     return out
 
 
-def hit_rates(dmp, placement: Dict[str, str]) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Per tiered table and per tier, over all ranks (a collective)."""
-    names = sorted(t for t, tier in placement.items() if tier in ("SCM", "SSD", "DRAM"))
-    counts = cache_counts(dmp, names)
+def global_cache_counts(dmp, placement: Dict[str, str]) -> torch.Tensor:
+    """``cache_counts`` of every tiered table summed over all ranks (a collective); rows in
+    the order of ``tiered_names(placement)``."""
+    counts = cache_counts(dmp, tiered_names(placement))
     dist.all_reduce(counts)
+    return counts
+
+
+def tiered_names(placement: Dict[str, str]) -> List[str]:
+    return sorted(t for t, tier in placement.items() if tier in ("SCM", "SSD", "DRAM"))
+
+
+def hit_rates(dmp, placement: Dict[str, str], since: Optional[torch.Tensor] = None
+              ) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Per tiered table and per tier, over all ranks (a collective); with ``since`` (the
+    global counts at an earlier step), over the steps after it."""
+    names = tiered_names(placement)
+    counts = global_cache_counts(dmp, placement)
+    if since is not None:
+        counts = counts - since
     per_table = {n: float(c[0] / c[1]) if c[1] else float("nan") for n, c in zip(names, counts)}
     per_tier: Dict[str, float] = {}
     for tier in sorted({placement[n] for n in names}):
@@ -226,6 +241,10 @@ class Trainer:
         self.state: Dict = {"losses": [], "auc_curve": [], "seed": args.seed}
         self.window: List[Tuple[np.ndarray, np.ndarray]] = []
         self.step_times: List[float] = []
+        # Global cache counts when the run's last quarter starts: the hit rate after it is
+        # the warm caches' (what the planner predicts), without the cold start.
+        self.warm_from: Optional[torch.Tensor] = None
+        self.warm_from_step: Optional[int] = None
 
     def run(self, batches, start: int) -> None:
         from tqdm import tqdm
@@ -238,6 +257,7 @@ class Trainer:
 
     def _loop(self, bar, batches, start: int) -> None:
         step = start
+        last_quarter = start + (3 * (self.args.steps - start)) // 4
         while True:
             try:
                 loss, logits, labels = self.pipeline.progress(batches)
@@ -253,6 +273,8 @@ class Trainer:
             bar.update(1)
             if step % self.args.log_every == 0 or step == self.args.steps:
                 self._log(bar, step)
+            if step == last_quarter < self.args.steps:  # every rank reaches it: a collective is safe
+                self.warm_from, self.warm_from_step = global_cache_counts(self.dmp, self.placement), step
             if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
                 save_checkpoint(self.args.checkpoint_dir, step, self.dmp, self.dense_opt, self.state)
 
@@ -378,9 +400,11 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     trainer.pipeline.detach()  # the model's own forward again, for the evaluation
     final_auc = evaluate(dmp, eval_it, rank)
     per_table, per_tier = hit_rates(dmp, tiered)
+    warm_table, warm_tier = hit_rates(dmp, tiered, since=trainer.warm_from) if trainer.warm_from is not None else ({}, {})
     metrics = {
         "losses": trainer.state["losses"], "qps": trainer.qps(), "auc": final_auc,
         "hit_rate": per_table, "hit_rate_per_tier": per_tier, "placement": placement,
+        "hit_rate_warm": warm_table, "hit_rate_warm_per_tier": warm_tier, "hit_rate_warm_from_step": trainer.warm_from_step,
         "auc_curve": trainer.state["auc_curve"], "steps": args.steps, "resumed_from": start,
         "world_size": world, "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
         "dram_budget_bytes_per_rank": args.dram_budget_bytes, "dcn": args.dcn,
@@ -394,14 +418,25 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
 
 def finish(args, metrics: Dict, rows: List[Dict]) -> None:
     """Prints the summary and writes --out (rank 0)."""
+    warm_from = metrics.get("hit_rate_warm_from_step")
     for r in rows:
         h = metrics["hit_rate"].get(r["table"])
         r["hit_rate"] = "-" if h is None else f"{h:.3f}"
-    text = "\n".join([
-        "placement and cache hit rates (unique rows per step found in the row cache):",
+        if warm_from is not None:
+            h = metrics["hit_rate_warm"].get(r["table"])
+            r[f"hit_after_{warm_from}"] = "-" if h is None else f"{h:.3f}"
+    lines = [
+        "placement and cache hit rates (unique rows per step found in the row cache"
+        + (f"; hit_after_{warm_from}: over the steps after {warm_from}, warm caches" if warm_from is not None else "")
+        + "):",
         format_table(rows),
         f"QPS (samples/s, all ranks, steps after the first of this run): {metrics['qps']:,.0f}",
         "hit rate per tier: " + ", ".join(f"{t} {h:.3f}" for t, h in metrics["hit_rate_per_tier"].items()),
+    ]
+    if warm_from is not None and metrics["hit_rate_warm_per_tier"]:
+        lines.append(f"hit rate per tier after step {warm_from}: "
+                     + ", ".join(f"{t} {h:.3f}" for t, h in metrics["hit_rate_warm_per_tier"].items()))
+    text = "\n".join(lines + [
         f"AUC (held-out, {args.eval_batches} batches per rank): {metrics['auc']:.4f}",
         f"loss: first {metrics['losses'][0]:.4f}, last {metrics['losses'][-1]:.4f} ({len(metrics['losses'])} steps)",
     ])
