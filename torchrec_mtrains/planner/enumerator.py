@@ -33,7 +33,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_mtrains.planner.estimator import TableCost
 from torchrec_mtrains.planner.model_spec import ModelSpec, ModelTable
-from torchrec_mtrains.planner.placement import Placement
+from torchrec_mtrains.planner.placement import Placement, tier_bytes
 from torchrec_mtrains.planner.types import TablePlacement
 from torchrec_mtrains.types import Tier
 
@@ -110,7 +110,8 @@ class TieredEnumerator(Enumerator):
                 kernel = (EmbeddingComputeKernel.CUSTOMIZED_KERNEL if tiered else EmbeddingComputeKernel.FUSED).value
                 tensor = ebc.embedding_bags[config.name].weight
                 table = self._tables[config.name]
-                tier_bytes = self._tier_bytes(table, where)
+                whole = tier_bytes(table, where.tier, where.cache_rows, where.extra.get("l2_cache_rows", 0.0),
+                                   self._compute_tier)
                 offered = [s for s in SHARDING_TYPES if s in sharder.sharding_types(device)
                            and kernel in sharder.compute_kernels(s, device)]
                 if not offered:
@@ -126,7 +127,7 @@ class TieredEnumerator(Enumerator):
                         partition_by=_PARTITION_BY[sharding_type], compute_kernel=kernel,
                         shards=[Shard(size=s, offset=o) for s, o in zip(sizes, offsets)],
                         feature_names=list(config.feature_names),
-                        table=table, placement=where, cost=self._placement.costs[config.name], tier_bytes=tier_bytes,
+                        table=table, placement=where, cost=self._placement.costs[config.name], tier_bytes=whole,
                     ))
         self.populate_estimates(options)
         return options
@@ -134,12 +135,3 @@ class TieredEnumerator(Enumerator):
     def populate_estimates(self, sharding_options: List[ShardingOption]) -> None:
         for estimator in self._estimators:
             estimator.estimate(sharding_options, None)
-
-    def _tier_bytes(self, table: ModelTable, where: TablePlacement) -> Dict[Tier, float]:
-        out = {where.tier: table.bytes}
-        if where.cache_rows:
-            out[self._compute_tier] = out.get(self._compute_tier, 0.0) + where.cache_rows * table.row_bytes
-        l2_rows = where.extra.get("l2_cache_rows", 0.0)
-        if l2_rows:  # a host-DRAM cache under the HBM one (GPU nodes)
-            out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + l2_rows * table.row_bytes
-        return out

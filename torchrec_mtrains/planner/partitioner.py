@@ -12,7 +12,7 @@ partition raises ``PlannerError``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from torchrec.distributed.planner.types import (
     Partitioner,
@@ -37,21 +37,21 @@ class _Rank:
     compute: float = 0.0
     io: Dict[Tier, float] = dataclasses.field(default_factory=dict)
 
-    def step(self, dense: float, option: Optional[TieredShardingOption] = None, fraction: float = 1.0) -> float:
-        io, compute = dict(self.io), self.compute
-        if option is not None:
-            compute += option.cost.compute_s * fraction
-            for t, s in option.cost.io_s.items():
-                io[t] = io.get(t, 0.0) + s * fraction
+    def with_work(self, option: TieredShardingOption, fraction: float) -> Tuple[float, Dict[Tier, float]]:
+        """(compute, io per tier) of this rank plus ``fraction`` of the option's table."""
+        io = dict(self.io)
+        for t, s in option.cost.io_s.items():
+            io[t] = io.get(t, 0.0) + s * fraction
+        return self.compute + option.cost.compute_s * fraction, io
+
+    def step(self, dense: float, option: Optional[TieredShardingOption] = None) -> float:
+        compute, io = (self.compute, self.io) if option is None else self.with_work(option, 1.0)
         return step_seconds(compute, io, dense)
 
     def take(self, option: TieredShardingOption, shard_index: int) -> None:
         shard = option.shards[shard_index]
-        f = option.shard_fraction(shard)
         self.free = self.free - shard.storage
-        self.compute += option.cost.compute_s * f
-        for t, s in option.cost.io_s.items():
-            self.io[t] = self.io.get(t, 0.0) + s * f
+        self.compute, self.io = self.with_work(option, option.shard_fraction(shard))
 
 
 class TieredPartitioner(Partitioner):

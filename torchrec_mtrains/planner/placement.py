@@ -35,7 +35,7 @@ from torchrec_mtrains.planner.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.types import TablePlacement, TieredTopology
 from torchrec_mtrains.types import Tier
 
-__all__ = ["Placement", "PlacementError", "place", "CACHE_FRACTIONS"]
+__all__ = ["Placement", "PlacementError", "place", "tier_bytes", "CACHE_FRACTIONS"]
 
 CACHE_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
 _SMALL_TABLE_BYTES = 4 << 20
@@ -48,6 +48,19 @@ _RELAXED = (4.0, 16.0)  # looser step-2 budgets tried when the real one strands 
 # (start on the fastest tier, step-2 budget factor), in the order place() tries them.
 _STRATEGIES = [(False, 1.0)] + [(False, r) for r in _RELAXED] + [(True, 1.0)] + [(True, r) for r in _RELAXED]
 _BACKING_ORDER = (Tier.SSD, Tier.SCM, Tier.DRAM)  # cheapest first
+
+
+def tier_bytes(table: ModelTable, tier: Tier, cache_rows: float, l2_rows: float, compute_tier: Tier) -> Dict[Tier, float]:
+    """A table's bytes on each tier: whole in ``compute_tier`` (no cache), or its rows on
+    ``tier`` with a cache of ``cache_rows`` in the compute tier and, on a GPU node, an L2
+    cache of ``l2_rows`` in host DRAM."""
+    if tier == compute_tier and cache_rows <= 0:
+        return {compute_tier: table.bytes}
+    out = {tier: table.bytes}
+    out[compute_tier] = out.get(compute_tier, 0.0) + cache_rows * table.row_bytes
+    if l2_rows:
+        out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + l2_rows * table.row_bytes
+    return out
 
 
 class PlacementError(ValueError):
@@ -168,11 +181,9 @@ def _place(
         return table.bytes if k < 0 else sizes[table.name][k] * table.row_bytes
 
     def apply(table: ModelTable, tier: Tier, k: int, k2: int, sign: float) -> None:
-        if tier != fast or k >= 0:
-            used[tier] += sign * (table.bytes if tier != fast else 0.0)
-        used[fast] += sign * fast_bytes(table, k)
-        if k2 >= 0:
-            used[Tier.DRAM] += sign * l2_rows(table, k2) * table.row_bytes
+        cache_rows = 0.0 if k < 0 else sizes[table.name][k]
+        for t, b in tier_bytes(table, tier, cache_rows, l2_rows(table, k2), fast).items():
+            used[t] += sign * b
         for t, sec in cost(table, tier, k, k2).io_s.items():
             io[t] = io.get(t, 0.0) + sign * sec
 
