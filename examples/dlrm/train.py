@@ -196,14 +196,14 @@ def tiered_names(placement: Dict[str, str]) -> List[str]:
     return sorted(t for t, tier in placement.items() if tier in ("SCM", "SSD", "DRAM"))
 
 
-def hit_rates(dmp, placement: Dict[str, str], since: Optional[torch.Tensor] = None
-              ) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Per tiered table and per tier, over all ranks (a collective); with ``since`` (the
-    global counts at an earlier step), over the steps after it."""
+def hit_rates(dmp, placement: Dict[str, str]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Per tiered table and per tier, over all ranks (a collective)."""
+    return rates_of(global_cache_counts(dmp, placement), placement)
+
+
+def rates_of(counts: torch.Tensor, placement: Dict[str, str]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Per tiered table and per tier, from ``global_cache_counts`` (or a difference of two)."""
     names = tiered_names(placement)
-    counts = global_cache_counts(dmp, placement)
-    if since is not None:
-        counts = counts - since
     per_table = {n: float(c[0] / c[1]) if c[1] else float("nan") for n, c in zip(names, counts)}
     per_tier: Dict[str, float] = {}
     for tier in sorted({placement[n] for n in names}):
@@ -399,8 +399,9 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     trainer.run(train_it, start)
     trainer.pipeline.detach()  # the model's own forward again, for the evaluation
     final_auc = evaluate(dmp, eval_it, rank)
-    per_table, per_tier = hit_rates(dmp, tiered)
-    warm_table, warm_tier = hit_rates(dmp, tiered, since=trainer.warm_from) if trainer.warm_from is not None else ({}, {})
+    counts = global_cache_counts(dmp, tiered)
+    per_table, per_tier = rates_of(counts, tiered)
+    warm_table, warm_tier = rates_of(counts - trainer.warm_from, tiered) if trainer.warm_from is not None else ({}, {})
     metrics = {
         "losses": trainer.state["losses"], "qps": trainer.qps(), "auc": final_auc,
         "hit_rate": per_table, "hit_rate_per_tier": per_tier, "placement": placement,
