@@ -28,9 +28,9 @@ from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_mtrains.kernels import TieredEmbeddingBags
-from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
+from torchrec_mtrains.layout import TableLayout
 from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "rank_storage_dir"]
@@ -124,8 +124,8 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
                 ) from None
         self._tables = tables
         if self.storage_dir is not None:
-            codecs = [RowCodec(t.local_cols, optimizer, _PRECISION[config.data_type]) for t in tables]
-            _check_space(self.params, self.storage_dir, tables, [c.row_bytes for c in codecs])
+            layouts = [TableLayout(t.local_cols, _PRECISION[config.data_type], optimizer) for t in tables]
+            _check_space(self.params, self.storage_dir, tables, [layout.row_bytes for layout in layouts])
         feature_table_map = [i for i, t in enumerate(tables) for _ in range(t.num_features())]
         try:
             self._emb = TieredEmbeddingBags(
@@ -180,7 +180,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         return self._optim
 
     def set_learning_rate(self, lr: float) -> None:
-        self._emb._tbe.set_learning_rate(lr)
+        self._emb.set_learning_rate(lr)
 
     # TorchRec reads these while it builds its state: a tiered kernel exposes no tensors
     # there (the sharded module streams its tables itself).
@@ -199,14 +199,15 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         return list(enumerate(self._tables))
 
     def has_optimizer_state(self) -> bool:
-        return self._emb._codecs[0].state_values > 0
+        return self._emb.layouts[0].state_values > 0
 
     def _part_layout(self, t: int, part: str) -> Tuple[Tuple[int, ...], torch.dtype]:
         """Shape and dtype of local shard ``t``'s weights or optimizer state (FBGEMM's layout)."""
-        rows, codec = self._tables[t].local_rows, self._emb._codecs[t]
+        rows, layout = self._tables[t].local_rows, self._emb.layouts[t]
         if part == "weight":
-            return (rows, codec.dim), codec.dtype
-        return ((rows,) if codec.state_values == 1 else (rows, codec.dim)), torch.float32
+            return (rows, layout.dim), self._emb.weights_dtype
+        # SGD has no state: a state shard given for it is taken as per-weight and ignored.
+        return layout.state_shape(rows) or (rows, layout.dim), torch.float32
 
     def stage_shard(self, t: int, part: str, area: StagingArea) -> torch.Tensor:
         """Local shard ``t``'s weights (``part="weight"``) or optimizer state
