@@ -15,7 +15,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torchrec_mtrains.layout import TableLayout, optimizer_name, precision_name
 from torchrec_mtrains.types import Tier
 
-__all__ = ["CACHE_ALGORITHMS", "DEFAULT_CACHE_LOAD_FACTOR", "TieredConfig", "resolve_config"]
+__all__ = ["CACHE_ALGORITHMS", "DEFAULTS", "DEFAULT_CACHE_LOAD_FACTOR", "TieredConfig", "resolve_config"]
 
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
 """Cache size as a fraction of a table's rows when neither cache_rows nor a load factor is given."""
@@ -138,13 +138,12 @@ def resolve_config(config: Optional[TieredConfig], settings: Mapping[str, Any]) 
         return TieredConfig(**settings)
     if not isinstance(config, TieredConfig):
         raise ValueError(f"config must be a TieredConfig, got {type(config).__name__}")
-    changed = sorted(k for k, v in settings.items() if not _is_default(v, _DEFAULTS[k]))
+    changed = sorted(k for k, v in settings.items() if not _is_default(v, getattr(DEFAULTS, k)))
     if changed:
         raise ValueError(f"give config or the settings {changed}, not both")
     return config
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TieredConfig)}
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -223,3 +222,7 @@ def _table_names(names: Any) -> Optional[Tuple[str, ...]]:
     if len(set(names)) != len(names) or not all(isinstance(x, str) and x and "/" not in x for x in names):
         raise ValueError(f"table_names={list(names)!r} must be distinct non-empty names without '/'")
     return names
+
+
+DEFAULTS = TieredConfig()
+"""Every setting at its default: ``TieredEmbeddingBags``' defaults."""

@@ -34,7 +34,7 @@ from torchrec_mtrains.kernels.batch import (
     check_index_tensor,
     split_batch,
 )
-from torchrec_mtrains.kernels.config import TieredConfig, resolve_config
+from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
@@ -45,7 +45,6 @@ from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredEmbeddingBags"]
 
-_DEFAULT = TieredConfig()  # the defaults of the constructor's settings
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(TieredConfig))
 _READ_CHUNK_ROWS = 1 << 16  # rows per store read when materialising a whole table
 
@@ -110,7 +109,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         cache_rows: cache slots per table (an int for all tables, or one per table);
             may exceed the table. Default: ``cache_load_factor`` of each table's rows.
         cache_load_factor: cache size as a fraction of each table's rows (default
-            ``DEFAULT_CACHE_LOAD_FACTOR``, 0.2).
+            ``DEFAULT_CACHE_LOAD_FACTOR``).
         storage_dir: directory for the SCM/SSD table files (created if missing; files of
             the same table names there are replaced: this is working storage).
         optimizer: EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD or EXACT_SGD (fused, FBGEMM's).
@@ -137,24 +136,24 @@ class TieredEmbeddingBags(torch.nn.Module):
     def __init__(
         self,
         embedding_specs: Sequence[Tuple[int, int]],
-        tier: Tier = _DEFAULT.tier,
-        cache_rows: Optional[Union[int, Sequence[int]]] = _DEFAULT.cache_rows,
-        cache_load_factor: Optional[float] = _DEFAULT.cache_load_factor,
-        storage_dir: Optional[str] = _DEFAULT.storage_dir,
-        optimizer: EmbOptimType = _DEFAULT.optimizer,
-        learning_rate: float = _DEFAULT.learning_rate,
-        eps: float = _DEFAULT.eps,
-        pooling_mode: PoolingMode = _DEFAULT.pooling_mode,
-        cache_algorithm: str = _DEFAULT.cache_algorithm,
-        prefetch_pipeline: bool = _DEFAULT.prefetch_pipeline,
+        tier: Tier = DEFAULTS.tier,
+        cache_rows: Optional[Union[int, Sequence[int]]] = DEFAULTS.cache_rows,
+        cache_load_factor: Optional[float] = DEFAULTS.cache_load_factor,
+        storage_dir: Optional[str] = DEFAULTS.storage_dir,
+        optimizer: EmbOptimType = DEFAULTS.optimizer,
+        learning_rate: float = DEFAULTS.learning_rate,
+        eps: float = DEFAULTS.eps,
+        pooling_mode: PoolingMode = DEFAULTS.pooling_mode,
+        cache_algorithm: str = DEFAULTS.cache_algorithm,
+        prefetch_pipeline: bool = DEFAULTS.prefetch_pipeline,
         *,
-        weights_precision: SparseType = _DEFAULT.weights_precision,
-        cache_ways: int = _DEFAULT.cache_ways,
-        init_range: Optional[Union[Tuple[float, float], Sequence[Tuple[float, float]]]] = _DEFAULT.init_range,
-        seed: int = _DEFAULT.seed,
-        table_names: Optional[Sequence[str]] = _DEFAULT.table_names,
-        ssd_dram_cache_mb: float = _DEFAULT.ssd_dram_cache_mb,
-        feature_table_map: Optional[Sequence[int]] = _DEFAULT.feature_table_map,
+        weights_precision: SparseType = DEFAULTS.weights_precision,
+        cache_ways: int = DEFAULTS.cache_ways,
+        init_range: Optional[Union[Tuple[float, float], Sequence[Tuple[float, float]]]] = DEFAULTS.init_range,
+        seed: int = DEFAULTS.seed,
+        table_names: Optional[Sequence[str]] = DEFAULTS.table_names,
+        ssd_dram_cache_mb: float = DEFAULTS.ssd_dram_cache_mb,
+        feature_table_map: Optional[Sequence[int]] = DEFAULTS.feature_table_map,
         config: Optional[TieredConfig] = None,
     ) -> None:
         settings = {name: value for name, value in locals().items() if name in _SETTINGS}
