@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 from collections.abc import Iterable
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -70,8 +71,8 @@ class TieredConfig:
         self._replace("cache_rows", _cache_rows(self.cache_rows, self.cache_load_factor))
         self._replace("init_range", _init_range(self.init_range))
         self._replace("table_names", _table_names(self.table_names))
-        if self.feature_table_map is not None:
-            self._replace("feature_table_map", tuple(self.feature_table_map))
+        self._replace("storage_dir", _storage_dir(self.storage_dir))
+        self._replace("feature_table_map", _feature_table_map(self.feature_table_map))
 
     def _replace(self, name: str, value: Any) -> None:
         """Puts a setting's normalised value in place of the given one (the config is frozen)."""
@@ -142,8 +143,6 @@ def resolve_config(config: Optional[TieredConfig], settings: Mapping[str, Any]) 
     if changed:
         raise ValueError(f"give config or the settings {changed}, not both")
     return config
-
-
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -222,6 +221,23 @@ def _table_names(names: Any) -> Optional[Tuple[str, ...]]:
     if len(set(names)) != len(names) or not all(isinstance(x, str) and x and "/" not in x for x in names):
         raise ValueError(f"table_names={list(names)!r} must be distinct non-empty names without '/'")
     return names
+
+
+def _storage_dir(storage_dir: Any) -> Optional[str]:
+    if storage_dir is None:
+        return None
+    if not isinstance(storage_dir, (str, os.PathLike)) or not os.fspath(storage_dir):
+        raise ValueError(f"storage_dir={storage_dir!r} must be a non-empty path")
+    return os.fspath(storage_dir)
+
+
+def _feature_table_map(feature_table_map: Any) -> Optional[Tuple[int, ...]]:
+    """As a tuple; its table numbers are checked against the tables by the kernel."""
+    if feature_table_map is None:
+        return None
+    if isinstance(feature_table_map, str) or not isinstance(feature_table_map, Iterable):
+        raise ValueError(f"feature_table_map={feature_table_map!r} must be a sequence of table numbers")
+    return tuple(feature_table_map)
 
 
 DEFAULTS = TieredConfig()

@@ -156,6 +156,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         feature_table_map: Optional[Sequence[int]] = DEFAULTS.feature_table_map,
         config: Optional[TieredConfig] = None,
     ) -> None:
+        # The settings' arguments by name, taken before any other local exists.
         settings = {name: value for name, value in locals().items() if name in _SETTINGS}
         super().__init__()
         load_extension()
@@ -176,19 +177,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self.cache_ways = config.cache_ways
         self.cache_rows = config.cache_sizes(num_rows)
         self._codecs = [RowCodec(config.layout(dim)) for _, dim in specs]
-        ranges = config.init_ranges(num_rows)
-        self._stores: List[RowStore] = [
-            create_store(
-                config.tier,
-                StoreSpec(
-                    name=self.table_names[t], num_rows=rows, row_width_dim=dim,
-                    state_slots=self._codecs[t].layout.state_slots, dtype=self._codecs[t].dtype,
-                    init_range=ranges[t], seed=config.seed * 1_000_003 + t, storage_dir=config.storage_dir,
-                    ssd_dram_cache_mb=config.ssd_dram_cache_mb,
-                ),
-            )
-            for t, (rows, dim) in enumerate(specs)
-        ]
+        self._stores = self._create_stores(config.init_ranges(num_rows))
         self._caches = [
             torch.classes.mtrains.SetAssociativeCache(n, config.cache_ways, config.cache_algorithm)
             for n in self.cache_rows
@@ -206,6 +195,22 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
         self._wait_seconds = 0.0
         self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
+
+    def _create_stores(self, ranges: List[Tuple[float, float]]) -> List[RowStore]:
+        """Each table's backing store on the tier, its rows initialised from ``ranges``."""
+        config = self.config
+        return [
+            create_store(
+                config.tier,
+                StoreSpec(
+                    name=self.table_names[t], num_rows=rows, row_width_dim=dim,
+                    state_slots=self._codecs[t].layout.state_slots, dtype=self._codecs[t].dtype,
+                    init_range=ranges[t], seed=config.seed * 1_000_003 + t, storage_dir=config.storage_dir,
+                    ssd_dram_cache_mb=config.ssd_dram_cache_mb,
+                ),
+            )
+            for t, (rows, dim) in enumerate(self.embedding_specs)
+        ]
 
     # ------------------------------------------------------------ table layout ----
     @property
