@@ -144,6 +144,8 @@ CONFIG_ERRORS = {
     "table_names_duplicate": (dict(table_names=["a", "a"]), "table_names"),
     "table_names_slash": (dict(table_names=["a/b"]), "table_names"),
     "table_names_empty": (dict(table_names=[""]), "table_names"),
+    "storage_dir_not_a_path": (dict(storage_dir=3), "storage_dir=3"),
+    "feature_table_map_not_a_sequence": (dict(feature_table_map=3), "feature_table_map=3"),
 }
 
 
@@ -161,6 +163,7 @@ def test_config_keeps_normalised_values() -> None:
     assert c.optimizer is EmbOptimType.EXACT_SGD and c.weights_precision is SparseType.FP16
     assert c.cache_rows == (3, 4) and c.init_range == ((-1.0, 1.0), (0.0, 2.0))
     assert c.table_names == ("a", "b") and c.feature_table_map == (0, 1, 1)
+    assert TieredConfig(storage_dir=Path("/x")).storage_dir == "/x"
     assert c.learning_rate == 1.0 and isinstance(c.learning_rate, float) and c.prefetch_pipeline is False
     assert hash(c) == hash(dataclasses.replace(c))
     assert c.layout(8) == TableLayout(8, "fp16", "exact_sgd")

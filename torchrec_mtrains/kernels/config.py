@@ -226,8 +226,8 @@ def _table_names(names: Any) -> Optional[Tuple[str, ...]]:
 def _storage_dir(storage_dir: Any) -> Optional[str]:
     if storage_dir is None:
         return None
-    if not isinstance(storage_dir, (str, os.PathLike)) or not os.fspath(storage_dir):
-        raise ValueError(f"storage_dir={storage_dir!r} must be a non-empty path")
+    if not isinstance(storage_dir, (str, os.PathLike)):
+        raise ValueError(f"storage_dir={storage_dir!r} must be a path (str or os.PathLike)")
     return os.fspath(storage_dir)
 
 
