@@ -1,7 +1,7 @@
 """TableLayout: the bytes of one embedding row, weights then optimizer state, as stored.
 
-The one home of a row's size: the kernel's row codec, the backing stores' row widths,
-sharding's space checks and the planner's model all take it from here. The layout is
+The kernel's row codec, the backing stores' row widths, sharding's space checks and the
+planner's model spec all take a row's size from here. The layout is
 FBGEMM's TBE on the CPU: ``dim`` weights in the table's precision, then the optimizer's
 fp32 state (one value per row for row-wise Adagrad, one per weight for Adagrad, none for
 SGD). A store row keeps the state's bits as they are: one fp32 slot per value, or two
