@@ -11,8 +11,7 @@ class Tier(enum.Enum):
     """A memory or storage tier an embedding table (or its backing store) can live on.
 
     Members are listed from fastest to slowest. Capacities, bandwidths and other
-    per-tier figures are maps keyed by this enum (see DESIGN.md), never one field
-    per tier.
+    per-tier figures are maps keyed by this enum, never one field per tier.
     """
 
     HBM = "hbm"

@@ -9,7 +9,7 @@ import torch
 
 from torchrec_mtrains._ops import load_extension
 
-__all__ = ["Batch", "check_feature_table_map", "check_index_tensor", "split_batch"]
+__all__ = ["Batch", "check_embedding_specs", "check_feature_table_map", "check_index_tensor", "split_batch"]
 
 _INT_DTYPES = (torch.int64, torch.int32)
 _BAD_ENDS, _DECREASING, _ID_OUT_OF_RANGE = 1, 2, 3  # csrc/bindings/batch_ops.cpp BatchProblem
@@ -98,3 +98,21 @@ def check_feature_table_map(feature_table_map: Optional[Sequence[int]], num_tabl
             f"0..{num_tables - 1} (a table's features adjacent)"
         )
     return ftm
+
+
+def check_embedding_specs(specs: Sequence[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """Returns the ``(num_rows, dim)`` of each table as a list; ValueError naming the first
+    bad table unless rows are positive and dims positive multiples of 4 (FBGEMM's)."""
+    if not isinstance(specs, (list, tuple)) or not specs:
+        raise ValueError("embedding_specs must be a non-empty list of (num_rows, dim)")
+    out = []
+    for t, spec in enumerate(specs):
+        if not isinstance(spec, (list, tuple)) or len(spec) != 2:
+            raise ValueError(f"embedding_specs[{t}]={spec!r} must be (num_rows, dim)")
+        rows, dim = spec
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"embedding_specs[{t}]: num_rows={rows!r} must be a positive integer")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 4 or dim % 4:
+            raise ValueError(f"embedding_specs[{t}]: dim={dim!r} must be a positive multiple of 4 (FBGEMM)")
+        out.append((rows, dim))
+    return out

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import math
 import time
 from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -28,17 +27,25 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from torchrec_mtrains._ops import load_extension
-from torchrec_mtrains.kernels.batch import Batch, check_feature_table_map, check_index_tensor, split_batch
+from torchrec_mtrains.kernels.batch import (
+    Batch,
+    check_embedding_specs,
+    check_feature_table_map,
+    check_index_tensor,
+    split_batch,
+)
+from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
-from torchrec_mtrains.kernels.row_codec import SUPPORTED_OPTIMIZERS, SUPPORTED_PRECISIONS, RowCodec
+from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
+from torchrec_mtrains.layout import TableLayout
 from torchrec_mtrains.storage import RowStore
 from torchrec_mtrains.testing.faults import fault_point
 from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredEmbeddingBags"]
 
-_DEFAULT_LOAD_FACTOR = 0.2
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(TieredConfig))
 _READ_CHUNK_ROWS = 1 << 16  # rows per store read when materialising a whole table
 
 
@@ -93,12 +100,16 @@ class TieredEmbeddingBags(torch.nn.Module):
     A drop-in for FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` forward: indices are
     laid out table-major, ``offsets`` has ``T * B + 1`` entries.
 
+    The settings come either as the arguments below or all at once as ``config`` (a
+    ``TieredConfig``, whose fields are these arguments and whose defaults are theirs).
+
     Args:
         embedding_specs: ``(num_rows, dim)`` per table; dims must be multiples of 4.
         tier: where the tables live (Tier.DRAM, Tier.SCM or Tier.SSD).
         cache_rows: cache slots per table (an int for all tables, or one per table);
             may exceed the table. Default: ``cache_load_factor`` of each table's rows.
-        cache_load_factor: cache size as a fraction of each table's rows (default 0.2).
+        cache_load_factor: cache size as a fraction of each table's rows (default
+            ``DEFAULT_CACHE_LOAD_FACTOR``).
         storage_dir: directory for the SCM/SSD table files (created if missing; files of
             the same table names there are replaced: this is working storage).
         optimizer: EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD or EXACT_SGD (fused, FBGEMM's).
@@ -107,7 +118,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         cache_algorithm: "lru" or "lfu".
         prefetch_pipeline: run ``prefetch()`` on a background thread (False: inline).
         weights_precision: SparseType.FP32 or SparseType.FP16.
-        cache_ways: ways per cache set (default 32).
+        cache_ways: ways per cache set (default 32, at most 1024).
         init_range: initial weights are uniform(lo, hi), one pair for all tables or one
             per table; default ``(-1/sqrt(rows), 1/sqrt(rows))`` per table as in TorchRec.
         seed: seeds the initial weights (a pure function of seed, table and row).
@@ -115,79 +126,65 @@ class TieredEmbeddingBags(torch.nn.Module):
         ssd_dram_cache_mb: DRAM cache of each SSD block store, under the row cache.
         feature_table_map: FBGEMM's: the table of each feature (non-decreasing), when
             tables have several features; offsets then have ``F * B + 1`` entries.
+        config: every setting above at once; the arguments for them must then keep their
+            defaults.
+
+    Raises:
+        ValueError: a bad setting (naming it), or ``config`` with a setting changed.
     """
 
     def __init__(
         self,
         embedding_specs: Sequence[Tuple[int, int]],
-        tier: Tier = Tier.SSD,
-        cache_rows: Optional[Union[int, Sequence[int]]] = None,
-        cache_load_factor: Optional[float] = None,
-        storage_dir: Optional[str] = None,
-        optimizer: EmbOptimType = EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        learning_rate: float = 0.01,
-        eps: float = 1.0e-8,
-        pooling_mode: PoolingMode = PoolingMode.SUM,
-        cache_algorithm: str = "lru",
-        prefetch_pipeline: bool = True,
+        tier: Tier = DEFAULTS.tier,
+        cache_rows: Optional[Union[int, Sequence[int]]] = DEFAULTS.cache_rows,
+        cache_load_factor: Optional[float] = DEFAULTS.cache_load_factor,
+        storage_dir: Optional[str] = DEFAULTS.storage_dir,
+        optimizer: EmbOptimType = DEFAULTS.optimizer,
+        learning_rate: float = DEFAULTS.learning_rate,
+        eps: float = DEFAULTS.eps,
+        pooling_mode: PoolingMode = DEFAULTS.pooling_mode,
+        cache_algorithm: str = DEFAULTS.cache_algorithm,
+        prefetch_pipeline: bool = DEFAULTS.prefetch_pipeline,
         *,
-        weights_precision: SparseType = SparseType.FP32,
-        cache_ways: int = 32,
-        init_range: Optional[Union[Tuple[float, float], Sequence[Tuple[float, float]]]] = None,
-        seed: int = 0,
-        table_names: Optional[Sequence[str]] = None,
-        ssd_dram_cache_mb: float = 0.0,
-        feature_table_map: Optional[Sequence[int]] = None,
+        weights_precision: SparseType = DEFAULTS.weights_precision,
+        cache_ways: int = DEFAULTS.cache_ways,
+        init_range: Optional[Union[Tuple[float, float], Sequence[Tuple[float, float]]]] = DEFAULTS.init_range,
+        seed: int = DEFAULTS.seed,
+        table_names: Optional[Sequence[str]] = DEFAULTS.table_names,
+        ssd_dram_cache_mb: float = DEFAULTS.ssd_dram_cache_mb,
+        feature_table_map: Optional[Sequence[int]] = DEFAULTS.feature_table_map,
+        config: Optional[TieredConfig] = None,
     ) -> None:
+        # The settings' arguments by name, taken before any other local exists.
+        settings = {name: value for name, value in locals().items() if name in _SETTINGS}
         super().__init__()
         load_extension()
-        specs = _check_specs(embedding_specs)
-        if optimizer not in SUPPORTED_OPTIMIZERS:
-            raise ValueError(f"optimizer={optimizer} must be one of {list(SUPPORTED_OPTIMIZERS)}")
-        if weights_precision not in SUPPORTED_PRECISIONS:
-            raise ValueError(f"weights_precision={weights_precision} must be one of {list(SUPPORTED_PRECISIONS)}")
-        if pooling_mode not in (PoolingMode.SUM, PoolingMode.MEAN):
-            raise ValueError(f"pooling_mode={pooling_mode} must be PoolingMode.SUM or PoolingMode.MEAN")
-        if cache_algorithm not in ("lru", "lfu"):
-            raise ValueError(f"cache_algorithm={cache_algorithm!r} must be 'lru' or 'lfu'")
-        if not isinstance(tier, Tier):
-            raise ValueError(f"tier={tier!r} must be a torchrec_mtrains.Tier")
-        for name, v in (("learning_rate", learning_rate), ("eps", eps)):
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name}={v!r} must be a finite number >= 0")
-        self.tier = tier
+        specs = check_embedding_specs(embedding_specs)
+        config = resolve_config(config, settings)
+        num_rows = [rows for rows, _ in specs]
+        self.config = config
+        self.tier = config.tier
         self.embedding_specs = specs
-        self.table_names = _check_names(table_names, len(specs))
-        self.feature_table_map = check_feature_table_map(feature_table_map, len(specs))
-        self.optimizer = optimizer
-        self.pooling_mode = pooling_mode
-        self.weights_precision = weights_precision
-        self.learning_rate = float(learning_rate)
-        self.eps = float(eps)
-        self.cache_algorithm = cache_algorithm
-        self.cache_ways = cache_ways
-        self.cache_rows = _cache_sizes(specs, cache_rows, cache_load_factor)
-        self._codecs = [RowCodec(dim, optimizer, weights_precision) for _, dim in specs]
-        ranges = _init_ranges(specs, init_range)
-        self._stores: List[RowStore] = [
-            create_store(
-                tier,
-                StoreSpec(
-                    name=self.table_names[t], num_rows=rows, row_width_dim=dim,
-                    state_slots=self._codecs[t].state_slots, dtype=self._codecs[t].dtype,
-                    init_range=ranges[t], seed=seed * 1_000_003 + t, storage_dir=storage_dir,
-                    ssd_dram_cache_mb=ssd_dram_cache_mb,
-                ),
-            )
-            for t, (rows, dim) in enumerate(specs)
-        ]
+        self.table_names = config.names(len(specs))
+        self.feature_table_map = check_feature_table_map(config.feature_table_map, len(specs))
+        self.optimizer = config.optimizer
+        self.pooling_mode = config.pooling_mode
+        self.weights_precision = config.weights_precision
+        self.learning_rate = config.learning_rate
+        self.eps = config.eps
+        self.cache_algorithm = config.cache_algorithm
+        self.cache_ways = config.cache_ways
+        self.cache_rows = config.cache_sizes(num_rows)
+        self._codecs = [RowCodec(config.layout(dim)) for _, dim in specs]
+        self._stores = self._create_stores(config.init_ranges(num_rows))
         self._caches = [
-            torch.classes.mtrains.SetAssociativeCache(n, cache_ways, cache_algorithm)
+            torch.classes.mtrains.SetAssociativeCache(n, config.cache_ways, config.cache_algorithm)
             for n in self.cache_rows
         ]
-        self._tbe_rows = [n + max(cache_ways, n // 8) for n in self.cache_rows]
+        self._tbe_rows = [n + max(config.cache_ways, n // 8) for n in self.cache_rows]
         self._tbe = self._make_tbe(self._tbe_rows)
-        self._pipeline = PrefetchPipeline(background=prefetch_pipeline)
+        self._pipeline = PrefetchPipeline(background=config.prefetch_pipeline)
         self._pending: Deque[_Step] = collections.deque()
         self._deferred: List[_Deferred] = []
         self._next_step = 0
@@ -198,6 +195,44 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
         self._wait_seconds = 0.0
         self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
+
+    def _create_stores(self, ranges: List[Tuple[float, float]]) -> List[RowStore]:
+        """Each table's backing store on the tier, its rows initialised from ``ranges``."""
+        config = self.config
+        return [
+            create_store(
+                config.tier,
+                StoreSpec(
+                    name=self.table_names[t], num_rows=rows, row_width_dim=dim,
+                    state_slots=self._codecs[t].layout.state_slots, dtype=self._codecs[t].dtype,
+                    init_range=ranges[t], seed=config.seed * 1_000_003 + t, storage_dir=config.storage_dir,
+                    ssd_dram_cache_mb=config.ssd_dram_cache_mb,
+                ),
+            )
+            for t, (rows, dim) in enumerate(self.embedding_specs)
+        ]
+
+    # ------------------------------------------------------------ table layout ----
+    @property
+    def layouts(self) -> List[TableLayout]:
+        """Each table's row layout: its weights, then its optimizer state."""
+        return [codec.layout for codec in self._codecs]
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The torch dtype of every table's weights (float32 or float16)."""
+        return self._codecs[0].dtype
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Sets the fused optimizer's learning rate for the next steps (kept if the TBE
+        is rebuilt to grow its cache).
+
+        Raises:
+            ValueError: ``learning_rate`` is not a finite number >= 0.
+        """
+        self.config = dataclasses.replace(self.config, learning_rate=learning_rate)
+        self.learning_rate = self.config.learning_rate
+        self._tbe.set_learning_rate(self.learning_rate)
 
     # ---------------------------------------------------------------- FBGEMM TBE ----
     def _make_tbe(self, rows: List[int]) -> SplitTableBatchedEmbeddingBagsCodegen:
@@ -215,7 +250,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         # of the next step while autograd holds the weights of the current one, and those
         # writes (to other rows) must not invalidate its saved tensors.
         self._weights = [_alias(w) for w in tbe.split_embedding_weights()]
-        states = tbe.split_optimizer_states() if self._codecs[0].state_values else []
+        states = tbe.split_optimizer_states() if self._codecs[0].layout.state_values else []
         self._states = [_alias(s[0]) for s in states] if states else [None] * len(rows)
         return tbe
 
@@ -360,7 +395,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         free = self._free_bufs[t]
         buf = free.pop() if free else None  # list.pop is atomic: the consumer appends
         if buf is None or buf.shape[0] < n:
-            buf = torch.empty((n + n // 2, self._codecs[t].row_width), dtype=self._codecs[t].dtype)
+            buf = torch.empty((n + n // 2, self._codecs[t].layout.row_width), dtype=self._codecs[t].dtype)
         return buf
 
     def _finish(self, job: _Step) -> None:
@@ -445,8 +480,8 @@ class TieredEmbeddingBags(torch.nn.Module):
             raise IndexError(f"table {name}: ids must be 1-D row ids in [0, {rows_t})")
         if weights.dtype != codec.dtype or tuple(weights.shape) != (n, dim):
             raise ValueError(f"table {name}: weights must be {codec.dtype} of shape ({n}, {dim})")
-        state_shape = (n,) if codec.state_values == 1 else (n, codec.state_values)
-        if codec.state_values == 0:
+        state_shape = codec.layout.state_shape(n)
+        if state_shape is None:  # SGD: no state
             state = None
         elif optimizer_state is None:
             state = torch.zeros(state_shape, dtype=torch.float32)
@@ -483,7 +518,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._drain()
         stop = self.embedding_specs[t][0] if stop is None else stop
         codec = self._codecs[t]
-        out = torch.empty((stop - start, codec.row_width), dtype=codec.dtype)
+        out = torch.empty((stop - start, codec.layout.row_width), dtype=codec.dtype)
         for lo in range(start, stop, _READ_CHUNK_ROWS):
             ids = torch.arange(lo, min(stop, lo + _READ_CHUNK_ROWS))
             out[lo - start : lo - start + ids.numel()] = self._stores[t].read(ids)
@@ -516,7 +551,7 @@ class TieredEmbeddingBags(torch.nn.Module):
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Each table's optimizer state in FBGEMM's layout (``[[momentum]]`` per table;
         ``[]`` for SGD, as FBGEMM returns)."""
-        if self._codecs[0].state_values == 0:
+        if self._codecs[0].layout.state_values == 0:
             return []
         return [[self._codecs[t].split(self._full_rows(t))[1].clone()] for t in range(len(self.embedding_specs))]
 
@@ -530,7 +565,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             c = dict(self._caches[t].counters())
             k = self._counters[t]
             unique = max(1, c["unique_rows"])
-            row_bytes = self._codecs[t].row_bytes
+            row_bytes = self._codecs[t].layout.row_bytes
             out[name] = {
                 **{key: float(v) for key, v in c.items()},
                 "hit_rate": c["hits"] / unique,
@@ -566,53 +601,3 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
 
 def _same(a: torch.Tensor, b: object) -> bool:
     return a is b or (isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b.to(torch.int64)))
-
-
-def _check_specs(specs: Sequence[Tuple[int, int]]) -> List[Tuple[int, int]]:
-    if not isinstance(specs, (list, tuple)) or not specs:
-        raise ValueError("embedding_specs must be a non-empty list of (num_rows, dim)")
-    out = []
-    for t, spec in enumerate(specs):
-        if not isinstance(spec, (list, tuple)) or len(spec) != 2:
-            raise ValueError(f"embedding_specs[{t}]={spec!r} must be (num_rows, dim)")
-        rows, dim = spec
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise ValueError(f"embedding_specs[{t}]: num_rows={rows!r} must be a positive integer")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 4 or dim % 4:
-            raise ValueError(f"embedding_specs[{t}]: dim={dim!r} must be a positive multiple of 4 (FBGEMM)")
-        out.append((rows, dim))
-    return out
-
-
-def _check_names(names: Optional[Sequence[str]], n: int) -> List[str]:
-    if names is None:
-        return [f"table_{t}" for t in range(n)]
-    names = list(names)
-    if len(names) != n or len(set(names)) != n or not all(isinstance(x, str) and x and "/" not in x for x in names):
-        raise ValueError(f"table_names={names!r} must be {n} distinct non-empty names without '/'")
-    return names
-
-
-def _cache_sizes(specs, cache_rows, load_factor) -> List[int]:
-    if cache_rows is not None and load_factor is not None:
-        raise ValueError("give cache_rows or cache_load_factor, not both")
-    if cache_rows is None:
-        lf = _DEFAULT_LOAD_FACTOR if load_factor is None else load_factor
-        if isinstance(lf, bool) or not isinstance(lf, (int, float)) or not 0 < lf <= 1e6:
-            raise ValueError(f"cache_load_factor={lf!r} must be a number > 0")
-        return [max(1, int(math.ceil(rows * lf))) for rows, _ in specs]
-    sizes = [cache_rows] * len(specs) if isinstance(cache_rows, int) else list(cache_rows)
-    if len(sizes) != len(specs) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
-        raise ValueError(f"cache_rows={cache_rows!r} must be a positive int or one per table")
-    return sizes
-
-
-def _init_ranges(specs, init_range) -> List[Tuple[float, float]]:
-    if init_range is None:
-        return [(-math.sqrt(1.0 / rows), math.sqrt(1.0 / rows)) for rows, _ in specs]
-    if isinstance(init_range, tuple) and len(init_range) == 2 and all(isinstance(v, (int, float)) for v in init_range):
-        return [tuple(map(float, init_range))] * len(specs)
-    ranges = list(init_range)
-    if len(ranges) != len(specs):
-        raise ValueError(f"init_range must be one (lo, hi) or one per table, got {init_range!r}")
-    return [tuple(map(float, r)) for r in ranges]

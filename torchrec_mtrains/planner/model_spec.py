@@ -10,6 +10,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
+from torchrec_mtrains.layout import PRECISIONS, SHORT_OPTIMIZER_NAMES, TableLayout
 from torchrec_mtrains.planner.locality import (
     LocalityCurve,
     histogram_locality,
@@ -22,8 +23,8 @@ _TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
                "reuse_trace_steps", "trace", "trace_table", "count"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
-_DTYPE_BYTES = {"fp32": 4, "fp16": 2}
-_OPTIMIZERS = {"rowwise_adagrad": "row", "adagrad": "elem", "sgd": "none"}
+_DTYPES = PRECISIONS
+_OPTIMIZERS = SHORT_OPTIMIZER_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +67,7 @@ def _number(where: str, value: Any, integer: bool = False, positive: bool = True
 
 
 def row_bytes(dim: int, dtype: str, optimizer: str) -> int:
-    state = {"row": 4, "elem": 4 * dim, "none": 0}[_OPTIMIZERS[optimizer]]
-    return dim * _DTYPE_BYTES[dtype] + state
+    return TableLayout(dim, dtype, optimizer).row_bytes
 
 
 def _trace_locality(path: str, table: int, batch_size: int, num_rows: int) -> Tuple[LocalityCurve, float]:
@@ -143,8 +143,8 @@ def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:
     batch = int(_number("batch_size", doc["batch_size"], integer=True))
     qps = float(_number("target_qps", doc["target_qps"]))
     dtype = doc.get("dtype", "fp32")
-    if dtype not in _DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} must be one of {sorted(_DTYPE_BYTES)}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {sorted(_DTYPES)}")
     optimizer = doc.get("optimizer", "rowwise_adagrad")
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} must be one of {sorted(_OPTIMIZERS)}")

@@ -143,7 +143,7 @@ def optimizer_state_of(
             continue
         shards = by_table[name]
         weights_meta = shards[0][1].global_metadata
-        rowwise = kernel.emb_module._codecs[shards[0][0]].state_values == 1
+        rowwise = kernel.emb_module.layouts[shards[0][0]].state_values == 1
         if rowwise:
             mapping, meta = _rowwise_metadata(weights_meta)
         else:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import nn
 from torchrec.distributed.embedding_kernel import BaseEmbedding
@@ -27,8 +27,8 @@ from torchrec.modules.embedding_configs import DataType, PoolingType
 from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_mtrains.kernels import TieredEmbeddingBags
-from torchrec_mtrains.kernels.row_codec import RowCodec
+from torchrec_mtrains.kernels import TieredConfig, TieredEmbeddingBags
+from torchrec_mtrains.sharding.checkpoint import load_optimizer_state, optimizer_state_of
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
 from torchrec_mtrains.types import Tier
@@ -64,12 +64,24 @@ def _shard_cache_rows(params: TieredParams, table: ShardedEmbeddingTable) -> int
     return max(1, math.ceil(float(lf) * table.local_rows))
 
 
-def _optimizer_of(fused_params: Dict[str, Any]) -> Tuple[EmbOptimType, float, float]:
-    optimizer = fused_params.get("optimizer", EmbOptimType.EXACT_ROWWISE_ADAGRAD)
-    if isinstance(optimizer, str):
-        optimizer = EmbOptimType(optimizer)
-    lr = fused_params.get("learning_rate", fused_params.get("lr", 0.01))
-    return optimizer, float(lr), float(fused_params.get("eps", 1.0e-8))
+# Kernel settings that TorchRec's fused_params may carry: setting -> (keys, first found wins;
+# conversion of the value). The ones absent keep the kernel's defaults.
+_FUSED_SETTINGS: Dict[str, Tuple[Tuple[str, ...], Callable[[Any], Any]]] = {
+    "optimizer": (("optimizer",), lambda v: v),
+    "learning_rate": (("learning_rate", "lr"), float),
+    "eps": (("eps",), float),
+    "seed": (("mtrains_seed",), int),
+}
+
+
+def _fused_settings(fused_params: Dict[str, Any]) -> Dict[str, Any]:
+    """The kernel settings (optimizer, learning rate, eps, seed) ``fused_params`` give."""
+    out = {}
+    for setting, (keys, convert) in _FUSED_SETTINGS.items():
+        key = next((k for k in keys if k in fused_params), None)
+        if key is not None:
+            out[setting] = convert(fused_params[key])
+    return out
 
 
 def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbeddingTable], row_bytes: List[int]) -> None:
@@ -84,6 +96,22 @@ def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbed
             f"tables {names} on tier SSD need {need / 2**20:,.1f} MiB in {directory}, "
             f"which has {free / 2**20:,.1f} MiB free"
         )
+
+
+def _kernel_config(params: TieredParams, config: GroupedEmbeddingConfig, storage_dir: Optional[str]) -> TieredConfig:
+    """The kernel config of a group of local shards: one kernel table per shard, named
+    after its table and offsets, in the rank's storage directory."""
+    tables = list(config.embedding_tables)
+    return params.kernel_config(
+        cache_rows=[_shard_cache_rows(params, t) for t in tables],
+        storage_dir=storage_dir,
+        pooling_mode=_POOLING[config.pooling],
+        weights_precision=_PRECISION[config.data_type],
+        init_range=[(t.get_weight_init_min(), t.get_weight_init_max()) for t in tables],
+        table_names=[_shard_name(t) for t in tables],
+        feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
+        **_fused_settings(dict(config.fused_params or {})),
+    )
 
 
 class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
@@ -111,43 +139,27 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             raise ValueError(f"tables {', '.join(names)}: pooling {config.pooling} is not SUM or MEAN")
         if config.data_type not in _PRECISION:
             raise ValueError(f"tables {', '.join(names)}: data type {config.data_type} is not FP32 or FP16")
-        optimizer, lr, eps = _optimizer_of(fused)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.storage_dir = rank_storage_dir(self.params.storage_dir, self.rank)
-        tier_name = self.params.tier.name
+        where = f"tables {', '.join(names)} on tier {self.params.tier.name}"
+        try:
+            kernel_config = _kernel_config(self.params, config, self.storage_dir)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
         if self.storage_dir is not None:
             try:
                 os.makedirs(self.storage_dir, exist_ok=True)
             except OSError as e:
-                raise ValueError(
-                    f"tables {', '.join(names)} on tier {tier_name}: cannot create {self.storage_dir}: {e.strerror}"
-                ) from None
+                raise ValueError(f"{where}: cannot create {self.storage_dir}: {e.strerror}") from None
+            row_bytes = [kernel_config.layout(t.local_cols).row_bytes for t in tables]
+            _check_space(self.params, self.storage_dir, tables, row_bytes)
         self._tables = tables
-        if self.storage_dir is not None:
-            codecs = [RowCodec(t.local_cols, optimizer, _PRECISION[config.data_type]) for t in tables]
-            _check_space(self.params, self.storage_dir, tables, [c.row_bytes for c in codecs])
-        feature_table_map = [i for i, t in enumerate(tables) for _ in range(t.num_features())]
         try:
-            self._emb = TieredEmbeddingBags(
-                [(t.local_rows, t.local_cols) for t in tables],
-                tier=self.params.tier,
-                cache_rows=[_shard_cache_rows(self.params, t) for t in tables],
-                storage_dir=self.storage_dir,
-                optimizer=optimizer,
-                learning_rate=lr,
-                eps=eps,
-                pooling_mode=_POOLING[config.pooling],
-                cache_algorithm=self.params.cache_algorithm,
-                weights_precision=_PRECISION[config.data_type],
-                init_range=[(t.get_weight_init_min(), t.get_weight_init_max()) for t in tables],
-                table_names=[_shard_name(t) for t in tables],
-                feature_table_map=feature_table_map,
-                seed=int(fused.get("mtrains_seed", 0)),
-            )
+            self._emb = TieredEmbeddingBags([(t.local_rows, t.local_cols) for t in tables], config=kernel_config)
         except (ValueError, OSError) as e:
-            raise ValueError(f"tables {', '.join(names)} on tier {tier_name}: {e}") from None
+            raise ValueError(f"{where}: {e}") from None
         self._version = 0  # bumped whenever rows may have changed
-        self._optim = TieredFusedOptimizer(self, lr)
+        self._optim = TieredFusedOptimizer(self, kernel_config.learning_rate)
 
     # ---------------------------------------------------------------- compute ----
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
@@ -180,7 +192,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         return self._optim
 
     def set_learning_rate(self, lr: float) -> None:
-        self._emb._tbe.set_learning_rate(lr)
+        self._emb.set_learning_rate(lr)
 
     # TorchRec reads these while it builds its state: a tiered kernel exposes no tensors
     # there (the sharded module streams its tables itself).
@@ -199,14 +211,15 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         return list(enumerate(self._tables))
 
     def has_optimizer_state(self) -> bool:
-        return self._emb._codecs[0].state_values > 0
+        return self._emb.layouts[0].state_values > 0
 
     def _part_layout(self, t: int, part: str) -> Tuple[Tuple[int, ...], torch.dtype]:
         """Shape and dtype of local shard ``t``'s weights or optimizer state (FBGEMM's layout)."""
-        rows, codec = self._tables[t].local_rows, self._emb._codecs[t]
+        rows, layout = self._tables[t].local_rows, self._emb.layouts[t]
         if part == "weight":
-            return (rows, codec.dim), codec.dtype
-        return ((rows,) if codec.state_values == 1 else (rows, codec.dim)), torch.float32
+            return (rows, layout.dim), self._emb.weights_dtype
+        # SGD has no state: a state shard given for it is taken as per-weight and ignored.
+        return layout.state_shape(rows) or (rows, layout.dim), torch.float32
 
     def stage_shard(self, t: int, part: str, area: StagingArea) -> torch.Tensor:
         """Local shard ``t``'s weights (``part="weight"``) or optimizer state
@@ -264,10 +277,6 @@ class TieredFusedOptimizer(FusedOptimizer):
         if not self._ready:
             return {}
         if self._cached is None or self._cached[0] != self._kernel._version:
-            from torchrec_mtrains.sharding.checkpoint import (
-                optimizer_state_of,  # cycle: it imports us
-            )
-
             self._cached = (self._kernel._version, optimizer_state_of(self._kernel, self.table_of_param, self.params.values()))
         return self._cached[1]
 
@@ -278,8 +287,6 @@ class TieredFusedOptimizer(FusedOptimizer):
     def post_load_state_dict(self) -> None:
         if self._cached is None:
             return
-        from torchrec_mtrains.sharding.checkpoint import load_optimizer_state
-
         _, state = self._cached
         self._cached = None
         load_optimizer_state(self._kernel, self.table_of_param, state)

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 
 from torchrec.distributed.types import ParameterSharding
 
+from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR, DEFAULTS, TieredConfig
 from torchrec_mtrains.types import Tier
 
 __all__ = ["CACHE_LOAD_FACTOR", "FUSED_PARAM_KEYS", "TieredParameterSharding", "TieredParams"]
@@ -26,18 +27,21 @@ FUSED_PARAM_KEYS = tuple(
     _PREFIX + k
     for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb")
 )
-_CACHE_ALGORITHMS = ("lru", "lfu")
+_STATE_DICT_RAM_MB = 1024.0
 
 
 @dataclasses.dataclass(frozen=True)
 class TieredParams:
     """Where one table lives and how it is cached.
 
+    The settings it shares with the kernel (tier, cache size, cache algorithm) are checked
+    by the kernel's ``TieredConfig``, and ``kernel_config`` makes the kernel's config.
+
     Args:
         tier: the table's backing tier (Tier.DRAM, Tier.SCM or Tier.SSD on CPU).
         cache_rows: row-cache slots for the whole table; a shard gets its share by rows.
-        cache_load_factor: cache size as a fraction of the rows (default 0.2 when neither
-            this nor ``cache_rows`` is given).
+        cache_load_factor: cache size as a fraction of the rows (default
+            ``DEFAULT_CACHE_LOAD_FACTOR`` when neither this nor ``cache_rows`` is given).
         cache_algorithm: "lru" or "lfu".
         storage_dir: where SCM/SSD files go; each rank uses ``storage_dir/rank_<r>``.
         state_dict_ram_mb: a local shard larger than this is staged for ``state_dict()``
@@ -47,31 +51,32 @@ class TieredParams:
     tier: Tier
     cache_rows: Optional[int] = None
     cache_load_factor: Optional[float] = None
-    cache_algorithm: str = "lru"
+    cache_algorithm: str = DEFAULTS.cache_algorithm
     storage_dir: Optional[str] = None
-    state_dict_ram_mb: float = 1024.0
+    state_dict_ram_mb: float = _STATE_DICT_RAM_MB
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tier, Tier):
-            raise ValueError(f"TieredParams: tier={self.tier!r} must be a torchrec_mtrains.Tier")
-        if self.cache_rows is not None and self.cache_load_factor is not None:
-            raise ValueError("TieredParams: give cache_rows or cache_load_factor, not both")
-        if self.cache_rows is not None and (
-            isinstance(self.cache_rows, bool) or not isinstance(self.cache_rows, int) or self.cache_rows < 1
-        ):
-            raise ValueError(f"TieredParams: cache_rows={self.cache_rows!r} must be a positive int")
-        if self.cache_load_factor is not None and (
-            isinstance(self.cache_load_factor, bool)
-            or not isinstance(self.cache_load_factor, (int, float))
-            or not 0 < self.cache_load_factor <= 1e6
-        ):
-            raise ValueError(f"TieredParams: cache_load_factor={self.cache_load_factor!r} must be a number > 0")
-        if self.cache_algorithm not in _CACHE_ALGORITHMS:
-            raise ValueError(f"TieredParams: cache_algorithm={self.cache_algorithm!r} must be 'lru' or 'lfu'")
+        rows = self.cache_rows
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ValueError(f"TieredParams: cache_rows={rows!r} must be a positive int")  # the whole table's
+        try:
+            self.kernel_config(cache_rows=rows, cache_load_factor=self.cache_load_factor, storage_dir=self.storage_dir)
+        except ValueError as e:
+            raise ValueError(f"TieredParams: {e}") from None
         if self.tier in (Tier.SCM, Tier.SSD) and not self.storage_dir:
             raise ValueError(f"TieredParams: tier {self.tier.name} needs storage_dir")
         if not isinstance(self.state_dict_ram_mb, (int, float)) or not self.state_dict_ram_mb >= 0:
             raise ValueError(f"TieredParams: state_dict_ram_mb={self.state_dict_ram_mb!r} must be >= 0")
+
+    def kernel_config(self, **settings: Any) -> TieredConfig:
+        """The config of a kernel of this table's shards: this tier and cache algorithm,
+        every other setting (the shards' cache rows, the rank's storage directory, the
+        optimizer, ...) from ``settings``.
+
+        Raises:
+            ValueError: a bad setting, naming it.
+        """
+        return TieredConfig(tier=self.tier, cache_algorithm=self.cache_algorithm, **settings)
 
     def to_fused_params(self) -> Dict[str, Any]:
         """The settings as ``fused_params`` entries (hashable values, for TorchRec's grouping)."""
@@ -92,20 +97,20 @@ class TieredParams:
             tier = Tier(tier)
         except ValueError:
             raise ValueError(f"fused_params[{FUSED_PARAM_KEYS[0]!r}]={tier!r} is not a tier") from None
-        return TieredParams(tier, rows, lf, algo or "lru", storage_dir,
-                            1024.0 if ram_mb is None else ram_mb)
+        return TieredParams(tier, rows, lf, algo or DEFAULTS.cache_algorithm, storage_dir,
+                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb)
 
     def load_factor(self, num_embeddings: int) -> float:
         """The cache size as a fraction of the table's rows."""
         if self.cache_rows is not None:
             return self.cache_rows / num_embeddings
-        return 0.2 if self.cache_load_factor is None else float(self.cache_load_factor)
+        return DEFAULT_CACHE_LOAD_FACTOR if self.cache_load_factor is None else float(self.cache_load_factor)
 
     def shard_cache_rows(self, local_rows: int, num_embeddings: int) -> int:
         """Cache slots for a shard of ``local_rows`` of a table of ``num_embeddings`` rows."""
         if self.cache_rows is not None:
             return max(1, math.ceil(self.cache_rows * local_rows / num_embeddings))
-        lf = 0.2 if self.cache_load_factor is None else self.cache_load_factor
+        lf = DEFAULT_CACHE_LOAD_FACTOR if self.cache_load_factor is None else self.cache_load_factor
         return max(1, math.ceil(local_rows * lf))
 
 
