@@ -10,8 +10,8 @@ import yaml
 
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner import ComputeSpec, TieredTopology, TierSpec, load_topology
-from torchrec_mtrains.planner.topology import parse_topology, shipped_profiles, topology_to_yaml
-from torchrec_mtrains.planner.units import format_quantity, parse_quantity
+from torchrec_mtrains.planner.hardware.topology import parse_topology, shipped_profiles, topology_to_yaml
+from torchrec_mtrains.planner.hardware.units import format_quantity, parse_quantity
 
 GiB, GB = 2**30, 1e9
 
