@@ -11,7 +11,7 @@ from torchrec_mtrains.planner.hardware.topology import (
     shipped_profiles,
     topology_to_yaml,
 )
-from torchrec_mtrains.planner.hardware.units import format_quantity, parse_quantity
+from torchrec_mtrains.planner.hardware.units import format_quantity, parse_quantity, parse_size
 
 __all__ = [
     "PROFILE_DIR",
@@ -23,6 +23,7 @@ __all__ = [
     "format_quantity",
     "load_topology",
     "parse_quantity",
+    "parse_size",
     "parse_topology",
     "probe",
     "run_fio",

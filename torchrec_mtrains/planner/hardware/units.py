@@ -1,8 +1,11 @@
-"""Quantities with units, as written in topology YAML files: sizes, rates, counts, times.
+"""Quantities with units, as written in topology YAML files and size flags: sizes, rates,
+counts, times.
 
 Every parser takes the value and the field's path (for the message) and returns a float in
 the base unit (bytes, bytes/s, 1/s or s); every formatter writes a value back in the largest
-unit that keeps it exact, so parse(format(x)) == x.
+unit that keeps it exact, so parse(format(x)) == x. Sizes have one parser, ``parse_size``
+(for YAML fields and command-line flags alike): SI units are powers of 1000 (1.5GB =
+1.5e9 bytes), IEC units powers of 1024 (1.5GiB = 1.5 x 2^30 bytes).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import re
 from decimal import Decimal
 from typing import Callable, Dict, Tuple
 
-__all__ = ["QUANTITIES", "Quantity", "format_quantity", "parse_quantity"]
+__all__ = ["QUANTITIES", "Quantity", "format_quantity", "parse_quantity", "parse_size"]
 
 SIZE_UNITS: Dict[str, Decimal] = {
     "B": Decimal(1),
@@ -45,9 +48,8 @@ class Quantity:
     Args:
         name: what it is, for messages ("size", "bandwidth", ...).
         units: unit name -> factor to the base unit.
-        per_second: the value is a rate; "/s" is then required (bandwidth) or optional
-            (counts, where ``read_iops: 500K`` reads naturally).
-        rate_suffix: "/s" must follow the unit.
+        rate_suffix: whether "/s" follows the unit: "required" (bandwidths), "optional"
+            (counts, where ``read_iops: 500K`` reads naturally) or "forbidden" (sizes, times).
         bare_allowed: a plain number (no unit) is accepted in the base unit.
         examples: shown in messages.
     """
@@ -63,6 +65,7 @@ class Quantity:
 
 QUANTITIES: Dict[str, Quantity] = {
     "size": Quantity("size", SIZE_UNITS, "forbidden", False, "512GiB, 64B, 1.5TB"),
+    "byte_count": Quantity("size", {"": Decimal(1), **SIZE_UNITS}, "forbidden", True, "64MiB, 1.5GB, 4096"),
     "bandwidth": Quantity("bandwidth", SIZE_UNITS, "required", False, "2.0GB/s, 400MiB/s"),
     "count_rate": Quantity("count per second", COUNT_UNITS, "optional", True, "500K, 1.5M/s, 12000"),
     "time": Quantity("time", TIME_UNITS, "forbidden", False, "0.5ms, 120ns, 1e-6s"),
@@ -115,9 +118,30 @@ def parse_quantity(value: object, kind: str, path: str) -> float:
     return number
 
 
+def parse_size(value: object, path: str, bare_bytes: bool = False) -> float:
+    """Parses a size: "64MiB", "1.5GB" (= 1.5e9 bytes), "512GiB" (= 512 x 2^30 bytes).
+
+    Args:
+        value: the size: a number with a unit of ``SIZE_UNITS`` (case as written there).
+        path: the field or flag, e.g. "tiers.dram.capacity" or "--dram-budget", named in
+            errors.
+        bare_bytes: also accept a plain number ("4096", 4096) as bytes, as size flags do;
+            a YAML field always needs its unit.
+
+    Returns:
+        Bytes, finite and >= 0.
+
+    Raises:
+        ValueError: naming ``path``: no unit (unless ``bare_bytes``), an unknown unit, a
+            negative or non-finite value, or not a number at all.
+    """
+    return parse_quantity(value, "byte_count" if bare_bytes else "size", path)
+
+
 _FORMAT_ORDER: Dict[str, Tuple[str, ...]] = {
     # Units tried largest first; IEC before SI at the same scale only where it is exact.
     "size": ("TiB", "TB", "GiB", "GB", "MiB", "MB", "KiB", "KB", "B"),
+    "byte_count": ("TiB", "TB", "GiB", "GB", "MiB", "MB", "KiB", "KB", "B"),
     "bandwidth": ("TB", "GB", "MB", "KB", "B"),
     "count_rate": ("G", "M", "K", ""),
     "time": ("s", "ms", "us", "ns"),
@@ -142,5 +166,5 @@ def format_quantity(value: float, kind: str) -> str:
             short = f"{scaled:.6g}"
             if "e" not in short and _scale(short, q.units[unit]) == value:  # what parse_quantity computes
                 return f"{fmt(float(short))}{unit}{suffix}"
-    base = "B" if kind in ("size", "bandwidth") else ("s" if kind == "time" else "")
+    base = "B" if kind in ("size", "byte_count", "bandwidth") else ("s" if kind == "time" else "")
     return f"{fmt(value)}{base}{suffix}"
