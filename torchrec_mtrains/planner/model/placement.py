@@ -27,8 +27,9 @@ Per-rank balance is the partitioner's job; the prediction here assumes an even s
 from __future__ import annotations
 
 import dataclasses
+import enum
 import heapq
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from torchrec_mtrains.planner.model.estimator import TableCost, step_seconds, table_cost
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
@@ -69,6 +70,9 @@ class PlacementError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
+    """Each table's tier and cache on ``world_size`` ranks and what the perf model predicts:
+    a rank's step (``predicted_step_s``, seconds) and the job's samples per second."""
+
     world_size: int
     tables: Dict[str, TablePlacement]
     costs: Dict[str, TableCost]
@@ -116,7 +120,17 @@ def place(
     no cache the compute tier can still afford brings down. If it fails that way, steps 2
     and 3 run again with step 2 steering by a looser budget (``_RELAXED``: tables move to
     the faster tiers first, step 3 then grows every cache), and the result is checked
-    against the real budget."""
+    against the real budget.
+
+    Raises:
+        ValueError: ``max_tier_utilization`` is not a finite number > 0, or the target QPS
+            (``target_qps``, or when that is 0 or None the model's) is not finite and >= 0.
+    """
+    if not 0 < max_tier_utilization < float("inf"):
+        raise ValueError(f"max_tier_utilization={max_tier_utilization!r} must be a finite number > 0")
+    qps = target_qps or model.target_qps
+    if qps is not None and not 0 <= qps < float("inf"):
+        raise ValueError(f"target QPS {qps!r} must be a finite number >= 0")
     first: Optional[PlacementError] = None
     for fastest_first, relax in _STRATEGIES:
         try:
@@ -143,182 +157,254 @@ def _place(
     relax: float,
     fastest_first: bool,
 ) -> Placement:
-    fast = topo.cache_tier()
-    tiers = list(tiers) if tiers is not None else list(topo.tiers)
-    if fast not in tiers or fast not in topo.tiers:
-        raise PlacementError(f"the {topo.name} profile has no {fast.name} tier to compute in")
-    caps = _caps(topo, world_size, tiers, budget_bytes or {})
-    used = {t: 0.0 for t in caps}
-    qps = target_qps or model.target_qps
-    backing = [t for t in _BACKING_ORDER if t in caps and t != fast]
-    compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
-    dense_s = topo.compute.dense_s_per_sample * model.batch_size
-    step_budget = model.batch_size / qps if qps else (compute_s + dense_s) / world_size
-    io_budget = step_budget * world_size * max_tier_utilization  # device seconds per step, all ranks
+    """One attempt of ``place`` with one strategy: step 2 steers by ``relax`` x the real
+    budget, and step 1 starts tables on the fastest backing tier if ``fastest_first``."""
+    return _Placer(model, topo, world_size, tiers, target_qps, budget_bytes, policy, max_tier_utilization,
+                   relax, fastest_first).run()
 
-    sizes = {t.name: _cache_sizes(t) for t in model.tables}
-    # On a GPU node a SCM/SSD table may also get a host-DRAM cache under its HBM one.
-    l2_ok = topo.compute_device == "cuda" and Tier.DRAM in caps
-    l2_sizes = {t.name: _l2_sizes(t) for t in model.tables} if l2_ok else {}
-    # Host-DRAM bytes weigh what HBM bytes do, scaled by how much more of them there is.
-    l2_weight = caps[fast] / caps[Tier.DRAM] if l2_ok and caps[Tier.DRAM] > 0 else 1.0
-    # table -> (tier, cache size index or -1 = whole in fast, L2 size index or -1 = none)
-    state: Dict[str, Tuple[Tier, int, int]] = {}
-    io: Dict[Tier, float] = {}
-    costs: Dict[Tuple[str, Tier, int, int], TableCost] = {}
 
-    def l2_rows(table: ModelTable, k2: int) -> float:
-        return 0.0 if k2 < 0 else l2_sizes[table.name][k2]
+class _Phase(enum.Enum):
+    """Which device time an action is credited for relieving."""
 
-    def cost(table: ModelTable, tier: Tier, k: int, k2: int = -1) -> TableCost:
-        key = (table.name, tier, k, k2)
-        if key not in costs:
-            costs[key] = table_cost(table, tier, 0.0 if k < 0 else sizes[table.name][k], topo, model.batch_size,
-                                    policy, l2_rows(table, k2))
-        return costs[key]
+    RELIEVE = "relieve"  # step 2: the device time of tiers over the steering budget
+    SPEND = "spend"  # step 3: any device time, and the cache's own compute
 
-    def fast_bytes(table: ModelTable, k: int) -> float:
-        return table.bytes if k < 0 else sizes[table.name][k] * table.row_bytes
 
-    def apply(table: ModelTable, tier: Tier, k: int, k2: int, sign: float) -> None:
-        cache_rows = 0.0 if k < 0 else sizes[table.name][k]
-        for t, b in tier_bytes(table, tier, cache_rows, l2_rows(table, k2), fast).items():
-            used[t] += sign * b
-        for t, sec in cost(table, tier, k, k2).io_s.items():
-            io[t] = io.get(t, 0.0) + sign * sec
+# A table's state: (tier, cache size index or -1 = whole in the compute tier, L2 cache size
+# index or -1 = none). An action is the state it moves the table to, with its extra bytes.
+_State = Tuple[Tier, int, int]
 
-    by_name = {t.name: t for t in model.tables}
-    # Largest table the compute tier takes whole from a backing tier (see the module doc).
-    whole_limit = caps[fast] / world_size if topo.compute_device == "cpu" else float("inf")
-    homeless: List[str] = []  # whole in the compute tier because no other tier holds them
-    if fastest_first:
-        start = list(reversed(backing))
 
-        def density(t: ModelTable) -> float:
-            return sum(cost(t, backing[0], 0).io_s.values()) / t.bytes if backing and sizes[t.name] else 0.0
+class _Placer:
+    """One placement attempt: steps 1-3 of the module doc as methods over explicit state.
 
-        first_order = sorted(model.tables, key=lambda t: (-density(t), -t.bytes))
-    else:
-        start, first_order = backing, sorted(model.tables, key=lambda t: -t.bytes)
-    for table in first_order:  # 1. cheapest (or fastest) tier that holds it
-        # Keep whole: a table whose smallest cache would hold half of it, or a small one (a
-        # tiered table costs a fixed step overhead that its bytes do not repay).
-        if fast_bytes(table, 0) >= 0.5 * table.bytes or table.bytes <= _SMALL_TABLE_BYTES:
-            state[table.name] = (fast, -1, -1)
-            apply(table, fast, -1, -1, 1.0)
-            continue
-        for tier in start:
-            if used[tier] + table.bytes <= caps[tier] and used[fast] + fast_bytes(table, 0) <= caps[fast]:
-                state[table.name] = (tier, 0, -1)
-                break
+    State: ``state`` (table name -> ``_State``), the bytes ``used`` and device seconds ``io``
+    per tier (whole job) that the states add up to, the heap of candidate actions (best
+    relief per byte of the compute tier first; entries made stale by a later action are
+    skipped when popped), and the ``phase`` with the budgets it checks.
+    """
+
+    def __init__(self, model: ModelSpec, topo: TieredTopology, world_size: int, tiers: Optional[Sequence[Tier]],
+                 target_qps: Optional[float], budget_bytes: Optional[Mapping[Tier, float]], policy: str,
+                 max_tier_utilization: float, relax: float, fastest_first: bool) -> None:
+        self.model, self.topo, self.world_size, self.policy = model, topo, world_size, policy
+        self.relax, self.fastest_first = relax, fastest_first
+        self.fast = fast = topo.cache_tier()
+        tiers = list(tiers) if tiers is not None else list(topo.tiers)
+        if fast not in tiers or fast not in topo.tiers:
+            raise PlacementError(f"the {topo.name} profile has no {fast.name} tier to compute in")
+        self.caps = caps = _caps(topo, world_size, tiers, budget_bytes or {})
+        self.used = {t: 0.0 for t in caps}
+        self.qps = target_qps or model.target_qps
+        self.backing = [t for t in _BACKING_ORDER if t in caps and t != fast]
+        compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
+        dense_s = topo.compute.dense_s_per_sample * model.batch_size
+        step_budget = model.batch_size / self.qps if self.qps else (compute_s + dense_s) / world_size
+        self.io_budget = step_budget * world_size * max_tier_utilization  # device seconds per step, all ranks
+        self.steer = self.io_budget * relax  # the budget step 2 relieves tiers down to
+        self.sizes = {t.name: _cache_sizes(t) for t in model.tables}
+        # On a GPU node a SCM/SSD table may also get a host-DRAM cache under its HBM one.
+        self.l2_ok = topo.compute_device == "cuda" and Tier.DRAM in caps
+        self.l2_sizes = {t.name: _l2_sizes(t) for t in model.tables} if self.l2_ok else {}
+        # Host-DRAM bytes weigh what HBM bytes do, scaled by how much more of them there is.
+        self.l2_weight = caps[fast] / caps[Tier.DRAM] if self.l2_ok and caps[Tier.DRAM] > 0 else 1.0
+        self.by_name = {t.name: t for t in model.tables}
+        # Largest table the compute tier takes whole from a backing tier (see the module doc).
+        self.whole_limit = caps[fast] / world_size if topo.compute_device == "cpu" else float("inf")
+        self.state: Dict[str, _State] = {}
+        self.io: Dict[Tier, float] = {}
+        self.phase = _Phase.RELIEVE
+        self._costs: Dict[Tuple[str, Tier, int, int], TableCost] = {}
+        self._heap: List[Tuple[float, str, int, Tier, int, int]] = []
+        self._seq = 0  # insertion order: ties in the heap go to the earlier action
+
+    def run(self) -> Placement:
+        """Steps 1-3; raises PlacementError (``_BusyTiers`` for tiers over budget)."""
+        self.start()
+        self.relieve_busy_tiers()
+        self.spend_leftover()
+        if self.relax != 1.0:  # step 2 steered by a looser budget: check the real one
+            self.check_busy(self.io_budget)
+        placed = {name: (tier, 0.0 if k < 0 else self.sizes[name][k], self.l2_rows(self.by_name[name], k2))
+                  for name, (tier, k, k2) in self.state.items()}
+        return _finish(self.model, self.topo, self.world_size, placed, self.used, self.caps, self.policy)
+
+    # ------------------------------------------------------------------ phases ----
+    def start(self) -> None:
+        """Step 1: every table on the cheapest (``fastest_first``: fastest) backing tier that
+        holds it with its smallest cache, or whole in the compute tier."""
+        fast = self.fast
+        if self.fastest_first:
+            start = list(reversed(self.backing))
+            order = sorted(self.model.tables, key=lambda t: (-self._io_density(t), -t.bytes))
         else:
-            state[table.name] = (fast, -1, -1)
-            homeless.append(table.name)
-        apply(table, *state[table.name], 1.0)
-    if used[fast] > caps[fast]:
-        raise _no_room(model, topo, world_size, caps, used, qps, homeless=homeless)
+            start, order = self.backing, sorted(self.model.tables, key=lambda t: -t.bytes)
+        homeless: List[str] = []  # whole in the compute tier because no other tier holds them
+        for table in order:
+            # Keep whole: a table whose smallest cache would hold half of it, or a small one (a
+            # tiered table costs a fixed step overhead that its bytes do not repay).
+            if self.fast_bytes(table, 0) >= 0.5 * table.bytes or table.bytes <= _SMALL_TABLE_BYTES:
+                self.state[table.name] = (fast, -1, -1)
+                self.apply(table, fast, -1, -1, 1.0)
+                continue
+            for tier in start:
+                if (self.used[tier] + table.bytes <= self.caps[tier]
+                        and self.used[fast] + self.fast_bytes(table, 0) <= self.caps[fast]):
+                    self.state[table.name] = (tier, 0, -1)
+                    break
+            else:
+                self.state[table.name] = (fast, -1, -1)
+                homeless.append(table.name)
+            self.apply(table, *self.state[table.name], 1.0)
+        if self.used[fast] > self.caps[fast]:
+            raise _no_room(self.model, self.topo, self.world_size, self.caps, self.used, self.qps, homeless=homeless)
 
-    limit = [io_budget * relax]  # phase 2: the (steering) budget; phase 3: any device time at all
+    def relieve_busy_tiers(self) -> None:
+        """Step 2: the best actions on tables of tiers over the steering budget, until none is
+        over it (or no action is left: then tiers over it fail a target)."""
+        self.phase = _Phase.RELIEVE
+        self._refill()
+        while self._heap and any(self.over(t) for t in self.io):
+            self._take_best()
+        self.check_busy(self.steer)
 
-    def over(t: Tier) -> bool:
-        return io.get(t, 0.0) > limit[0] * (1 + 1e-9)
+    def spend_leftover(self) -> None:
+        """Step 3: what the compute tier has left goes to the remaining device time and the
+        caches' own compute: it costs nothing (the bytes are the job's anyway) and shortens
+        the step. Every action with a gain is taken."""
+        self.phase = _Phase.SPEND
+        self._refill()
+        while self._heap:
+            self._take_best()
 
-    def over_guard(t: Tier) -> bool:
-        """Whether a tier is past what growing a cache on it may leave: step 2's limit, or
-        in step 3 (limit 0: any device time is worth relieving) the real budget."""
-        return io.get(t, 0.0) > (limit[0] or io_budget) * (1 + 1e-9)
+    def check_busy(self, budget: float) -> None:
+        """Raises ``_BusyTiers`` if, with a target, a tier's device time exceeds ``budget``."""
+        busy = [t for t in self.io if self._past(t, budget)]
+        if busy and self.qps:
+            raise _no_room(self.model, self.topo, self.world_size, self.caps, self.used, self.qps, busy)
 
-    def actions(table: ModelTable):
-        tier, k, k2 = state[table.name]
+    # --------------------------------------------------------------- accounting ----
+    def l2_rows(self, table: ModelTable, k2: int) -> float:
+        return 0.0 if k2 < 0 else self.l2_sizes[table.name][k2]
+
+    def cost(self, table: ModelTable, tier: Tier, k: int, k2: int = -1) -> TableCost:
+        """The perf model's cost of ``table`` in a state (memoized)."""
+        key = (table.name, tier, k, k2)
+        if key not in self._costs:
+            rows = 0.0 if k < 0 else self.sizes[table.name][k]
+            self._costs[key] = table_cost(table, tier, rows, self.topo, self.model.batch_size, self.policy,
+                                          self.l2_rows(table, k2))
+        return self._costs[key]
+
+    def fast_bytes(self, table: ModelTable, k: int) -> float:
+        """Bytes of the compute tier the table takes: whole (k < 0) or its cache."""
+        return table.bytes if k < 0 else self.sizes[table.name][k] * table.row_bytes
+
+    def apply(self, table: ModelTable, tier: Tier, k: int, k2: int, sign: float) -> None:
+        """Adds (sign 1) or removes (sign -1) a table's bytes and device time in a state."""
+        cache_rows = 0.0 if k < 0 else self.sizes[table.name][k]
+        for t, b in tier_bytes(table, tier, cache_rows, self.l2_rows(table, k2), self.fast).items():
+            self.used[t] += sign * b
+        for t, sec in self.cost(table, tier, k, k2).io_s.items():
+            self.io[t] = self.io.get(t, 0.0) + sign * sec
+
+    def _past(self, tier: Tier, budget: float) -> bool:
+        return self.io.get(tier, 0.0) > budget * (1 + 1e-9)
+
+    def over(self, tier: Tier) -> bool:
+        """Whether a tier's device time counts as relief: past the steering budget while
+        relieving, any at all while spending."""
+        return self._past(tier, self.steer if self.phase is _Phase.RELIEVE else 0.0)
+
+    def over_guard(self, tier: Tier) -> bool:
+        """Whether a tier is past what growing a cache on it may leave: the steering budget
+        while relieving, the real budget while spending."""
+        return self._past(tier, self.steer if self.phase is _Phase.RELIEVE else self.io_budget)
+
+    def _io_density(self, table: ModelTable) -> float:
+        """Device seconds per byte of the table on the cheapest backing tier, smallest cache."""
+        if not self.backing or not self.sizes[table.name]:
+            return 0.0
+        return sum(self.cost(table, self.backing[0], 0).io_s.values()) / table.bytes
+
+    # ------------------------------------------------------------------ actions ----
+    def actions(self, table: ModelTable) -> Iterator[Tuple[str, Tier, int, int, float]]:
+        """(name, tier, k, k2, extra compute-tier bytes) of each action on a tiered table:
+        a move to a faster backing tier, the next cache size, the next L2 cache size, or
+        whole in the compute tier. While relieving, only tables on tiers over budget."""
+        tier, k, k2 = self.state[table.name]
         if k < 0:
             return
-        now = cost(table, tier, k, k2).io_s
-        relief = sum(s for t, s in now.items() if over(t))
-        if relief <= 0 and limit[0] > 0.0:
+        now = self.cost(table, tier, k, k2).io_s
+        relief = sum(s for t, s in now.items() if self.over(t))
+        if relief <= 0 and self.phase is _Phase.RELIEVE:
             return
-        for faster in backing[backing.index(tier) + 1:] if tier in backing else []:
+        for faster in self.backing[self.backing.index(tier) + 1:] if tier in self.backing else []:
             if faster != Tier.DRAM or k2 < 0:
                 # Host DRAM also holds the L2 caches on a GPU node: a move there costs its bytes.
-                yield (table.name, faster, k, k2, table.bytes * l2_weight if faster == Tier.DRAM and l2_ok else 0.0)
-        if k + 1 < len(sizes[table.name]):
-            yield (table.name, tier, k + 1, k2, fast_bytes(table, k + 1) - fast_bytes(table, k))
-        if l2_ok and tier in (Tier.SCM, Tier.SSD) and k2 + 1 < len(l2_sizes[table.name]):
-            extra = (l2_rows(table, k2 + 1) - l2_rows(table, k2)) * table.row_bytes * l2_weight
+                yield (table.name, faster, k, k2,
+                       table.bytes * self.l2_weight if faster == Tier.DRAM and self.l2_ok else 0.0)
+        if k + 1 < len(self.sizes[table.name]):
+            yield (table.name, tier, k + 1, k2, self.fast_bytes(table, k + 1) - self.fast_bytes(table, k))
+        if self.l2_ok and tier in (Tier.SCM, Tier.SSD) and k2 + 1 < len(self.l2_sizes[table.name]):
+            extra = (self.l2_rows(table, k2 + 1) - self.l2_rows(table, k2)) * table.row_bytes * self.l2_weight
             yield (table.name, tier, k, k2 + 1, extra)
-        if table.bytes <= whole_limit:
-            yield (table.name, fast, -1, -1, fast_bytes(table, -1) - fast_bytes(table, k))
+        if table.bytes <= self.whole_limit:
+            yield (table.name, self.fast, -1, -1, self.fast_bytes(table, -1) - self.fast_bytes(table, k))
 
-    def gain(name: str, tier: Tier, k: int, k2: int) -> float:
-        table = by_name[name]
-        old_tier, old_k, old_k2 = state[name]
-        before, after = cost(table, old_tier, old_k, old_k2), cost(table, tier, k, k2)
-        saved = sum(s for t, s in before.io_s.items() if over(t)) - sum(s for t, s in after.io_s.items() if over(t))
-        if limit[0] == 0.0:  # phase 3: the cache's own compute counts too
+    def gain(self, name: str, tier: Tier, k: int, k2: int) -> float:
+        """Device seconds (and, while spending, compute seconds) an action saves."""
+        table = self.by_name[name]
+        before, after = self.cost(table, *self.state[name]), self.cost(table, tier, k, k2)
+        saved = (sum(s for t, s in before.io_s.items() if self.over(t))
+                 - sum(s for t, s in after.io_s.items() if self.over(t)))
+        if self.phase is _Phase.SPEND:
             saved += before.compute_s - after.compute_s
         return saved
 
-    heap: List[Tuple[float, str, int, Tier, int, int]] = []
-    seq = 0
-
-    def push(table: ModelTable) -> None:
-        nonlocal seq
-        for name, tier, k, k2, extra in actions(table):
-            g = gain(name, tier, k, k2)
+    def push(self, table: ModelTable) -> None:
+        """Queues the table's actions that gain, by gain per extra byte."""
+        for name, tier, k, k2, extra in self.actions(table):
+            g = self.gain(name, tier, k, k2)
             if g > 0:
-                seq += 1
-                heapq.heappush(heap, (-g / max(extra, 1.0), name, seq, tier, k, k2))
+                self._seq += 1
+                heapq.heappush(self._heap, (-g / max(extra, 1.0), name, self._seq, tier, k, k2))
 
-    def relieve(until_empty: bool = False) -> None:
-        while heap and (until_empty or any(over(t) for t in io)):
-            step_once()
+    def _refill(self) -> None:
+        self._heap.clear()
+        for table in self.model.tables:
+            self.push(table)
 
-    def step_once() -> None:
-        _, name, _, tier, k, k2 = heapq.heappop(heap)
-        table = by_name[name]
-        old_tier, old_k, old_k2 = state[name]
-        valid = (tier == fast and k == -1) or (tier == old_tier and k2 == old_k2 and k == old_k + 1) or (
+    def _follows(self, old: _State, new: _State) -> bool:
+        """Whether ``new`` is one action away from ``old`` (else the entry is stale)."""
+        (old_tier, old_k, old_k2), (tier, k, k2) = old, new
+        return (tier == self.fast and k == -1) or (tier == old_tier and k2 == old_k2 and k == old_k + 1) or (
             tier == old_tier and k == old_k and k2 == old_k2 + 1) or (
-            tier not in (old_tier, fast) and k == old_k and k2 == old_k2 and old_tier in backing
-            and backing.index(tier) > backing.index(old_tier)
+            tier not in (old_tier, self.fast) and k == old_k and k2 == old_k2 and old_tier in self.backing
+            and self.backing.index(tier) > self.backing.index(old_tier)
         )
-        if old_k < 0 or not valid or gain(name, tier, k, k2) <= 0:
-            return  # made stale by an earlier action
-        dram_was_over = over_guard(Tier.DRAM)
-        apply(table, old_tier, old_k, old_k2, -1.0)
-        apply(table, tier, k, k2, 1.0)
-        fits = all(used[t] <= caps[t] * (1 + 1e-9) for t in used)
-        # Step 3 moves no table to a dearer tier (limit 0: any device time is "over"): it
-        # spends the compute tier's bytes (and host DRAM's, as L2 caches within the budget).
-        moved_onto_busy = (tier != fast and tier != old_tier and over(tier)) or (
-            k2 > old_k2 and over_guard(Tier.DRAM) and not dram_was_over)
-        if not fits or moved_onto_busy:
-            apply(table, tier, k, k2, -1.0)
-            apply(table, old_tier, old_k, old_k2, 1.0)
-            return
-        state[name] = (tier, k, k2)
-        push(table)
 
-    for table in model.tables:  # 2. relieve tiers over their budget
-        push(table)
-    relieve()
-    busy = [t for t in io if over(t)]
-    if busy and qps:
-        raise _no_room(model, topo, world_size, caps, used, qps, busy)
-    # 3. Spend what the compute tier has left on the remaining device time: it costs
-    # nothing (the bytes are the job's anyway) and shortens the step.
-    limit[0] = 0.0
-    heap.clear()
-    for table in model.tables:
-        push(table)
-    relieve(until_empty=True)  # the cache's own compute counts even where no device time is left
-    if relax != 1.0:
-        limit[0] = io_budget
-        busy = [t for t in io if over(t)]
-        if busy and qps:
-            raise _no_room(model, topo, world_size, caps, used, qps, busy)
-    placed = {name: (tier, 0.0 if k < 0 else sizes[name][k], l2_rows(by_name[name], k2))
-              for name, (tier, k, k2) in state.items()}
-    return _finish(model, topo, world_size, placed, used, caps, policy)
+    def _take_best(self) -> None:
+        """Pops the best action and takes it unless it is stale, breaks a capacity, or moves
+        a table onto a busy tier (step 3 moves no table to a dearer tier: it spends the
+        compute tier's bytes, and host DRAM's as L2 caches within the budget)."""
+        _, name, _, tier, k, k2 = heapq.heappop(self._heap)
+        table = self.by_name[name]
+        old_tier, old_k, old_k2 = old = self.state[name]
+        if old_k < 0 or not self._follows(old, (tier, k, k2)) or self.gain(name, tier, k, k2) <= 0:
+            return
+        dram_was_over = self.over_guard(Tier.DRAM)
+        self.apply(table, old_tier, old_k, old_k2, -1.0)
+        self.apply(table, tier, k, k2, 1.0)
+        fits = all(self.used[t] <= self.caps[t] * (1 + 1e-9) for t in self.used)
+        moved_onto_busy = (tier != self.fast and tier != old_tier and self.over(tier)) or (
+            k2 > old_k2 and self.over_guard(Tier.DRAM) and not dram_was_over)
+        if not fits or moved_onto_busy:
+            self.apply(table, tier, k, k2, -1.0)
+            self.apply(table, old_tier, old_k, old_k2, 1.0)
+            return
+        self.state[name] = (tier, k, k2)
+        self.push(table)
 
 
 def _no_room(model, topo, world_size, caps, used, qps, busy=(), homeless=()) -> PlacementError:
