@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kernel benchmark of issue 3 (same as ``mtrains bench kernel``); see --help."""
+"""Kernel benchmark (same as ``mtrains bench kernel``); see --help."""
 
 import sys
 from pathlib import Path

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Planner benchmark (issue 5): the perf model against measured steps, planning time, and
+"""Planner benchmark: the perf model against measured steps, planning time, and
 nodes needed with all tiers vs HBM + DRAM only on the model suite.
 
 1. Perf model: one table (default 1M x 64 fp32, batch 2048 x pooling 20, Zipf 1.05) trained

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Block-store benchmark of issue 2 (same as ``mtrains bench store``); see --help."""
+"""Block-store benchmark (same as ``mtrains bench store``); see --help."""
 
 import sys
 from pathlib import Path

@@ -1,11 +1,11 @@
-"""Kernel benchmark (issue 3): TieredEmbeddingBags side by side with FBGEMM all in DRAM.
+"""Kernel benchmark: TieredEmbeddingBags side by side with FBGEMM all in DRAM.
 
 Trains one table (default 4M rows x 128 fp32, batch 8192 x pooling 20, Zipf ids) with
 FBGEMM's CPU TBE holding the whole table in DRAM (the baseline) and with
 TieredEmbeddingBags on the SCM tier (a memory-mapped file) and the SSD tier (the block
 store, every row written first), both with a 10% row cache; measures fio's device limits
 in the same run; reports LRU and LFU hit rates next to Belady's optimum on the same trace;
-prints the issue's targets (PASS/MISS). Defaults come from
+prints the benchmark's targets (PASS/MISS). Defaults come from
 ``benchmarks/configs/kernel.yaml``; CLI flags override it; ``--quick`` applies the config's
 ``quick:`` overlay (flags still win).
 

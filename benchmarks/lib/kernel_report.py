@@ -1,4 +1,4 @@
-"""Targets, printed report and JSON output of the kernel benchmark (issue 3)."""
+"""Targets, printed report and JSON output of the kernel benchmark."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def _policy_runs(res: Results) -> dict[str, PhaseResult]:
 
 
 def evaluate_targets(res: Results, cfg: KernelBenchConfig) -> list[Target]:
-    """Checks the targets of issue 3 against this run's figures."""
+    """Checks the kernel benchmark's targets against this run's figures."""
     return [
         _ratio_target("SCM tier, cache 10%: >= 0.85x FBGEMM all-DRAM throughput", res, "scm", 0.85),
         _ssd_target(res, cfg),
@@ -284,7 +284,7 @@ def format_report(res: Results, cfg: KernelBenchConfig, header: list[str], skipp
     lines += _hit_lines(res)
     lines += [""] + noise
     lines.append("")
-    lines.append("targets (issue 3):")
+    lines.append("targets:")
     for t in evaluate_targets(res, cfg):
         lines.append(f"  [{t.status}] {t.name}: {t.detail}")
     return "\n".join(lines)

@@ -33,7 +33,7 @@ TABLE_PHASES = tuple(dict.fromkeys(row[1] for row in TABLE_ROWS))
 
 @dataclass(frozen=True)
 class Target:
-    """One target of issue 2 and how this run did against it.
+    """One target of the store benchmark and how this run did against it.
 
     Attributes:
         name: What is compared, e.g. "cold uniform reads >= 1.5x RocksDB".
@@ -73,7 +73,7 @@ def _fio_read_iops(res: Results) -> Optional[float]:
 
 
 def evaluate_targets(res: Results, cfg: StoreBenchConfig) -> list[Target]:
-    """Checks the targets of issue 2 against this run's figures."""
+    """Checks the store benchmark's targets against this run's figures."""
     fio_iops = _fio_read_iops(res)
     t = [
         _ratio_target("cold uniform reads >= 80% of fio 4 KiB randread IOPS at QD 32",
@@ -175,7 +175,7 @@ def format_report(res: Results, cfg: StoreBenchConfig, header: list[str], skippe
                  "warm_vs_rowcache: RocksDB warm reads with a row cache of the DRAM cache size "
                  "(hit = row-cache hits). rdb hit: block-cache data-block hit rate.")
     lines.append("")
-    lines.append("targets (issue 2):")
+    lines.append("targets:")
     for t in evaluate_targets(res, cfg):
         lines.append(f"  [{t.status}] {t.name}: {t.detail}")
     errors = {f"{s}/{p}/{k}": r.extra[k] for s, ph in res.items() for p, r in ph.items()

@@ -1,8 +1,8 @@
-"""Block-store benchmark (issue 2): BlockStore side by side with its baselines.
+"""Block-store benchmark: BlockStore side by side with its baselines.
 
 Runs, in one process and on one filesystem: fio's device limits, the block store
 ("ours"), RocksDB through its C++ API, and numpy.memmap, over the same rows and the
-same ids, then prints rows/s per phase, the ratios and the issue's targets
+same ids, then prints rows/s per phase, the ratios and the benchmark's targets
 (PASS/MISS). Defaults come from ``benchmarks/configs/store.yaml``; CLI flags override
 it; ``--quick`` applies the config's ``quick:`` overlay (flags still win).
 

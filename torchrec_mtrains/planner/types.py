@@ -1,7 +1,7 @@
 """Value types of the planner: the hardware a plan targets and the tables it places.
 
-Capacities and rates are per rank and keyed by ``Tier`` (STYLE.md): adding a tier adds a
-map entry, not a field.
+Capacities and rates are per rank and keyed by ``Tier``: adding a tier adds a map entry,
+not a field.
 """
 
 from __future__ import annotations

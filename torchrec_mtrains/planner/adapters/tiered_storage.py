@@ -1,9 +1,10 @@
 """TieredStorage: TorchRec's planner ``Storage`` with the SCM tier, and the TorchRec
 ``Topology`` of a job whose devices carry it.
 
-TorchRec's ``Storage`` has hbm, ddr and ssd, and its arithmetic and ``fits_in`` rebuild a
-plain ``Storage``, dropping any other field (shared/notes/torchrec-facts.md): a fourth tier
-needs a type of its own, used by our estimators and partitioner.
+TorchRec's ``Storage`` has hbm, ddr and ssd, and its arithmetic (``__add__``, ``__sub__``)
+builds a plain ``Storage(hbm, ddr, ssd)`` and ``fits_in`` compares those three only,
+dropping any other field: a fourth tier needs a type of its own, used by our estimators and
+partitioner.
 """
 
 from __future__ import annotations
