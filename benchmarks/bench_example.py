@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The MTrainS claim in miniature (issue 5): the example DLRM with the DRAM budget at a third
+"""The MTrainS claim in miniature: the example DLRM with the DRAM budget at a third
 of its embedding bytes -- the planner puts the rest on SCM and SSD -- against the same model
 with every table in DRAM, side by side in one run (runs alternate; medians of QPS).
 

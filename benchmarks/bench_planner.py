@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Planner benchmark (issue 5): the perf model against measured steps, planning time, and
+"""Planner benchmark: the perf model against measured steps, planning time, and
 nodes needed with all tiers vs HBM + DRAM only on the model suite.
 
 1. Perf model: one table (default 1M x 64 fp32, batch 2048 x pooling 20, Zipf 1.05) trained
@@ -29,8 +29,8 @@ import torch
 
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner import load_model_spec, load_topology, parse_model_spec
-from torchrec_mtrains.planner.estimator import step_seconds, table_cost
-from torchrec_mtrains.planner.plan_command import plan_report
+from torchrec_mtrains.planner.model.estimator import step_seconds, table_cost
+from torchrec_mtrains.planner.model.sizing import plan_report
 
 MODELS = Path(__file__).parent / "configs" / "models"
 
@@ -88,10 +88,10 @@ def _time_steps(module, batches, offsets, warmup: int, prefetch: bool) -> float:
 
 
 def _measured_profile(directory: str) -> str:
-    from torchrec_mtrains.planner import probe
+    from torchrec_mtrains.commands import probe_hw
 
     path = str(Path(directory) / "measured.yaml")
-    if probe.main(["--quick", "--dir", directory, "--out", path]) != 0:
+    if probe_hw.main(["--quick", "--dir", directory, "--out", path]) != 0:
         raise SystemExit("probe-hw failed")
     return path
 

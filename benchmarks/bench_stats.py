@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trace-statistics benchmark (issue 5): time to build LRU/LFU curves for a ~10M-access Zipf
+"""Trace-statistics benchmark: time to build LRU/LFU curves for a ~10M-access Zipf
 trace, exact (stack distances) vs SHARDS-sampled, and the hit-rate error of each curve
 against the real cache (csrc SetAssociativeCache, replayed on the same trace) at 1/5/10/20%
 cache sizes. Every figure, baseline included, is measured in this run."""

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Block-store benchmark of issue 2 (same as ``mtrains bench store``); see --help."""
+"""Block-store benchmark (same as ``mtrains bench store``); see --help."""
 
 import sys
+from pathlib import Path
 
-from torchrec_mtrains.benchmarks.store import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.lib
+
+from benchmarks.lib.store import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak (issue 7, not in CI): train one SSD-tier table with a tiny cache for a long time and
+"""Soak (not in CI): train one SSD-tier table with a tiny cache for a long time and
 check that memory and file size stay flat.
 
 TieredEmbeddingBags on Tier.SSD (default 2M rows x 64 fp32, cache 0.5% of the rows, Zipf

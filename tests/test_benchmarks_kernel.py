@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchrec_mtrains.benchmarks import kernel
-from torchrec_mtrains.benchmarks.belady import belady_hits, lru_hits, next_use, static_hits
-from torchrec_mtrains.benchmarks.kernel_report import evaluate_targets, format_report
-from torchrec_mtrains.benchmarks.types import KernelBenchConfig, PhaseResult
+from benchmarks.lib import kernel
+from benchmarks.lib.belady import belady_hits, lru_hits, next_use, static_hits
+from benchmarks.lib.kernel_report import evaluate_targets, format_report
+from benchmarks.lib.types import KernelBenchConfig, PhaseResult
 
 
 def _opt_reference(steps: list[list[int]], capacity: int, count_from: int) -> int:

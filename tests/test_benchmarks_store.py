@@ -1,4 +1,4 @@
-"""Tests of the store benchmark (torchrec_mtrains.benchmarks): workloads, config, report, runs."""
+"""Tests of the store benchmark (benchmarks.lib): workloads, config, report, runs."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torchrec_mtrains.benchmarks import store
-from torchrec_mtrains.benchmarks.baselines import rocksdb
-from torchrec_mtrains.benchmarks.common import make_rows, make_workload, rows_mismatch, zipf_ids
-from torchrec_mtrains.benchmarks.report import evaluate_targets, format_report
-from torchrec_mtrains.benchmarks.types import PhaseResult, StoreBenchConfig
+from benchmarks.lib import store
+from benchmarks.lib.baselines import rocksdb
+from benchmarks.lib.common import make_rows, make_workload, rows_mismatch, zipf_ids
+from benchmarks.lib.report import evaluate_targets, format_report
+from benchmarks.lib.types import PhaseResult, StoreBenchConfig
 
 # cache-fraction 0.25: the DRAM cache (about 690 rows) holds a whole batch, so warm reads hit.
 TINY = ["--rows", "3000", "--batch", "256", "--batches", "2", "--zipf-batches", "2",

@@ -143,6 +143,14 @@ def test_placement_errors_name_the_problem(tmp_path) -> None:
         make_planner(load_hardware("local"), TABLES, 1, 512, 0, None)
 
 
+def test_dram_budget_sizes_are_the_planners() -> None:
+    # One size parser for profiles and flags: GB are powers of 1000, GiB of 1024; bare bytes.
+    assert parse_bytes("1.5GB") == 1_500_000_000 and parse_bytes("1.5GiB") == 3 * 2**29
+    assert parse_bytes("64MiB") == 64 * 2**20 and parse_bytes("4096") == 4096
+    with pytest.raises(ValueError, match="--dram-budget: unknown unit 'Q'"):
+        parse_bytes("64Q", "--dram-budget")
+
+
 def test_auc_matches_pairwise_definition() -> None:
     rng = np.random.default_rng(0)
     scores = np.round(rng.standard_normal(300), 1)  # ties

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +44,15 @@ def test_usage_errors_exit_two(args: list[str]) -> None:
     result = _mtrains(*args)
     assert result.returncode == 2
     assert "error:" in result.stderr
+
+
+def test_bench_without_a_source_checkout_exits_two(tmp_path: Path) -> None:
+    # The package as installed: no benchmarks/lib next to it.
+    shutil.copytree(Path(torchrec_mtrains.__file__).parent, tmp_path / "site" / "torchrec_mtrains",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    code = "import sys; from torchrec_mtrains.cli import main; sys.exit(main(['bench', 'store']))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "source checkout" in result.stderr and "python benchmarks/bench_store.py" in result.stderr

@@ -12,11 +12,11 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 from torchrec.distributed import DistributedModelParallel
 
 from torchrec_mtrains import Tier
-from torchrec_mtrains.planner.locality import zipf_locality
-from torchrec_mtrains.planner.model_spec import parse_model_spec
-from torchrec_mtrains.planner.placement import PlacementError, place
+from torchrec_mtrains.planner.model.locality import zipf_locality
+from torchrec_mtrains.planner.model.model_spec import parse_model_spec
+from torchrec_mtrains.planner.model.placement import PlacementError, place
+from torchrec_mtrains.planner.model.sizing import size_cluster
 from torchrec_mtrains.planner.planner import StorageAwarePlanner
-from torchrec_mtrains.planner.sizing import size_cluster
 from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
 from torchrec_mtrains.sharding import (
     TieredEmbeddingBagCollectionSharder,
@@ -149,7 +149,7 @@ def test_placement_uses_slow_tiers_when_dram_is_short() -> None:
 def test_ssd_writes_cost_their_bytes_and_reads_a_block_each() -> None:
     """The block store appends evicted rows to log segments: a miss costs one random block
     read (IOPS) but only its row's bytes written; SCM rows cost access units both ways."""
-    from torchrec_mtrains.planner.estimator import table_cost
+    from torchrec_mtrains.planner.model.estimator import table_cost
 
     spec = parse_model_spec({**MODEL, "tables": [MODEL["tables"][0]]})
     table = spec.tables[0]
@@ -199,11 +199,11 @@ def test_plan_goes_through_torchrec_planner_interfaces() -> None:
     row-wise after the partition fails; the partitioner respects every tier's capacity."""
     from torchrec.distributed.planner.types import Enumerator, Partitioner, PlannerError, Proposer, ShardEstimator
 
-    from torchrec_mtrains.planner.enumerator import TieredEnumerator
-    from torchrec_mtrains.planner.partitioner import TieredPartitioner
-    from torchrec_mtrains.planner.proposer import TieredProposer
-    from torchrec_mtrains.planner.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
-    from torchrec_mtrains.planner.tiered_storage import TieredStorage, torchrec_topology
+    from torchrec_mtrains.planner.adapters.enumerator import TieredEnumerator
+    from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
+    from torchrec_mtrains.planner.adapters.proposer import TieredProposer
+    from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
+    from torchrec_mtrains.planner.adapters.tiered_storage import TieredStorage, torchrec_topology
 
     assert issubclass(TieredEnumerator, Enumerator) and issubclass(TieredProposer, Proposer)
     assert issubclass(TieredPartitioner, Partitioner) and issubclass(TieredStorageEstimator, ShardEstimator)
@@ -287,10 +287,10 @@ def test_placement_falls_back_when_the_greedy_strands_tables_on_a_slow_tier() ->
     relieving only busy tiers leaves tables there that no affordable cache can feed;
     place() finds the plan that exists (most tables on PMem and in host DRAM) and it keeps
     every capacity and every tier's device-time budget."""
-    from torchrec_mtrains.planner import placement
-    from torchrec_mtrains.planner.estimator import table_cost
-    from torchrec_mtrains.planner.model_spec import load_model_spec
-    from torchrec_mtrains.planner.topology import load_topology
+    from torchrec_mtrains.planner.model import placement
+    from torchrec_mtrains.planner.model.estimator import table_cost
+    from torchrec_mtrains.planner.model.model_spec import load_model_spec
+    from torchrec_mtrains.planner.hardware.topology import load_topology
 
     root = Path(__file__).resolve().parent.parent
     spec = load_model_spec(str(root / "benchmarks" / "configs" / "models" / "prod_b.yaml"))

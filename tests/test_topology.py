@@ -10,8 +10,8 @@ import yaml
 
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner import ComputeSpec, TieredTopology, TierSpec, load_topology
-from torchrec_mtrains.planner.topology import parse_topology, shipped_profiles, topology_to_yaml
-from torchrec_mtrains.planner.units import format_quantity, parse_quantity
+from torchrec_mtrains.planner.hardware.topology import parse_topology, shipped_profiles, topology_to_yaml
+from torchrec_mtrains.planner.hardware.units import format_quantity, parse_quantity, parse_size
 
 GiB, GB = 2**30, 1e9
 
@@ -99,6 +99,16 @@ def test_bad_units(text: object, kind: str, match: str) -> None:
     with pytest.raises(ValueError, match=match) as e:
         parse_quantity(text, kind, "tiers.ssd.capacity")
     assert str(e.value).startswith("tiers.ssd.capacity: ")
+
+
+def test_parse_size_is_si_or_iec_as_written() -> None:
+    assert parse_size("1.5GB", "x") == 1.5e9 and parse_size("1.5GiB", "x") == 1.5 * GiB
+    assert parse_size("64MiB", "--flag", bare_bytes=True) == 64 * 2**20
+    assert parse_size("4096", "--flag", bare_bytes=True) == parse_size(4096, "--flag", bare_bytes=True) == 4096
+    with pytest.raises(ValueError, match="^tiers.dram.capacity: '4096' has no unit"):
+        parse_size("4096", "tiers.dram.capacity")  # a profile's sizes need their unit
+    with pytest.raises(ValueError, match="^--dram-budget: unknown unit 'm' in '64m'"):
+        parse_size("64m", "--dram-budget", bare_bytes=True)
 
 
 @pytest.mark.parametrize("changes,path", [

@@ -1,78 +1,33 @@
-"""The ``mtrains`` command line.
+"""The ``mtrains`` command line: the table of commands.
 
 Commands form a tree: a :class:`Group` maps names to sub-commands, a
 :class:`Command` is a leaf that receives every argument after its name and
 parses them itself (so ``mtrains bench store --help`` shows the benchmark's own
-options). Add a command by adding an entry to :data:`COMMANDS`; handlers import
-their implementation lazily so that ``mtrains --help`` stays fast.
+options). Each command is a module of :mod:`torchrec_mtrains.commands`; add one by
+adding an entry to :data:`COMMANDS`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 from torchrec_mtrains import __version__
+from torchrec_mtrains.commands.types import Command, Group
 
 __all__ = ["COMMANDS", "Command", "Group", "main"]
 
 
-@dataclass(frozen=True)
-class Command:
-    """A leaf command.
+def _lazy(module: str, function: str = "main") -> Callable[[list[str]], int]:
+    """A command's ``run``: imports ``torchrec_mtrains.commands.<module>`` when called (so
+    that ``mtrains --help`` stays fast) and calls its ``function``."""
 
-    Attributes:
-        help: One line shown in the parent's command list.
-        run: Called with the arguments after the command name; returns the exit code.
-    """
+    def run(argv: list[str]) -> int:
+        return getattr(importlib.import_module(f"torchrec_mtrains.commands.{module}"), function)(argv)
 
-    help: str
-    run: Callable[[list[str]], int]
-
-
-@dataclass(frozen=True)
-class Group:
-    """A command that only selects one of its sub-commands.
-
-    Attributes:
-        help: One line shown in the parent's command list.
-        commands: Sub-command name -> sub-command.
-    """
-
-    help: str
-    commands: Mapping[str, Command | Group]
-
-
-def _bench_store(argv: list[str]) -> int:
-    from torchrec_mtrains.benchmarks import store
-
-    return store.main(argv)
-
-
-def _bench_kernel(argv: list[str]) -> int:
-    from torchrec_mtrains.benchmarks import kernel
-
-    return kernel.main(argv)
-
-
-def _plan(argv: list[str]) -> int:
-    from torchrec_mtrains.planner import plan_command
-
-    return plan_command.main(argv)
-
-
-def _probe_hw(argv: list[str]) -> int:
-    from torchrec_mtrains.planner import probe
-
-    return probe.main(argv)
-
-
-def _characterize(argv: list[str]) -> int:
-    from torchrec_mtrains.stats import characterize
-
-    return characterize.main(argv)
+    return run
 
 
 COMMANDS = Group(
@@ -80,28 +35,28 @@ COMMANDS = Group(
     commands={
         "plan": Command(
             help="Place a model's tables on the tiers of a hardware profile; size the cluster.",
-            run=_plan,
+            run=_lazy("plan"),
         ),
         "bench": Group(
             help="Run a benchmark against the baseline measured in the same run.",
             commands={
                 "store": Command(
                     help="Block store vs RocksDB and the fio device limit.",
-                    run=_bench_store,
+                    run=_lazy("bench", "store"),
                 ),
                 "kernel": Command(
                     help="TieredEmbeddingBags (SCM, SSD) vs FBGEMM all in DRAM, fio and Belady.",
-                    run=_bench_kernel,
+                    run=_lazy("bench", "kernel"),
                 ),
             },
         ),
         "probe-hw": Command(
             help="Measure this machine's tiers and compute into a hardware profile (YAML).",
-            run=_probe_hw,
+            run=_lazy("probe_hw"),
         ),
         "characterize": Command(
             help="Per-table statistics of a trace: lookups, unique rows, hit rates, bandwidth.",
-            run=_characterize,
+            run=_lazy("characterize"),
         ),
     },
 )

@@ -1,6 +1,6 @@
-// RocksDB baseline for benchmarks/bench_store.py (torchrec-mtrains issue 2).
+// RocksDB baseline for benchmarks/bench_store.py.
 //
-// A standalone program driven by torchrec_mtrains/benchmarks/baselines/rocksdb.py.
+// A standalone program driven by benchmarks/lib/baselines/rocksdb.py.
 // It stores the same rows as the block store (key = 8-byte big-endian row id,
 // value = one row: dim weights + state_dim state, `--value-bytes` bytes) and
 // measures one phase per process, so every read phase starts with an empty block

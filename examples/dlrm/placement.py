@@ -12,7 +12,6 @@ the tables over the ranks.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from torch import nn
@@ -24,6 +23,7 @@ from torchrec_mtrains.planner import (
     TieredTopology,
     load_topology,
 )
+from torchrec_mtrains.planner.hardware.units import parse_size
 
 __all__ = ["DEFAULT_PROFILE", "TableInfo", "check_fits", "is_tiered", "load_hardware", "make_planner", "parse_bytes",
            "placement_rows", "tier_of"]
@@ -41,15 +41,11 @@ class TableInfo:
     locality: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"pooling_factor": 1.0, "zipf_alpha": 1.05})
 
 
-def parse_bytes(text: str) -> int:
-    """``"64MiB"``, ``"1.5GB"``, ``"4096"`` -> bytes (K, M, G, T are powers of 1024 with or
-    without the i). ValueError naming the text."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"{text!r} is not a size (examples: 64MiB, 1.5GB, 4096)")
-    unit = m.group(2).upper().rstrip("B").rstrip("I")
-    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
-    return int(float(m.group(1)) * scale)
+def parse_bytes(text: str, flag: str = "size") -> int:
+    """``"64MiB"`` (64 x 2^20), ``"1.5GB"`` (1.5e9), ``"4096"`` -> bytes, by the planner's
+    size parser (``parse_size``: SI units are powers of 1000, IEC ones powers of 1024).
+    ValueError naming ``flag`` and the text."""
+    return int(parse_size(text, flag, bare_bytes=True))
 
 
 def load_hardware(spec: str) -> TieredTopology:

@@ -104,9 +104,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
     try:
-        args.dram_budget_bytes = parse_bytes(args.dram_budget)
+        args.dram_budget_bytes = parse_bytes(args.dram_budget, "--dram-budget")
     except ValueError as e:
-        p.error(f"--dram-budget: {e}")
+        p.error(str(e))
     return args
 
 

@@ -1,23 +1,31 @@
-"""Storage-aware planning: hardware profiles, the locality and perf models, placement of
-tables on tiers, cluster sizing, and StorageAwarePlanner (a drop-in for TorchRec's
-EmbeddingShardingPlanner, built on its planner interfaces: TieredStorage, TieredEnumerator,
-the tiered shard estimators, TieredProposer, TieredPartitioner)."""
+"""Storage-aware planning, by job: ``hardware`` (profiles, units, probing a machine),
+``model`` (the model spec, locality and perf models, placement of tables on tiers, cluster
+sizing), ``adapters`` (the placement behind TorchRec's planner interfaces: TieredStorage,
+TieredEnumerator, the tiered shard estimators, TieredProposer, TieredPartitioner), and on
+top StorageAwarePlanner, a drop-in for TorchRec's EmbeddingShardingPlanner."""
 
-from torchrec_mtrains.planner.enumerator import TieredEnumerator, TieredShardingOption
-from torchrec_mtrains.planner.model_spec import (
+from torchrec_mtrains.planner.adapters import (
+    TieredEnumerator,
+    TieredPartitioner,
+    TieredPerfEstimator,
+    TieredProposer,
+    TieredShardingOption,
+    TieredStorage,
+    TieredStorageEstimator,
+    torchrec_topology,
+)
+from torchrec_mtrains.planner.hardware import load_topology
+from torchrec_mtrains.planner.model import (
     ModelSpec,
     ModelTable,
+    Placement,
+    PlacementError,
     load_model_spec,
     parse_model_spec,
+    place,
+    size_cluster,
 )
-from torchrec_mtrains.planner.partitioner import TieredPartitioner
-from torchrec_mtrains.planner.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.planner import StorageAwarePlanner
-from torchrec_mtrains.planner.proposer import TieredProposer
-from torchrec_mtrains.planner.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
-from torchrec_mtrains.planner.sizing import size_cluster
-from torchrec_mtrains.planner.tiered_storage import TieredStorage, torchrec_topology
-from torchrec_mtrains.planner.topology import load_topology
 from torchrec_mtrains.planner.types import (
     ComputeSpec,
     RankAssignment,

@@ -20,13 +20,13 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlan
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_mtrains.planner.enumerator import TieredEnumerator
-from torchrec_mtrains.planner.model_spec import ModelSpec, parse_model_spec
-from torchrec_mtrains.planner.partitioner import TieredPartitioner
-from torchrec_mtrains.planner.placement import Placement, PlacementError, place
-from torchrec_mtrains.planner.proposer import TieredProposer
-from torchrec_mtrains.planner.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
-from torchrec_mtrains.planner.tiered_storage import torchrec_topology
+from torchrec_mtrains.planner.adapters.enumerator import TieredEnumerator
+from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
+from torchrec_mtrains.planner.adapters.proposer import TieredProposer
+from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
+from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
+from torchrec_mtrains.planner.model.model_spec import ModelSpec, parse_model_spec
+from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.types import Tier
 
@@ -70,7 +70,7 @@ class StorageAwarePlanner(ShardingPlanner):
         optimizer: str = "rowwise_adagrad",
     ) -> None:
         if isinstance(topology, str):
-            from torchrec_mtrains.planner.topology import load_topology
+            from torchrec_mtrains.planner.hardware.topology import load_topology
 
             topology = load_topology(topology)
         self.topology = topology

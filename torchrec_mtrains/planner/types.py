@@ -1,7 +1,7 @@
 """Value types of the planner: the hardware a plan targets and the tables it places.
 
-Capacities and rates are per rank and keyed by ``Tier`` (STYLE.md): adding a tier adds a
-map entry, not a field.
+Capacities and rates are per rank and keyed by ``Tier``: adding a tier adds a map entry,
+not a field.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from torchrec_mtrains.types import Tier
 
-__all__ = ["TierSpec", "ComputeSpec", "TieredTopology", "TableSpec", "TablePlacement"]
+__all__ = ["TierSpec", "ComputeSpec", "TieredTopology", "TablePlacement", "RankAssignment"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,28 +82,6 @@ class TieredTopology:
 
     def cache_tier(self) -> Tier:
         return Tier.HBM if self.compute_device == "cuda" else Tier.DRAM
-
-
-@dataclasses.dataclass(frozen=True)
-class TableSpec:
-    """One table as the planner sees it.
-
-    ``hit_rate_curve`` maps a cache size (rows) to the expected hit rate of the rows a step
-    touches (see torchrec_mtrains.stats); ``unique_rows_per_step`` is at the model's
-    global batch size.
-    """
-
-    name: str
-    num_embeddings: int
-    embedding_dim: int
-    pooling_factor: float
-    unique_rows_per_step: float
-    row_bytes: int  # weights + optimizer state, as stored
-    hit_rate_curve: Tuple[Tuple[float, float], ...] = ()
-
-    @property
-    def bytes(self) -> int:
-        return self.num_embeddings * self.row_bytes
 
 
 @dataclasses.dataclass(frozen=True)

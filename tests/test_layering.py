@@ -1,0 +1,146 @@
+"""The package's layers: every module's imports (at any depth, inside functions too) point
+down, never up, and no benchmark ships in the package.
+
+Layers, bottom up: ``_ops``, ``types``, ``storage``, ``stats``, ``testing`` (fault points
+the kernels and the example call) and ``elastic`` (a process-group helper of the example);
+``kernels``; ``sharding``; ``planner`` (``hardware`` and ``model`` below its TorchRec
+``adapters`` and ``planner.planner``); ``commands`` and ``cli`` on top.
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+import torchrec_mtrains
+
+PKG = "torchrec_mtrains"
+ROOT = Path(torchrec_mtrains.__path__[0])
+_IMPORT_FUNCTIONS = {"import_module", "__import__"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Modules under any of ``layers`` import nothing under ``forbidden`` (a module or a
+    package prefix) and none of ``forbidden_exact`` by that very name."""
+
+    layers: Tuple[str, ...]
+    forbidden: Tuple[str, ...]
+    forbidden_exact: Tuple[str, ...] = ()
+
+
+def _p(*names: str) -> Tuple[str, ...]:
+    return tuple(f"{PKG}.{n}" for n in names)
+
+
+_ABOVE_SHARDING = ("planner", "commands", "cli")
+RULES = [
+    Rule(_p("storage", "stats", "_ops", "types", "testing", "elastic"), _p("kernels", "sharding", *_ABOVE_SHARDING)),
+    Rule(_p("kernels"), _p("sharding", *_ABOVE_SHARDING)),
+    Rule(_p("sharding"), _p(*_ABOVE_SHARDING)),
+    # The planner package's __init__ loads the adapters: model and hardware name their modules.
+    Rule(_p("planner.model", "planner.hardware"), _p("planner.adapters", "planner.planner", "commands", "cli"),
+         _p("planner")),
+    Rule(_p("planner"), _p("commands", "cli")),
+]
+# ``mtrains bench`` runs the benchmarks of a source checkout (found at run time); no other
+# module may reach for them.
+BENCHMARK_LOADERS = {f"{PKG}.commands.bench"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> Dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(module: str, is_package: bool, level: int, target: str) -> str:
+    """The absolute name of ``from <level dots><target> import ...`` in ``module``."""
+    if level == 0:
+        return target
+    base = module.split(".")
+    base = base[: len(base) - level + (1 if is_package else 0)]
+    return ".".join(base + ([target] if target else []))
+
+
+def _dynamic_target(call: ast.Call) -> str:
+    """The module (or, for an f-string, its constant prefix) of ``import_module(...)``."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in _IMPORT_FUNCTIONS or not call.args:
+        return ""
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rstrip(".")
+    return ""
+
+
+def imports(module: str, path: Path) -> Set[str]:
+    """Every module ``module`` imports: ``import a.b``, ``from a import b`` (as ``a`` and
+    ``a.b``, ``b`` may be a submodule), relative imports, and ``import_module("a.b")``."""
+    out: Set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module or "")
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)):
+            out.add(target)
+    return out
+
+
+def _under(name: str, prefixes: Tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _violations(rule: Rule, graph: Dict[str, Set[str]]) -> Iterator[str]:
+    for module, targets in sorted(graph.items()):
+        if not _under(module, rule.layers):
+            continue
+        for target in sorted(targets):
+            if _under(target, rule.forbidden) or target in rule.forbidden_exact:
+                yield f"{module} imports {target}"
+
+
+@pytest.fixture(scope="module")
+def graph() -> Dict[str, Set[str]]:
+    return {name: imports(name, path) for name, path in _modules().items()}
+
+
+def test_the_scan_sees_imports_at_any_depth(graph: Dict[str, Set[str]]) -> None:
+    # A module-level import, one inside a function, and a lazy import_module of the cli.
+    assert f"{PKG}.storage.types" in graph[f"{PKG}.storage.block_store"]
+    assert f"{PKG}.sharding" in graph[f"{PKG}.planner.planner"]  # inside StorageAwarePlanner.plan
+    assert f"{PKG}.commands" in graph[f"{PKG}.cli"]
+    assert len(graph) > 50
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: ",".join(n.removeprefix(PKG + ".") for n in r.layers))
+def test_layers_import_only_downwards(rule: Rule, graph: Dict[str, Set[str]]) -> None:
+    assert list(_violations(rule, graph)) == []
+
+
+def test_nothing_in_the_library_imports_the_benchmarks(graph: Dict[str, Set[str]]) -> None:
+    bad = [f"{m} imports {t}" for m, targets in sorted(graph.items()) if m not in BENCHMARK_LOADERS
+           for t in sorted(targets) if _under(t, ("benchmarks",))]
+    assert bad == []
+
+
+def test_no_benchmark_ships_in_the_package() -> None:
+    names: List[str] = [m.name for m in pkgutil.walk_packages(torchrec_mtrains.__path__, f"{PKG}.")]
+    assert f"{PKG}.planner.hardware.fio" in names  # the walk reaches sub-packages
+    parts = {part for name in names for part in name.split(".")}
+    assert not {p for p in parts if p.startswith(("benchmark", "bench_")) or p == "baselines"}, sorted(parts)

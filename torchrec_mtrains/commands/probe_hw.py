@@ -1,0 +1,47 @@
+"""``mtrains probe-hw``: measure this machine's tiers (DRAM, SCM = mmap, SSD = block store)
+and embedding compute into a hardware profile (YAML) that ``load_topology`` reads; the
+measuring is ``torchrec_mtrains.planner.hardware.probe``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from torchrec_mtrains.planner.hardware.probe import ProbeConfig, probe
+from torchrec_mtrains.planner.hardware.topology import parse_topology
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str]) -> int:
+    """``mtrains probe-hw``: see the module docstring. Exit code 2 on bad arguments."""
+    parser = argparse.ArgumentParser(
+        prog="mtrains probe-hw",
+        description="Measure this machine's tiers (DRAM, SCM = mmap, SSD = block store) and embedding "
+                    "compute into a hardware profile (YAML) that load_topology reads.")
+    parser.add_argument("--out", type=Path, help="write the profile here (default: print it)")
+    parser.add_argument("--dir", type=Path, default=Path("."),
+                        help="a directory on the filesystem of the SCM and SSD tiers (default: .)")
+    parser.add_argument("--quick", action="store_true", help="small tables, short runs (~20 s)")
+    parser.add_argument("--ranks-per-node", type=int, default=2,
+                        help="training processes per node; per-node figures are divided by it (default: 2)")
+    args = parser.parse_args(list(argv))
+    try:
+        cfg = ProbeConfig(args.dir, quick=args.quick, ranks_per_node=args.ranks_per_node)
+    except ValueError as e:
+        parser.error(str(e))  # exits 2
+    if args.out is not None and not args.out.parent.is_dir():
+        parser.error(f"--out {args.out}: directory {args.out.parent} does not exist")
+    command = shlex.join(["mtrains", "probe-hw", *argv])
+    result = probe(cfg, command, progress=lambda s: print(f"[probe-hw] {s}", file=sys.stderr, flush=True))
+    text = result.to_yaml()
+    parse_topology(text)  # what we write must load
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+        print(f"[probe-hw] wrote {args.out}", file=sys.stderr)
+    return 0

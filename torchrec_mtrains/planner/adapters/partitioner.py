@@ -1,0 +1,105 @@
+"""TieredPartitioner: TorchRec's ``Partitioner`` for tiered tables, balancing each rank's
+predicted step.
+
+Options are placed largest compute-tier footprint first (bin packing), then heaviest load:
+a table-wise one on the rank whose step grows least among those with room on every tier it
+uses (its rows on its tier, its cache in the compute tier); a row-wise one shard i on rank i.
+A rank's step is the perf model's: ``max(compute + dense, busiest tier)``. Options that fit
+nowhere keep shards without a rank (the proposer's cue to propose them row-wise) and the
+partition raises ``PlannerError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from torchrec.distributed.planner.types import (
+    Partitioner,
+    PlannerError,
+    PlannerErrorType,
+    ShardingOption,
+    Topology,
+)
+from torchrec.distributed.types import ShardingType
+
+from torchrec_mtrains.planner.adapters.enumerator import TieredShardingOption
+from torchrec_mtrains.planner.adapters.tiered_storage import TieredStorage
+from torchrec_mtrains.planner.model.estimator import step_seconds
+from torchrec_mtrains.types import Tier
+
+__all__ = ["TieredPartitioner"]
+
+
+@dataclasses.dataclass
+class _Rank:
+    free: TieredStorage
+    compute: float = 0.0
+    io: Dict[Tier, float] = dataclasses.field(default_factory=dict)
+
+    def with_work(self, option: TieredShardingOption, fraction: float) -> Tuple[float, Dict[Tier, float]]:
+        """(compute, io per tier) of this rank plus ``fraction`` of the option's table."""
+        io = dict(self.io)
+        for t, s in option.cost.io_s.items():
+            io[t] = io.get(t, 0.0) + s * fraction
+        return self.compute + option.cost.compute_s * fraction, io
+
+    def step(self, dense: float, option: Optional[TieredShardingOption] = None) -> float:
+        compute, io = (self.compute, self.io) if option is None else self.with_work(option, 1.0)
+        return step_seconds(compute, io, dense)
+
+    def take(self, option: TieredShardingOption, shard_index: int) -> None:
+        shard = option.shards[shard_index]
+        self.free = self.free - shard.storage
+        self.compute, self.io = self.with_work(option, option.shard_fraction(shard))
+
+
+class TieredPartitioner(Partitioner):
+    """Args: ``dense_s_per_rank``: the dense part of a rank's step (it is the same on every
+    rank, but sets how much embedding work a rank takes before its step grows);
+    ``compute_tier``: where caches and whole tables live (HBM or DRAM)."""
+
+    def __init__(self, dense_s_per_rank: float, compute_tier: Tier) -> None:
+        self._dense = dense_s_per_rank
+        self._compute_tier = compute_tier
+        self.rank_step_s: List[float] = []  # of the last successful partition
+
+    def partition(self, proposal: List[ShardingOption], storage_constraint: Topology) -> List[ShardingOption]:
+        options: List[TieredShardingOption] = [o for o in proposal if isinstance(o, TieredShardingOption)]
+        if len(options) != len(proposal):
+            raise PlannerError("TieredPartitioner partitions the TieredShardingOptions of TieredEnumerator",
+                               PlannerErrorType.PARTITION)
+        ranks = [_Rank(free=TieredStorage.of_storage(d.storage)) for d in storage_constraint.devices]
+        for option in options:
+            for shard in option.shards:
+                shard.rank = None
+
+        def load(o: TieredShardingOption) -> float:
+            return max([o.cost.compute_s] + list(o.cost.io_s.values()))
+
+        unplaced: List[str] = []
+        for option in sorted(options, key=lambda o: (o.tier_bytes.get(self._compute_tier, 0.0), load(o)), reverse=True):
+            if option.sharding_type == ShardingType.TABLE_WISE.value:
+                shard = option.shards[0]
+                fits = [r for r, rank in enumerate(ranks) if shard.storage.fits_in(rank.free)]
+                if not fits:
+                    unplaced.append(f"{option.name} (whole on one rank)")
+                    continue
+                best = min(fits, key=lambda r: (ranks[r].step(self._dense, option), r))
+                ranks[best].take(option, 0)
+                shard.rank = best
+            else:  # row-wise: shard i on rank i
+                if len(option.shards) != len(ranks) or not all(
+                        s.storage.fits_in(rank.free) for s, rank in zip(option.shards, ranks)):
+                    unplaced.append(f"{option.name} (even split by rows)")
+                    continue
+                for r, shard in enumerate(option.shards):
+                    ranks[r].take(option, r)
+                    shard.rank = r
+        if unplaced:
+            names = ", ".join(unplaced[:5]) + (f" and {len(unplaced) - 5} more" if len(unplaced) > 5 else "")
+            raise PlannerError(f"tables {names} do not fit the capacity of {len(ranks)} ranks",
+                               PlannerErrorType.PARTITION)
+        self.rank_step_s = [rank.step(self._dense) for rank in ranks]
+        return proposal
+

@@ -1,0 +1,101 @@
+"""The perf model: what one table costs a step on a tier with a cache of a given size.
+
+Per step (global batch ``B``), a table with pooling factor ``pf`` pools ``B * pf`` rows in
+FBGEMM's TBE and updates its ``U`` distinct rows (compute: each at its measured rate).
+On a backing tier behind a cache with hit rate ``h``, the ``U * (1 - h)`` misses are read
+from the tier and as many evicted rows are written back (training dirties every row it
+touches); the device time is the larger of bytes over bandwidth and accesses over IOPS,
+each access costing at least the tier's access unit. On a GPU node, the misses also cross
+the host-device link; on a CPU node, moving them (copies, checksums, I/O submission) also
+takes the rank's CPU. The prefetch pipeline overlaps tier I/O with compute, so a rank's
+step takes the larger of its compute and its busiest tier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict
+
+from torchrec_mtrains.planner.model.model_spec import ModelTable
+from torchrec_mtrains.planner.types import TieredTopology, TierSpec
+from torchrec_mtrains.types import Tier
+
+__all__ = ["TableCost", "table_cost", "step_seconds"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableCost:
+    """One table's share of a step, summed over its shards."""
+
+    compute_s: float  # TBE + cache management
+    io_s: Dict[Tier, float]  # device busy time per tier
+    hit_rate: float
+    tier_bytes_per_step: float  # rows moved to and from the backing tier
+
+
+def _device_seconds(spec: TierSpec, rows: float, row_bytes: int, write: bool, appended: bool = False) -> float:
+    """Device time to read or write ``rows`` random rows. ``appended``: writes of the SSD
+    tier's log-structured BlockStore, which packs written rows into appended segments, so
+    they cost their bytes at the tier's write bandwidth (row bytes appended per second, write
+    amplification included) rather than one random block each."""
+    if rows <= 0:
+        return 0.0
+    if write and appended:
+        return rows * row_bytes / spec.write_bytes_per_s
+    bw = spec.write_bytes_per_s if write else spec.read_bytes_per_s
+    iops = spec.write_iops if write else spec.read_iops
+    units = math.ceil(row_bytes / spec.access_bytes)
+    t = rows * units * spec.access_bytes / bw
+    if iops:
+        t = max(t, rows * units / iops)
+    return t
+
+
+def table_cost(
+    table: ModelTable,
+    tier: Tier,
+    cache_rows: float,
+    topo: TieredTopology,
+    batch_size: int,
+    policy: str = "lru",
+    l2_rows: float = 0.0,
+) -> TableCost:
+    """Cost of ``table`` with its rows on ``tier``; ``cache_rows`` = 0 means the table is
+    whole in the compute tier (no cache). ``l2_rows``: on a GPU node, a host-DRAM cache of
+    a SCM/SSD table under the HBM one (inclusive: its hits are the L1 misses it holds)."""
+    lookups = batch_size * table.pooling_factor
+    unique = min(table.locality.unique_rows_per_step, table.num_embeddings)  # at the model's batch
+    spec = topo.compute
+    compute = lookups * table.row_bytes / spec.tbe_bytes_per_s
+    if spec.tbe_row_update_bytes_per_s:
+        compute += unique * table.row_bytes / spec.tbe_row_update_bytes_per_s
+    io: Dict[Tier, float] = {}
+    if cache_rows <= 0:
+        return TableCost(compute, io, 1.0, 0.0)
+    # The kernel's cache never holds fewer than the two steps in flight (it grows an
+    # overflow pool instead), whatever size it was given.
+    effective = min(float(table.num_embeddings), max(cache_rows, 2.0 * unique))
+    hit = table.locality.hit_rate(effective, policy)
+    misses = unique * (1.0 - hit)
+    compute += spec.step_overhead_s + spec.cache_row_s * unique
+    dev = topo.tiers[tier]
+    device_misses = misses
+    if l2_rows > effective and topo.compute_device == "cuda" and tier in (Tier.SCM, Tier.SSD):
+        device_misses = unique * (1.0 - table.locality.hit_rate(min(float(table.num_embeddings), l2_rows), policy))
+        dram = topo.tiers[Tier.DRAM]
+        io[Tier.DRAM] = _device_seconds(dram, misses, table.row_bytes, False) + _device_seconds(
+            dram, misses, table.row_bytes, True)
+    io[tier] = _device_seconds(dev, device_misses, table.row_bytes, False) + _device_seconds(
+        dev, device_misses, table.row_bytes, True, appended=tier is Tier.SSD)
+    if topo.compute_device == "cpu":  # moving rows takes the rank's own cores
+        compute += 2 * device_misses * dev.row_cpu_s
+    if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
+        link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
+        io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier
+    return TableCost(compute, io, hit, 2 * misses * table.row_bytes)
+
+
+def step_seconds(compute_s: float, io_s: Dict[Tier, float], dense_s: float) -> float:
+    """A rank's step: compute (embeddings + dense) overlapped with each tier's I/O."""
+    return max([compute_s + dense_s] + list(io_s.values()))

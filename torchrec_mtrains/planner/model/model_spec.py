@@ -1,0 +1,172 @@
+"""MODEL.yaml: the model a plan is for (batch, target QPS, precision, optimizer, tables with
+their locality), read into ``ModelSpec`` with every field checked by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import yaml
+
+from torchrec_mtrains.layout import PRECISIONS, SHORT_OPTIMIZER_NAMES, TableLayout
+from torchrec_mtrains.planner.model.locality import (
+    LocalityCurve,
+    histogram_locality,
+    zipf_locality,
+)
+
+__all__ = ["ModelSpec", "ModelTable", "load_model_spec", "parse_model_spec"]
+
+_TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables"}
+_TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
+               "reuse_trace_steps", "trace", "trace_table", "count"}
+_LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
+_DTYPES = PRECISIONS
+_OPTIMIZERS = SHORT_OPTIMIZER_NAMES
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTable:
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: float
+    row_bytes: int  # weights + optimizer state as stored
+    locality: LocalityCurve
+
+    @property
+    def bytes(self) -> float:
+        return float(self.num_embeddings) * self.row_bytes
+
+    @property
+    def lookups_per_sample(self) -> float:
+        return self.pooling_factor
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    batch_size: int  # global, per step
+    target_qps: Optional[float]  # None (planner use only): no target
+    dtype: str
+    optimizer: str
+    tables: Tuple[ModelTable, ...]
+
+    @property
+    def embedding_bytes(self) -> float:
+        return sum(t.bytes for t in self.tables)
+
+
+def _number(where: str, value: Any, integer: bool = False, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ValueError(f"{where}={value!r} must be {'an integer' if integer else 'a number'}")
+    if not np.isfinite(value) or (positive and value <= 0) or value < 0:
+        raise ValueError(f"{where}={value!r} must be {'> 0' if positive else '>= 0'}")
+    return value
+
+
+def row_bytes(dim: int, dtype: str, optimizer: str) -> int:
+    return TableLayout(dim, dtype, optimizer).row_bytes
+
+
+def _trace_locality(path: str, table: int, batch_size: int, num_rows: int) -> Tuple[LocalityCurve, float]:
+    from torchrec_mtrains.stats import analyze_table, load_dlrm_trace
+
+    trace = load_dlrm_trace(path, batch_size=batch_size)
+    if not 0 <= table < len(trace.tables):
+        raise ValueError(f"trace_table={table} is outside the {len(trace.tables)} tables of {path}")
+    stats = analyze_table(trace.tables[table].name, trace.tables[table])
+    sizes = np.unique(np.geomspace(1, num_rows, 64).round())
+    lru = np.maximum.accumulate(stats.lru.hit_rate(sizes))
+    lfu = np.maximum.accumulate(stats.lfu.hit_rate(sizes))
+    return LocalityCurve(stats.unique_rows_per_step, sizes, lru, lfu), stats.pooling_factor
+
+
+def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, base_dir: str) -> List[ModelTable]:
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {type(entry).__name__}")
+    unknown = sorted(set(entry) - _TABLE_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown} (known: {sorted(_TABLE_KEYS)})")
+    for key in ("name", "num_embeddings", "embedding_dim"):
+        if key not in entry:
+            raise ValueError(f"{where}.{key} is missing")
+    name = entry["name"]
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}.name={name!r} must be a non-empty string")
+    rows = int(_number(f"{where}.num_embeddings", entry["num_embeddings"], integer=True))
+    dim = int(_number(f"{where}.embedding_dim", entry["embedding_dim"], integer=True))
+    if dim % 4:
+        raise ValueError(f"{where}.embedding_dim={dim} must be a multiple of 4 (FBGEMM)")
+    count = int(_number(f"{where}.count", entry.get("count", 1), integer=True))
+    given = [k for k in _LOCALITY_KEYS if k in entry]
+    if len(given) != 1:
+        raise ValueError(f"{where}: give exactly one of {list(_LOCALITY_KEYS)}, got {given or 'none'}")
+    pooling = entry.get("pooling_factor")
+    if given[0] == "trace":
+        path = entry["trace"]
+        if not isinstance(path, str):
+            raise ValueError(f"{where}.trace={path!r} must be a file path")
+        path = path if os.path.isabs(path) else os.path.join(base_dir, path)
+        curve, measured_pf = _trace_locality(path, int(entry.get("trace_table", 0)), batch_size, rows)
+        pooling = measured_pf if pooling is None else pooling
+    if pooling is None:
+        raise ValueError(f"{where}.pooling_factor is missing")
+    pooling = float(_number(f"{where}.pooling_factor", pooling))
+    lookups = batch_size * pooling
+    if given[0] == "zipf_alpha":
+        alpha = float(_number(f"{where}.zipf_alpha", entry["zipf_alpha"], positive=False))
+        curve = zipf_locality(rows, lookups, alpha)
+    elif given[0] == "reuse_histogram":
+        shares = entry["reuse_histogram"]
+        if (not isinstance(shares, Sequence) or isinstance(shares, str) or len(shares) != 16
+                or any(isinstance(s, bool) or not isinstance(s, (int, float)) or s < 0 for s in shares)
+                or sum(shares) <= 0):
+            raise ValueError(f"{where}.reuse_histogram must be 16 shares >= 0 (bins (0,1] .. 16K+), got {shares!r}")
+        steps = _number(f"{where}.reuse_trace_steps", entry.get("reuse_trace_steps", 1000))
+        curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares), float(steps))
+    rb = row_bytes(dim, dtype, optimizer)
+    names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
+    return [ModelTable(n, rows, dim, pooling, rb, curve) for n in names]
+
+
+def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:
+    if not isinstance(doc, Mapping):
+        raise ValueError("the model spec must be a YAML mapping")
+    unknown = sorted(set(doc) - _TOP_KEYS)
+    if unknown:
+        raise ValueError(f"unknown keys {unknown} (known: {sorted(_TOP_KEYS)})")
+    for key in ("batch_size", "target_qps", "tables"):
+        if key not in doc:
+            raise ValueError(f"{key} is missing")
+    batch = int(_number("batch_size", doc["batch_size"], integer=True))
+    qps = float(_number("target_qps", doc["target_qps"]))
+    dtype = doc.get("dtype", "fp32")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {sorted(_DTYPES)}")
+    optimizer = doc.get("optimizer", "rowwise_adagrad")
+    if optimizer not in _OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} must be one of {sorted(_OPTIMIZERS)}")
+    entries = doc["tables"]
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("tables must be a non-empty list")
+    tables: List[ModelTable] = []
+    for i, entry in enumerate(entries):
+        tables += _table(f"tables[{i}]", entry, batch, dtype, optimizer, base_dir)
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"tables: duplicate names {dup[:5]}")
+    return ModelSpec(batch, qps, dtype, optimizer, tuple(tables))
+
+
+def load_model_spec(path: str) -> ModelSpec:
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read model spec {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"model spec {path} is not valid YAML: {e}") from None
+    return parse_model_spec(doc, os.path.dirname(os.path.abspath(path)))
