@@ -32,7 +32,7 @@ from torchrec_mtrains.storage import lazy_init_rows
 
 # Two tables of different sizes and dims (small, so 200 steps take about a second).
 SPECS: Tuple[Tuple[int, int], ...] = ((1500, 8), (600, 16))
-TOL = 1e-5  # the bar for fp32: max abs diff of outputs, weights, optimizer state
+TOL = 1e-5  # allowed for fp32: max abs diff of outputs, weights, optimizer state
 DTYPES = {SparseType.FP32: torch.float32, SparseType.FP16: torch.float16}
 CACHE_STAT_KEYS = {
     "lookups", "unique_rows", "hits", "misses", "evictions", "overflow_assignments",

@@ -3,7 +3,7 @@
 Synthetic (default). Deterministic: the batch of (seed, step, rank) is the same in every
 run, so a resumed run sees exactly the batches it would have seen.
 - Locality: each table's ids follow the reuse histogram Meta published with dlrm_datasets
-  (DESIGN.md, "Real data on locality"; ``torchrec_mtrains.stats.DLRM_DATASETS_REUSE``).
+  (docs/architecture.md, "Real data on locality"; ``torchrec_mtrains.stats.DLRM_DATASETS_REUSE``).
   Per table, ``torchrec_mtrains.stats.generate_dlrm_batch`` builds a reference trace with
   exactly that histogram over ``CALIBRATION_STEPS`` steps of ``CALIBRATION_BATCH``
   samples; each row's share of that trace is its probability, and every step draws its ids
