@@ -147,9 +147,12 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
     return st;
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
-  store->meta_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (store->meta_fd_ < 0) return Errno(errno, "cannot open " + path);
-  MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+  {
+    MutexLock lock(&store->mu_);  // no other thread has it yet; the analysis wants the lock
+    store->meta_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (store->meta_fd_ < 0) return Errno(errno, "cannot open " + path);
+    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+  }
   *out = std::move(store);
   return Status::Ok();
 }
@@ -186,9 +189,12 @@ Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runt
     return st;
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
-  store->meta_fd_ = fd;
-  MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
-  MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
+  {
+    MutexLock lock(&store->mu_);  // no other thread has it yet; the analysis wants the lock
+    store->meta_fd_ = fd;
+    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+    MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
+  }
   *out = std::move(store);
   return Status::Ok();
 }
@@ -240,7 +246,7 @@ Status BlockStore::CheckIds(const int64_t* ids, size_t n) const {
 }
 
 Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(ReadLocked(ids, n, out));
@@ -253,7 +259,7 @@ Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
 
 Status BlockStore::Exchange(const int64_t* write_ids, size_t nw, const uint8_t* write_rows,
                             const int64_t* read_ids, size_t nr, uint8_t* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(write_ids, nw));
   MTRAINS_RETURN_IF_ERROR(CheckIds(read_ids, nr));
@@ -307,9 +313,11 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status
     // The queued segments are in memory and no read below touches them (their rows were
     // served by CopyBufferedRow), and ReadFromDisk uses only the header's block geometry,
     // not the SegmentLog: the two may run at once, on the device's read and write rings.
+    // The helper gets the log itself: it runs while this thread holds mu_ (joined below).
+    SegmentLog* const log = seg_log_.get();
     std::thread writer;
     try {
-      writer = std::thread([&] { *flush_beside = seg_log_->FlushQueue(); });
+      writer = std::thread([log, flush_beside] { *flush_beside = log->FlushQueue(); });
     } catch (const std::system_error&) {  // no thread to spare: write after the reads
     }
     const Status st = ReadFromDisk(&disk, disk_dest);
@@ -392,7 +400,7 @@ Status BlockStore::InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty
 }
 
 Status BlockStore::Write(const int64_t* ids, size_t n, const uint8_t* rows) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(WriteLocked(ids, n, rows));
@@ -431,7 +439,7 @@ Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows
 }
 
 Status BlockStore::Flush() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   return FlushLocked();
 }
@@ -442,13 +450,14 @@ Status BlockStore::FlushLocked() {
     const uint64_t k = std::min<uint64_t>(cache_->dirty_count(), max_chunk);
     Status st = seg_log_->Reserve(k);
     if (!st.ok()) return st.WithContext(path_);
-    cache_->DrainDirty(k, [&](uint64_t row, const uint8_t* data) { seg_log_->Append(row, data); });
+    SegmentLog* const log = seg_log_.get();  // the lambda runs here, under mu_
+    cache_->DrainDirty(k, [log](uint64_t row, const uint8_t* data) { log->Append(row, data); });
   }
   return seg_log_->Commit().WithContext(path_);
 }
 
 Status BlockStore::Snapshot(const std::string& dst) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   if (dst.empty() || dst == path_)
     return Status::InvalidArgument("snapshot destination '" + dst + "' must differ from " + path_);
@@ -483,7 +492,7 @@ Status BlockStore::Snapshot(const std::string& dst) {
 }
 
 Status BlockStore::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Ok();
   if (seg_log_) MTRAINS_RETURN_IF_ERROR(FlushLocked());
   seg_log_.reset();
@@ -498,13 +507,13 @@ Status BlockStore::Close() {
 
 void BlockStore::ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno,
                           bool on_map) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return;
   (on_map ? meta_ : log_)->Arm(kind, after, count, sys_errno);
 }
 
 std::vector<std::pair<std::string, double>> BlockStore::Stats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::pair<std::string, double>> s;
   auto add = [&](const char* k, double v) { s.emplace_back(k, v); };
   add("rows_read", rows_read_);
