@@ -1,4 +1,4 @@
-// RocksDB baseline for benchmarks/bench_store.py (torchrec-mtrains issue 2).
+// RocksDB baseline for benchmarks/bench_store.py.
 //
 // A standalone program driven by torchrec_mtrains/benchmarks/baselines/rocksdb.py.
 // It stores the same rows as the block store (key = 8-byte big-endian row id,

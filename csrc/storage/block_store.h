@@ -9,8 +9,8 @@
 // Thread-safety: every public method may be called from any thread; calls are serialised
 // by one mutex (each call is a batch whose device I/O runs at full queue depth; Exchange
 // overlaps its writes and reads inside the call).
-// Errors: configuration problems throw std::invalid_argument from Create/Open's option
-// checks; everything else returns a Status naming the file and the offending value.
+// Errors: failures are returned as a Status naming the file and the offending value, bad
+// options and table fields included (Create/Open return InvalidArgument, never throw).
 #pragma once
 
 #include <memory>
