@@ -61,13 +61,17 @@ done
 # The analysis must be live: a guarded read without the lock has to fail the tsa flags
 # (a compiler that ignored the annotations would pass every file).
 if ((TSA)); then
-  command -v "$CLANGXX" >/dev/null || die "$CLANGXX not found: the tsa build needs clang (apt-get install clang)"
-  printf '#include "common/mutex.h"\nstruct S { mtrains::Mutex mu; int v GUARDED_BY(mu) = 0; };\nint Get(S& s) { mtrains::MutexLock l(&s.mu); return s.v; }\n' >"$probe/ok.cc"
+  command -v "$CLANGXX" >/dev/null ||
+    die "$CLANGXX not found: the tsa build needs clang (apt-get install clang)"
+  guarded='#include "common/mutex.h"
+struct S { mtrains::Mutex mu; int v GUARDED_BY(mu) = 0; };'
+  printf '%s\nint Get(S& s) { mtrains::MutexLock l(&s.mu); return s.v; }\n' "$guarded" >"$probe/ok.cc"
+  printf '%s\nint Get(S& s) { return s.v; }\n' "$guarded" >"$probe/bad.cc"
   "$CLANGXX" "${TSA_FLAGS[@]}" "$probe/ok.cc" 2>"$probe/err" ||
     die "$CLANGXX rejects a correctly locked access: $(head -3 "$probe/err")"
-  printf '#include "common/mutex.h"\nstruct S { mtrains::Mutex mu; int v GUARDED_BY(mu) = 0; };\nint Get(S& s) { return s.v; }\n' >"$probe/bad.cc"
-  if "$CLANGXX" "${TSA_FLAGS[@]}" "$probe/bad.cc" 2>"$probe/err" || ! grep -q 'thread-safety' "$probe/err"; then
-    die "$CLANGXX does not report an unlocked access with ${TSA_FLAGS[*]}: the thread-safety analysis is not active"
+  if "$CLANGXX" "${TSA_FLAGS[@]}" "$probe/bad.cc" 2>"$probe/err" ||
+     ! grep -q 'thread-safety' "$probe/err"; then
+    die "$CLANGXX does not report an unlocked access with ${TSA_FLAGS[*]}: the analysis is not active"
   fi
 fi
 
@@ -128,6 +132,6 @@ if ((TSA)); then
     grep -m20 -E 'warning|error' "$dir/tsa.log" >&2 || tail -20 "$dir/tsa.log" >&2
     die "the thread-safety analysis (tsa) failed (full log: $dir/tsa.log)"
   }
-  log "tsa: ${#CORE[@]} sources and ${#DRIVERS[@]} drivers pass clang's thread-safety analysis in $((SECONDS - t0)) s"
+  log "tsa: ${#CORE[@]} sources and ${#DRIVERS[@]} drivers pass the thread-safety analysis in $((SECONDS - t0)) s"
 fi
 log "all builds passed (${BUILDS[*]}) in $((SECONDS - start_all)) s"

@@ -84,7 +84,8 @@ struct BlockGeometry {
 
 // Writes row `row` (geometry.row_bytes at `data`) as entry `index` of the packed block at
 // `blocks`, or, for a spanning row (index 0), into its blocks_per_row blocks at `blocks`.
-// Entry 0 of a block first zeroes it and marks every entry empty. Sealing is the caller's.
+// Entry 0 first zeroes the block(s) and, packed, marks every entry empty. Sealing is the
+// caller's.
 void PutRow(const BlockGeometry& g, uint8_t* blocks, uint32_t index, uint64_t row,
             const uint8_t* data);
 // The row id stored for entry `index` of `block` (kEmptySlot when unused).

@@ -148,7 +148,7 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
   {
-    MutexLock lock(&store->mu_);  // no other thread has it yet; the analysis wants the lock
+    MutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
     store->meta_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (store->meta_fd_ < 0) return Errno(errno, "cannot open " + path);
     MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
@@ -190,7 +190,7 @@ Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runt
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
   {
-    MutexLock lock(&store->mu_);  // no other thread has it yet; the analysis wants the lock
+    MutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
     store->meta_fd_ = fd;
     MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
     MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));

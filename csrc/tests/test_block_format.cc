@@ -212,8 +212,9 @@ void TestBlockGeometry() {
     if (g.packed()) {
       const uint32_t last = c.rows_per_block - 1;
       CHECK(g.IdOffset(0) == B - 24 - 8 * c.rows_per_block && g.IdOffset(last) == B - 32);
-      CHECK(g.RowOffset(c.rows_per_block - 1) + c.row_bytes <= g.IdOffset(0)) << "rows overlap ids";
-      CHECK(g.BlockOfSlot(1000) == 1000 / c.rows_per_block && g.IndexInBlock(1000) == 1000 % c.rows_per_block);
+      CHECK(g.RowOffset(last) + c.row_bytes <= g.IdOffset(0)) << "rows overlap ids";
+      CHECK(g.BlockOfSlot(1000) == 1000 / c.rows_per_block &&
+            g.IndexInBlock(1000) == 1000 % c.rows_per_block);
     } else {
       CHECK(g.ChunkBytes() == B - 32 && g.IdOffset(0) == B - 32);
       CHECK(uint64_t(g.blocks_per_row - 1) * g.ChunkBytes() < c.row_bytes &&
@@ -222,14 +223,14 @@ void TestBlockGeometry() {
     }
     for (uint64_t slot = 0; slot < 3000; slot += 7)
       CHECK(g.SlotAt(g.BlockOfSlot(slot), g.IndexInBlock(slot)) == slot) << "slot " << slot;
-    CHECK(g.SlotsIn(g.WholeSlotBlocks(10)) == (g.packed() ? 10ull * c.rows_per_block
-                                                          : (10 + c.blocks_per_row - 1) / c.blocks_per_row));
+    const uint64_t whole = (10 + c.blocks_per_row - 1) / c.blocks_per_row;  // spanning slots
+    CHECK(g.SlotsIn(g.WholeSlotBlocks(10)) == (g.packed() ? 10ull * c.rows_per_block : whole));
     // Put rows into a fresh block group and read them back; the bytes sit where the
     // hand-written layout says; a wrong row id is refused.
     const uint32_t entries = g.IdsPerBlock();
     std::vector<uint8_t> blocks(uint64_t(B) * g.blocks_per_row, 0xAB);
     std::vector<std::vector<uint8_t>> rows(entries, std::vector<uint8_t>(c.row_bytes));
-    const uint64_t first_block = 12;  // any block of the log
+    const uint64_t first_block = 12;  // a slot starts there (a multiple of blocks_per_row)
     for (uint32_t k = 0; k < entries; ++k) {
       for (auto& x : rows[k]) x = static_cast<uint8_t>(rng());
       PutRow(g, blocks.data(), k, 100 + k, rows[k].data());
@@ -243,7 +244,8 @@ void TestBlockGeometry() {
       CHECK_CODE(GetRow(g, blocks.data(), slot, 99, out.data()), kCorruption);
       uint64_t id;
       if (g.packed()) {
-        CHECK(std::memcmp(blocks.data() + uint64_t(k) * c.row_bytes, rows[k].data(), c.row_bytes) == 0);
+        CHECK(std::memcmp(blocks.data() + uint64_t(k) * c.row_bytes, rows[k].data(),
+                          c.row_bytes) == 0);
         std::memcpy(&id, blocks.data() + B - 24 - 8 * uint64_t(entries) + 8 * k, 8);
       } else {
         std::memcpy(&id, blocks.data() + uint64_t(g.blocks_per_row - 1) * B + B - 32, 8);
@@ -261,7 +263,8 @@ void TestBlockGeometry() {
     if (g.packed() && entries > 1) {  // a block's first entry marks the others empty
       std::vector<uint8_t> one(B, 0xCD);
       PutRow(g, one.data(), 0, 5, rows[0].data());
-      CHECK(RowIdAt(g, one.data(), 1) == kEmptySlot && RowIdAt(g, one.data(), entries - 1) == kEmptySlot);
+      CHECK(RowIdAt(g, one.data(), 1) == kEmptySlot &&
+            RowIdAt(g, one.data(), entries - 1) == kEmptySlot);
     }
   }
   // A table header carries the geometry of its rows.
