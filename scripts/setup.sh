@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares the repository for development, tests and benchmarks:
-#   1. system packages (liburing-dev, librocksdb-dev, fio) via apt-get, if missing;
+#   1. system packages (liburing-dev, librocksdb-dev, fio, and clang for the thread-safety
+#      check of scripts/sanitize.sh) via apt-get, if missing;
 #   2. a Python 3.11 virtual environment in .venv;
 #   3. the pinned Python dependencies (requirements/pinned.txt), in the order that works;
 #   4. the package itself, editable, with its C++ extension torchrec_mtrains._C.
@@ -15,7 +16,7 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 LOCK="requirements/pinned.txt"
-APT_PACKAGES=(liburing-dev librocksdb-dev fio)
+APT_PACKAGES=(liburing-dev librocksdb-dev fio clang)
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -24,7 +25,7 @@ hash_of() { sha256sum | cut -d' ' -f1; }
 
 install_system_packages() {
   if ! command -v dpkg-query >/dev/null; then
-    log "not a Debian-like system: make sure liburing, RocksDB and fio are installed"
+    log "not a Debian-like system: make sure liburing, RocksDB, fio and clang are installed"
     return
   fi
   local missing=() p

@@ -225,8 +225,8 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     d.insert("init_hi", ExactText(h.init_hi));
     d.insert("segment_blocks", std::to_string(h.segment_blocks));
     d.insert("num_segments", std::to_string(h.num_segments));
-    d.insert("rows_per_block", std::to_string(h.rows_per_block));
-    d.insert("blocks_per_row", std::to_string(h.blocks_per_row));
+    d.insert("rows_per_block", std::to_string(h.geometry.rows_per_block));
+    d.insert("blocks_per_row", std::to_string(h.geometry.blocks_per_row));
     std::string stripes;
     for (const auto& s : h.stripe_paths) stripes += (stripes.empty() ? "" : "\n") + s;
     d.insert("stripe_paths", stripes);

@@ -150,7 +150,7 @@ void SetAssociativeCache::Place(int64_t row, int64_t slot, int64_t step, bool tr
 
 void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
                                int64_t oldest_live_step, bool train, StepPlan* plan) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   plan->slot_of_index.resize(n);
   plan->load_rows.clear();
   plan->load_slots.clear();
@@ -207,7 +207,7 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
 }
 
 void SetAssociativeCache::MarkDirty(const int64_t* slots, size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < n; ++i) {
     if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= slot_row_.size())
       throw std::out_of_range("slot " + std::to_string(slots[i]) + " is outside the cache");
@@ -217,7 +217,7 @@ void SetAssociativeCache::MarkDirty(const int64_t* slots, size_t n) {
 
 void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* rows,
                                     std::vector<int64_t>* slots) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   rows->clear();
   slots->clear();
   for (uint64_t s = 0; s < slot_row_.size(); ++s) {
@@ -230,7 +230,7 @@ void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* row
 }
 
 void SetAssociativeCache::Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   rows->clear();
   slots->clear();
   for (uint64_t s = 0; s < slot_row_.size(); ++s) {

@@ -17,9 +17,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace mtrains {
 
@@ -52,38 +54,41 @@ class SetAssociativeCache {
   // row is never both evicted and loaded by one plan. When `train`, the step's slots become dirty
   // (their rows will be updated), so evicting them later means writing them back.
   void Plan(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step, bool train,
-            StepPlan* plan);
+            StepPlan* plan) EXCLUDES(mu_);
 
   // Marks `slots` dirty (a step planned in eval mode that trains after all).
-  void MarkDirty(const int64_t* slots, size_t n);
+  void MarkDirty(const int64_t* slots, size_t n) EXCLUDES(mu_);
   // Slots whose rows are dirty, with their rows (flush). Marks them clean, except slots
   // locked by a step >= `live_step` (planned or running: their rows will change again).
-  void TakeDirty(int64_t live_step, std::vector<int64_t>* rows, std::vector<int64_t>* slots);
+  void TakeDirty(int64_t live_step, std::vector<int64_t>* rows, std::vector<int64_t>* slots)
+      EXCLUDES(mu_);
   // Occupied slots and their rows (reading the table through the cache).
-  void Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const;
+  void Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const EXCLUDES(mu_);
 
   uint64_t num_slots() const { return num_slots_; }
   // Regular + overflow slots: the storage behind the slots must have this many rows.
-  uint64_t capacity() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  uint64_t capacity() const EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return slot_row_.size();
   }
   // A consistent copy of the counters (taken between plans).
-  CacheCounters counters() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  CacheCounters counters() const EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return counters_;
   }
 
  private:
   static constexpr int64_t kEmpty = -1;
   uint64_t SetOf(int64_t row) const;
-  void PrefetchSet(int64_t row) const;
-  int64_t FindSlot(int64_t row) const;
-  int64_t PickVictim(uint64_t first, uint64_t count, int64_t oldest_live_step) const;
-  int64_t TakeOverflowSlot(int64_t oldest_live_step);
-  uint32_t Frequency(int64_t row) const;
-  void CountAccess(int64_t row);
-  void Place(int64_t row, int64_t slot, int64_t step, bool train, StepPlan* plan);
+  void PrefetchSet(int64_t row) const REQUIRES(mu_);
+  int64_t FindSlot(int64_t row) const REQUIRES(mu_);
+  int64_t PickVictim(uint64_t first, uint64_t count, int64_t oldest_live_step) const
+      REQUIRES(mu_);
+  int64_t TakeOverflowSlot(int64_t oldest_live_step) REQUIRES(mu_);
+  uint32_t Frequency(int64_t row) const REQUIRES(mu_);
+  void CountAccess(int64_t row) REQUIRES(mu_);
+  void Place(int64_t row, int64_t slot, int64_t step, bool train, StepPlan* plan)
+      REQUIRES(mu_);
 
   struct SlotMeta {
     int64_t step;    // last step that locked the slot
@@ -96,17 +101,18 @@ class SetAssociativeCache {
   const uint32_t ways_;
   const uint64_t num_sets_;
   const CachePolicy policy_;
-  mutable std::mutex mu_;            // guards every member below
-  std::vector<int64_t> slot_row_;   // row in each slot, kEmpty if none (a set's ways adjacent)
-  std::vector<SlotMeta> meta_;
-  uint64_t overflow_cursor_ = 0;    // CLOCK hand over the overflow slots
-  std::unordered_map<int64_t, int64_t> overflow_map_;  // row -> overflow slot
-  uint64_t clock_ = 0;
+  mutable Mutex mu_;
+  // Row in each slot, kEmpty if none (a set's ways adjacent).
+  std::vector<int64_t> slot_row_ GUARDED_BY(mu_);
+  std::vector<SlotMeta> meta_ GUARDED_BY(mu_);
+  uint64_t overflow_cursor_ GUARDED_BY(mu_) = 0;  // CLOCK hand over the overflow slots
+  std::unordered_map<int64_t, int64_t> overflow_map_ GUARDED_BY(mu_);  // row -> overflow slot
+  uint64_t clock_ GUARDED_BY(mu_) = 0;
   // Count-min sketch for LFU: 4 rows of `sketch_width_` 16-bit counters, one count per
   // distinct row per step, halved periodically (aging).
-  std::vector<uint16_t> sketch_;
-  uint64_t sketch_width_ = 0, sketch_adds_ = 0;
-  CacheCounters counters_;
+  std::vector<uint16_t> sketch_ GUARDED_BY(mu_);
+  uint64_t sketch_width_ GUARDED_BY(mu_) = 0, sketch_adds_ GUARDED_BY(mu_) = 0;
+  CacheCounters counters_ GUARDED_BY(mu_);
 };
 
 }  // namespace mtrains

@@ -1,8 +1,10 @@
-// Status: the error channel of the data path (see STYLE.md, "Two error tiers").
+// Status: the error channel of the data path.
 //
-// Configuration errors throw std::invalid_argument at construction; everything on the
-// data path (reads, writes, flushes, opening files) returns a Status that the binding
-// layer turns into a Python exception (ValueError, IndexError, OSError, CorruptionError).
+// Errors come in two tiers. Objects configured by their constructor alone
+// (SetAssociativeCache, RowCache) throw std::invalid_argument naming the bad value; the
+// data path (reads, writes, flushes, creating and opening table files, their settings
+// included) returns a Status that the binding layer turns into a Python exception
+// (ValueError, IndexError, OSError, CorruptionError) naming the table, file or row id.
 #pragma once
 
 #include <cerrno>

@@ -1,5 +1,6 @@
 #include "storage/block_format.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -46,6 +47,73 @@ const char* DTypeName(DType d) {
   return "unknown";
 }
 
+BlockGeometry BlockGeometry::Of(uint32_t row_bytes, uint32_t block_size) {
+  BlockGeometry g;
+  g.block_size = block_size;
+  g.row_bytes = row_bytes;
+  // Each packed row costs its bytes and its 8-byte id; a spanning row's blocks each hold
+  // a chunk and the id.
+  g.rows_per_block = (block_size - kLogFooterBytes) / (row_bytes + 8);
+  if (!g.packed()) g.blocks_per_row = (row_bytes + g.ChunkBytes() - 1) / g.ChunkBytes();
+  return g;
+}
+
+void PutRow(const BlockGeometry& g, uint8_t* blocks, uint32_t index, uint64_t row,
+            const uint8_t* data) {
+  const uint32_t B = g.block_size;
+  if (g.packed()) {
+    if (index == 0) {
+      std::memset(blocks, 0, B);
+      std::memset(blocks + g.IdOffset(0), 0xFF, 8 * uint64_t(g.IdsPerBlock()));  // kEmptySlot
+    }
+    std::memcpy(blocks + g.RowOffset(index), data, g.row_bytes);
+    std::memcpy(blocks + g.IdOffset(index), &row, 8);
+    return;
+  }
+  uint32_t copied = 0;
+  for (uint32_t k = 0; k < g.blocks_per_row; ++k) {
+    uint8_t* blk = blocks + uint64_t(k) * B;
+    std::memset(blk, 0, B);
+    const uint32_t n = std::min(g.ChunkBytes(), g.row_bytes - copied);
+    std::memcpy(blk, data + copied, n);
+    copied += n;
+    std::memcpy(blk + g.IdOffset(0), &row, 8);
+  }
+}
+
+uint64_t RowIdAt(const BlockGeometry& g, const uint8_t* block, uint32_t index) {
+  uint64_t id;
+  std::memcpy(&id, block + g.IdOffset(index), 8);
+  return id;
+}
+
+Status GetRow(const BlockGeometry& g, const uint8_t* blocks, uint64_t slot, uint64_t row,
+              uint8_t* out) {
+  const uint64_t first = g.BlockOfSlot(slot);
+  if (g.packed()) {
+    const uint32_t k = g.IndexInBlock(slot);
+    const uint64_t id = RowIdAt(g, blocks, k);
+    if (id != row)
+      return Status::Corruption("log block " + std::to_string(first) + " slot " +
+                                std::to_string(k) + " holds row " + std::to_string(id) +
+                                ", expected row " + std::to_string(row));
+    std::memcpy(out, blocks + g.RowOffset(k), g.row_bytes);
+    return Status::Ok();
+  }
+  uint32_t copied = 0;
+  for (uint32_t k = 0; k < g.blocks_per_row; ++k) {
+    const uint8_t* blk = blocks + uint64_t(k) * g.block_size;
+    const uint64_t id = RowIdAt(g, blk, 0);
+    if (id != row)
+      return Status::Corruption("log block " + std::to_string(first + k) + " holds row " +
+                                std::to_string(id) + ", expected row " + std::to_string(row));
+    const uint32_t n = std::min(g.ChunkBytes(), g.row_bytes - copied);
+    std::memcpy(out + copied, blk, n);
+    copied += n;
+  }
+  return Status::Ok();
+}
+
 Status ComputeLayout(TableHeader* h, double overprovision) {
   if (h->num_rows == 0 || h->num_rows > kMaxRows)
     return Status::InvalidArgument("num_rows=" + std::to_string(h->num_rows) +
@@ -67,26 +135,15 @@ Status ComputeLayout(TableHeader* h, double overprovision) {
   if (h->segment_blocks == 0 || h->segment_blocks > 65536)
     return Status::InvalidArgument("segment_blocks=" + std::to_string(h->segment_blocks) +
                                    " must be in [1, 65536]");
-  h->row_bytes = (h->dim + h->state_dim) * DTypeBytes(h->dtype);
-  const uint32_t payload = h->block_size - kLogFooterBytes;
-  h->rows_per_block = payload / (h->row_bytes + 8);
-  if (h->rows_per_block >= 1) {
-    h->blocks_per_row = 1;
-  } else {
-    const uint32_t chunk = payload - 8;
-    h->blocks_per_row = (h->row_bytes + chunk - 1) / chunk;
-    // Whole rows per segment: round the segment up to a multiple of the row's blocks.
-    h->segment_blocks =
-        ((h->segment_blocks + h->blocks_per_row - 1) / h->blocks_per_row) * h->blocks_per_row;
-  }
-  h->slots_per_segment = h->rows_per_block >= 1
-                             ? uint64_t(h->segment_blocks) * h->rows_per_block
-                             : h->segment_blocks / h->blocks_per_row;
+  h->geometry = BlockGeometry::Of((h->dim + h->state_dim) * DTypeBytes(h->dtype), h->block_size);
+  // Whole rows per segment (fits 32 bits: segment_blocks <= 65536 was checked above).
+  h->segment_blocks = static_cast<uint32_t>(h->geometry.WholeSlotBlocks(h->segment_blocks));
+  h->slots_per_segment = h->geometry.SlotsIn(h->segment_blocks);
   if (h->num_segments == 0) {
     if (!(overprovision >= 0.1 && overprovision <= 100.0))
       return Status::InvalidArgument("overprovision=" + std::to_string(overprovision) +
                                      " must be in [0.1, 100]");
-    const uint64_t needed = (h->num_rows + h->slots_per_segment - 1) / h->slots_per_segment;
+    const uint64_t needed = h->SegmentsForAllRows();
     h->num_segments = static_cast<uint64_t>(std::ceil(double(needed) * (1.0 + overprovision))) + 4;
   }
   h->map_pages = (h->num_rows + h->EntriesPerMapPage() - 1) / h->EntriesPerMapPage();
@@ -173,8 +230,7 @@ Status DecodeHeader(const uint8_t* data, size_t len, TableHeader* h) {
   // A header with a valid crc can still be hostile (or written by a buggy tool): bound the
   // log by what Create can produce (overprovision <= 100), so that opening never sizes
   // devices or allocates segment tables from a product that overflowed 64 bits.
-  const uint64_t needed = (h->num_rows + h->slots_per_segment - 1) / h->slots_per_segment;
-  const uint64_t max_segments = needed * 101 + 5;
+  const uint64_t max_segments = h->SegmentsForAllRows() * 101 + 5;
   const unsigned __int128 log_bytes = (unsigned __int128)nseg * h->segment_blocks * h->block_size;
   if (nseg > max_segments || log_bytes + h->log_offset > (unsigned __int128)1 << 62)
     return Status::FormatError("invalid header field: num_segments=" + std::to_string(nseg) +

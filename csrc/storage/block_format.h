@@ -10,8 +10,9 @@
 // A log block holds rows_per_block rows packed from offset 0, then the row id of each slot
 // (u64, kEmptySlot when unused), then a LogBlockFooter (magic, crc32c, table uuid, block
 // index). A row wider than one block spans blocks_per_row consecutive blocks, each holding
-// a chunk, the row id and a footer. Blocks that were never written are all zeros (holes of
-// a sparse file) and are never referenced by the map.
+// a chunk, the row id and a footer. BlockGeometry (below) is the one place that turns
+// these rules into numbers. Blocks that were never written are all zeros (holes of a
+// sparse file) and are never referenced by the map.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,66 @@ enum class DType : uint32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 uint32_t DTypeBytes(DType d);
 const char* DTypeName(DType d);
 
+// Where rows sit in the log's blocks. Slots are numbered over the whole log: when rows are
+// packed (rows_per_block >= 1), slot s is entry s % rows_per_block of block
+// s / rows_per_block; when a row spans blocks, slot s fills blocks [s * blocks_per_row,
+// (s + 1) * blocks_per_row). Inside a block, entry k's row starts at byte k * row_bytes
+// (a spanning row's chunk at 0), the row ids of its IdsPerBlock() entries end where the
+// footer starts, and the bytes between the last row and the first id are zero padding.
+struct BlockGeometry {
+  uint32_t block_size = 0;      // bytes per block
+  uint32_t row_bytes = 0;       // bytes per row
+  uint32_t rows_per_block = 0;  // >= 1 when rows are packed; 0 when a row spans blocks
+  uint32_t blocks_per_row = 1;  // blocks per slot (1 when packed)
+
+  // The geometry of rows of `row_bytes` (>= 1) in blocks of `block_size` bytes (>= 4096).
+  static BlockGeometry Of(uint32_t row_bytes, uint32_t block_size);
+
+  bool packed() const { return rows_per_block >= 1; }
+  // Row-id entries of a block: rows_per_block, or 1 (a spanning row's id, in each block).
+  uint32_t IdsPerBlock() const { return packed() ? rows_per_block : 1; }
+  // Bytes of a spanning row held by each of its blocks (the last one holds the rest).
+  uint32_t ChunkBytes() const { return block_size - kLogFooterBytes - 8; }
+  // Offsets in a block of entry `index`'s row and of its row id.
+  uint32_t RowOffset(uint32_t index) const { return index * row_bytes; }
+  uint32_t IdOffset(uint32_t index) const {
+    return block_size - kLogFooterBytes - 8 * (IdsPerBlock() - index);
+  }
+
+  // The first block of `slot`, and the slot's entry in that block (0 for a spanning row).
+  uint64_t BlockOfSlot(uint64_t slot) const {
+    return packed() ? slot / rows_per_block : slot * blocks_per_row;
+  }
+  uint32_t IndexInBlock(uint64_t slot) const {
+    return packed() ? static_cast<uint32_t>(slot % rows_per_block) : 0;
+  }
+  // The slot of entry `index` of `block` (a spanning row's first block, index 0).
+  uint64_t SlotAt(uint64_t block, uint32_t index) const {
+    return packed() ? block * rows_per_block + index : block / blocks_per_row;
+  }
+  // Whole slots in `blocks` consecutive blocks that start at a slot boundary.
+  uint64_t SlotsIn(uint64_t blocks) const {
+    return packed() ? blocks * rows_per_block : blocks / blocks_per_row;
+  }
+  // `blocks` rounded up to whole slots.
+  uint64_t WholeSlotBlocks(uint64_t blocks) const {
+    return (blocks + blocks_per_row - 1) / blocks_per_row * blocks_per_row;
+  }
+};
+
+// Writes row `row` (geometry.row_bytes at `data`) as entry `index` of the packed block at
+// `blocks`, or, for a spanning row (index 0), into its blocks_per_row blocks at `blocks`.
+// Entry 0 first zeroes the block(s) and, packed, marks every entry empty. Sealing is the
+// caller's.
+void PutRow(const BlockGeometry& g, uint8_t* blocks, uint32_t index, uint64_t row,
+            const uint8_t* data);
+// The row id stored for entry `index` of `block` (kEmptySlot when unused).
+uint64_t RowIdAt(const BlockGeometry& g, const uint8_t* block, uint32_t index);
+// Copies the row at `slot` out of its blocks (`blocks`: the slot's first block onwards),
+// checking that they hold row `row`; Corruption naming the block otherwise.
+Status GetRow(const BlockGeometry& g, const uint8_t* blocks, uint64_t slot, uint64_t row,
+              uint8_t* out);
+
 // Everything that describes a table; persisted in the header block.
 struct TableHeader {
   uint64_t num_rows = 0;
@@ -49,14 +110,17 @@ struct TableHeader {
   std::vector<std::string> stripe_paths;  // empty: the log lives in the main file
 
   // Derived layout (computed by ComputeLayout, not trusted from disk).
-  uint32_t row_bytes = 0;       // (dim + state_dim) * dtype size
-  uint32_t rows_per_block = 0;  // >= 1 when rows are packed; 0 when a row spans blocks
-  uint32_t blocks_per_row = 1;  // blocks per slot (1 when packed)
+  BlockGeometry geometry;  // rows in blocks, from (dim + state_dim) * dtype size
   uint64_t slots_per_segment = 0;
   uint64_t map_offset = 0, map_pages = 0, log_offset = 0;
 
   uint64_t SegmentBytes() const { return uint64_t(segment_blocks) * block_size; }
   uint64_t LogBytes() const { return num_segments * SegmentBytes(); }
+  // Slots of the whole log, and the segments that hold every row once.
+  uint64_t LogSlots() const { return num_segments * slots_per_segment; }
+  uint64_t SegmentsForAllRows() const {
+    return (num_rows + slots_per_segment - 1) / slots_per_segment;
+  }
   // Size the main file is truncated to (sparse).
   uint64_t MainFileBytes() const {
     return stripe_paths.empty() ? log_offset + LogBytes() : log_offset;

@@ -147,9 +147,12 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
     return st;
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
-  store->meta_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (store->meta_fd_ < 0) return Errno(errno, "cannot open " + path);
-  MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+  {
+    MutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
+    store->meta_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (store->meta_fd_ < 0) return Errno(errno, "cannot open " + path);
+    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+  }
   *out = std::move(store);
   return Status::Ok();
 }
@@ -186,9 +189,12 @@ Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runt
     return st;
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
-  store->meta_fd_ = fd;
-  MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
-  MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
+  {
+    MutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
+    store->meta_fd_ = fd;
+    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
+    MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
+  }
   *out = std::move(store);
   return Status::Ok();
 }
@@ -220,8 +226,8 @@ Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime) {
     seg_log_ = std::make_unique<SegmentLog>(h_, log_.get(), meta_.get());
     const double bytes = runtime.dram_cache_mb * 1048576.0;
     const uint64_t rows = std::min<uint64_t>(
-        h_.num_rows, static_cast<uint64_t>(bytes / (h_.row_bytes + kCacheOverheadBytes)));
-    cache_ = std::make_unique<RowCache>(rows, h_.row_bytes);
+        h_.num_rows, static_cast<uint64_t>(bytes / (h_.geometry.row_bytes + kCacheOverheadBytes)));
+    cache_ = std::make_unique<RowCache>(rows, h_.geometry.row_bytes);
   } catch (const std::exception& e) {
     return Status::IoError(ENOMEM, path_ + ": " + e.what());
   }
@@ -240,7 +246,7 @@ Status BlockStore::CheckIds(const int64_t* ids, size_t n) const {
 }
 
 Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(ReadLocked(ids, n, out));
@@ -253,7 +259,7 @@ Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
 
 Status BlockStore::Exchange(const int64_t* write_ids, size_t nw, const uint8_t* write_rows,
                             const int64_t* read_ids, size_t nr, uint8_t* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(write_ids, nw));
   MTRAINS_RETURN_IF_ERROR(CheckIds(read_ids, nr));
@@ -267,7 +273,7 @@ Status BlockStore::Exchange(const int64_t* write_ids, size_t nw, const uint8_t* 
 }
 
 Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status* flush_beside) {
-  const uint32_t rb = h_.row_bytes;
+  const uint32_t rb = h_.geometry.row_bytes;
   std::vector<std::pair<uint64_t, uint64_t>> misses;  // (row, position)
   hit_ptrs_.resize(n);
   cache_->LookupMany(ids, n, hit_ptrs_.data());
@@ -305,11 +311,13 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status
   }
   if (flush_beside != nullptr && !disk.empty() && seg_log_->QueuedSegments() > 0) {
     // The queued segments are in memory and no read below touches them (their rows were
-    // served by CopyBufferedRow), and ReadFromDisk uses only the log's constant layout:
-    // the two may run at once, on the device's read and write rings.
+    // served by CopyBufferedRow), and ReadFromDisk uses only the header's block geometry,
+    // not the SegmentLog: the two may run at once, on the device's read and write rings.
+    // The helper gets the log itself: it runs while this thread holds mu_ (joined below).
+    SegmentLog* const log = seg_log_.get();
     std::thread writer;
     try {
-      writer = std::thread([&] { *flush_beside = seg_log_->FlushQueue(); });
+      writer = std::thread([log, flush_beside] { *flush_beside = log->FlushQueue(); });
     } catch (const std::system_error&) {  // no thread to spare: write after the reads
     }
     const Status st = ReadFromDisk(&disk, disk_dest);
@@ -349,7 +357,8 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status
 Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* wanted,
                                 const std::vector<uint8_t*>& dest) {
   if (wanted->empty()) return Status::Ok();
-  const uint32_t B = h_.block_size, bps = seg_log_->BlocksPerSlot();
+  const BlockGeometry& g = h_.geometry;
+  const uint32_t B = h_.block_size, bps = g.blocks_per_row;
   std::vector<size_t> order(wanted->size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
@@ -358,7 +367,7 @@ Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* want
   std::vector<uint64_t> offsets;
   std::vector<size_t> first;
   for (size_t i = 0; i < order.size(); ++i) {
-    const uint64_t block = seg_log_->BlockOfSlot((*wanted)[order[i]].first);
+    const uint64_t block = g.BlockOfSlot((*wanted)[order[i]].first);
     if (offsets.empty() || offsets.back() != block * B) {
       offsets.push_back(block * B);
       first.push_back(i);
@@ -373,7 +382,7 @@ Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* want
           MTRAINS_RETURN_IF_ERROR(VerifyLogBlock(data + uint64_t(j) * B, B, h_.table_uuid, block + j));
         for (size_t i = first[k]; i < first[k + 1]; ++i) {
           const auto& [slot, row] = (*wanted)[order[i]];
-          MTRAINS_RETURN_IF_ERROR(seg_log_->ExtractRow(data, slot, row, dest[order[i]]));
+          MTRAINS_RETURN_IF_ERROR(GetRow(g, data, slot, row, dest[order[i]]));
         }
         return Status::Ok();
       });
@@ -385,13 +394,13 @@ Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* want
 Status BlockStore::InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty) {
   RowCache::Reservation r = cache_->Insert(row);
   if (r.evicted && r.victim_dirty) seg_log_->Append(r.victim_row, r.data);
-  std::memcpy(r.data, data, h_.row_bytes);
+  std::memcpy(r.data, data, h_.geometry.row_bytes);
   if (dirty) cache_->MarkDirty(row);
   return Status::Ok();
 }
 
 Status BlockStore::Write(const int64_t* ids, size_t n, const uint8_t* rows) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(WriteLocked(ids, n, rows));
@@ -401,7 +410,7 @@ Status BlockStore::Write(const int64_t* ids, size_t n, const uint8_t* rows) {
 }
 
 Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows) {
-  const uint32_t rb = h_.row_bytes;
+  const uint32_t rb = h_.geometry.row_bytes;
   const uint64_t max_chunk = seg_log_->MaxReserve();
   for (size_t start = 0; start < n; start += max_chunk) {
     const size_t end = std::min<size_t>(n, start + max_chunk);
@@ -430,7 +439,7 @@ Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows
 }
 
 Status BlockStore::Flush() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   return FlushLocked();
 }
@@ -441,13 +450,14 @@ Status BlockStore::FlushLocked() {
     const uint64_t k = std::min<uint64_t>(cache_->dirty_count(), max_chunk);
     Status st = seg_log_->Reserve(k);
     if (!st.ok()) return st.WithContext(path_);
-    cache_->DrainDirty(k, [&](uint64_t row, const uint8_t* data) { seg_log_->Append(row, data); });
+    SegmentLog* const log = seg_log_.get();  // the lambda runs here, under mu_
+    cache_->DrainDirty(k, [log](uint64_t row, const uint8_t* data) { log->Append(row, data); });
   }
   return seg_log_->Commit().WithContext(path_);
 }
 
 Status BlockStore::Snapshot(const std::string& dst) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   if (dst.empty() || dst == path_)
     return Status::InvalidArgument("snapshot destination '" + dst + "' must differ from " + path_);
@@ -482,7 +492,7 @@ Status BlockStore::Snapshot(const std::string& dst) {
 }
 
 Status BlockStore::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status::Ok();
   if (seg_log_) MTRAINS_RETURN_IF_ERROR(FlushLocked());
   seg_log_.reset();
@@ -497,13 +507,13 @@ Status BlockStore::Close() {
 
 void BlockStore::ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno,
                           bool on_map) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return;
   (on_map ? meta_ : log_)->Arm(kind, after, count, sys_errno);
 }
 
 std::vector<std::pair<std::string, double>> BlockStore::Stats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::pair<std::string, double>> s;
   auto add = [&](const char* k, double v) { s.emplace_back(k, v); };
   add("rows_read", rows_read_);
@@ -543,8 +553,8 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   // Device bytes written per byte of rows the caller wrote (what wears the flash out), and
   // per byte of rows appended to the log (after the cache merged repeated writes).
   const double device_bytes = double(lc.bytes_written + mc.bytes_written);
-  const double user_bytes = double(rows_written_) * h_.row_bytes;
-  const double appended_bytes = double(sl.rows_appended) * h_.row_bytes;
+  const double user_bytes = double(rows_written_) * h_.geometry.row_bytes;
+  const double appended_bytes = double(sl.rows_appended) * h_.geometry.row_bytes;
   add("write_amplification", user_bytes > 0 ? device_bytes / user_bytes : 0.0);
   add("log_write_amplification", appended_bytes > 0 ? device_bytes / appended_bytes : 0.0);
   return s;

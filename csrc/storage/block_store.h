@@ -9,17 +9,18 @@
 // Thread-safety: every public method may be called from any thread; calls are serialised
 // by one mutex (each call is a batch whose device I/O runs at full queue depth; Exchange
 // overlaps its writes and reads inside the call).
-// Errors: configuration problems throw std::invalid_argument from Create/Open's option
-// checks; everything else returns a Status naming the file and the offending value.
+// Errors: failures are returned as a Status naming the file and the offending value, bad
+// options and table fields included (Create/Open return InvalidArgument, never throw).
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "storage/block_format.h"
 #include "storage/device.h"
 #include "storage/file_device.h"
@@ -66,11 +67,11 @@ class BlockStore {
 
   // Copies rows `ids[0..n)` into `out` (n * row_bytes). Ids are checked first: an id
   // outside [0, num_rows) returns OutOfRange and nothing is read or changed.
-  Status Read(const int64_t* ids, size_t n, uint8_t* out);
+  Status Read(const int64_t* ids, size_t n, uint8_t* out) EXCLUDES(mu_);
   // Stores rows (n * row_bytes at `rows`); for a repeated id the last one wins. On a
   // device error the rows already accepted stay in memory and are written by a later
   // Flush: nothing accepted is lost.
-  Status Write(const int64_t* ids, size_t n, const uint8_t* rows);
+  Status Write(const int64_t* ids, size_t n, const uint8_t* rows) EXCLUDES(mu_);
   // Write(write_ids, nw, write_rows) then Read(read_ids, nr, out) in one call, with the
   // device writes of the first overlapping the device reads of the second: the written
   // rows are accepted into memory (row cache or log head) before any read is looked up,
@@ -82,18 +83,19 @@ class BlockStore {
   // returns the write's error, the rows staying in memory for a later Flush as in Write.
   // `write_rows` and `out` must not overlap.
   Status Exchange(const int64_t* write_ids, size_t nw, const uint8_t* write_rows,
-                  const int64_t* read_ids, size_t nr, uint8_t* out);
+                  const int64_t* read_ids, size_t nr, uint8_t* out) EXCLUDES(mu_);
   // Writes every dirty row and the location map, then fsyncs.
-  Status Flush();
+  Status Flush() EXCLUDES(mu_);
   // Flushes, then writes a point-in-time copy of the table to `dst` (stripes beside it).
-  Status Snapshot(const std::string& dst);
+  Status Snapshot(const std::string& dst) EXCLUDES(mu_);
   // Flushes and releases the files; further calls return Closed.
-  Status Close();
+  Status Close() EXCLUDES(mu_);
 
   // Counters and latency percentiles (name, value).
-  std::vector<std::pair<std::string, double>> Stats();
+  std::vector<std::pair<std::string, double>> Stats() EXCLUDES(mu_);
   // Scripts a device fault (tests): on the log device, or the map device when `on_map`.
-  void ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno, bool on_map);
+  void ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno, bool on_map)
+      EXCLUDES(mu_);
 
   const TableHeader& header() const { return h_; }
   const std::string& path() const { return path_; }
@@ -103,31 +105,36 @@ class BlockStore {
 
  private:
   BlockStore(std::string path, TableHeader h);
-  Status OpenDevices(const StoreRuntimeOptions& runtime);
+  // Opens the devices, the log and the cache of a store not yet returned to the caller.
+  Status OpenDevices(const StoreRuntimeOptions& runtime) REQUIRES(mu_);
   Status CheckIds(const int64_t* ids, size_t n) const;
   // `flush_beside`: write the log's queued segments on a helper thread while the disk
   // reads run, leaving the write's status there (Ok when nothing was queued).
-  Status ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status* flush_beside = nullptr);
+  Status ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status* flush_beside = nullptr)
+      REQUIRES(mu_);
   Status ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* wanted,
-                      const std::vector<uint8_t*>& dest);
-  Status WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows);
-  Status FlushLocked();
-  Status InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty);
+                      const std::vector<uint8_t*>& dest) REQUIRES(mu_);
+  Status WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows) REQUIRES(mu_);
+  Status FlushLocked() REQUIRES(mu_);
+  Status InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty) REQUIRES(mu_);
 
   const std::string path_;
   const TableHeader h_;
-  std::mutex mu_;
-  bool closed_ = false;                   // GUARDED_BY(mu_), and all below
-  int meta_fd_ = -1;                      // plain descriptor for SEEK_DATA and snapshots
-  std::unique_ptr<FaultInjectingDevice> meta_, log_;
-  std::unique_ptr<SegmentLog> seg_log_;
-  std::unique_ptr<RowCache> cache_;
-  uint32_t read_window_ = 128;  // extents in the read pipeline (buffers)
-  std::vector<uint8_t*> hit_ptrs_;  // scratch of ReadLocked
+  // Set by OpenDevices before Create/Open return the store; constant afterwards.
   std::string engine_, warning_;
   bool direct_io_ = false;
-  uint64_t rows_read_ = 0, rows_written_ = 0, cache_hits_ = 0, cache_misses_ = 0;
-  uint64_t lazy_rows_ = 0, disk_rows_ = 0;
+
+  Mutex mu_;
+  bool closed_ GUARDED_BY(mu_) = false;
+  int meta_fd_ GUARDED_BY(mu_) = -1;  // plain descriptor for SEEK_DATA and snapshots
+  std::unique_ptr<FaultInjectingDevice> meta_ GUARDED_BY(mu_), log_ GUARDED_BY(mu_);
+  std::unique_ptr<SegmentLog> seg_log_ GUARDED_BY(mu_);
+  std::unique_ptr<RowCache> cache_ GUARDED_BY(mu_);
+  uint32_t read_window_ GUARDED_BY(mu_) = 128;  // extents in the read pipeline (buffers)
+  std::vector<uint8_t*> hit_ptrs_ GUARDED_BY(mu_);  // scratch of ReadLocked
+  uint64_t rows_read_ GUARDED_BY(mu_) = 0, rows_written_ GUARDED_BY(mu_) = 0;
+  uint64_t cache_hits_ GUARDED_BY(mu_) = 0, cache_misses_ GUARDED_BY(mu_) = 0;
+  uint64_t lazy_rows_ GUARDED_BY(mu_) = 0, disk_rows_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mtrains

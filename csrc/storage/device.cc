@@ -102,7 +102,7 @@ MemoryDevice::MemoryDevice(uint64_t size, uint32_t alignment)
     : Device(size, alignment), data_(size, 0) {}
 
 Status MemoryDevice::ReadImpl(IoOp* ops, size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t t0 = NowNanos();
     std::memcpy(ops[i].buf, data_.data() + ops[i].offset, ops[i].len);
@@ -112,7 +112,7 @@ Status MemoryDevice::ReadImpl(IoOp* ops, size_t n) {
 }
 
 Status MemoryDevice::WriteImpl(const IoOp* ops, size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t t0 = NowNanos();
     std::memcpy(data_.data() + ops[i].offset, ops[i].buf, ops[i].len);
@@ -125,7 +125,7 @@ FaultInjectingDevice::FaultInjectingDevice(std::unique_ptr<Device> inner)
     : Device(inner->size(), inner->alignment()), inner_(std::move(inner)) {}
 
 void FaultInjectingDevice::Arm(FaultKind kind, uint64_t after, uint64_t count, int sys_errno) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = count > 0;
   kind_ = kind;
   skip_ = after;
@@ -134,27 +134,29 @@ void FaultInjectingDevice::Arm(FaultKind kind, uint64_t after, uint64_t count, i
 }
 
 void FaultInjectingDevice::Disarm() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = false;
 }
 
-bool FaultInjectingDevice::Trip(FaultKind kind) {
-  std::lock_guard<std::mutex> lock(mu_);
+bool FaultInjectingDevice::Trip(FaultKind kind, int* sys_errno) {
+  MutexLock lock(&mu_);
   if (!armed_ || kind_ != kind) return false;
   if (skip_ > 0) {
     --skip_;
     return false;
   }
   if (--remaining_ == 0) armed_ = false;
+  *sys_errno = errno_;
   return true;
 }
 
 Status FaultInjectingDevice::ReadImpl(IoOp* ops, size_t n) {
-  if (Trip(FaultKind::kReadError)) {
-    return Status::IoError(errno_, "injected read error at offset " + std::to_string(ops[0].offset));
+  int err = 0;
+  if (Trip(FaultKind::kReadError, &err)) {
+    return Status::IoError(err, "injected read error at offset " + std::to_string(ops[0].offset));
   }
   MTRAINS_RETURN_IF_ERROR(inner_->Read(ops, n));
-  if (n > 0 && Trip(FaultKind::kCorruptRead)) {
+  if (n > 0 && Trip(FaultKind::kCorruptRead, &err)) {
     static_cast<uint8_t*>(ops[0].buf)[ops[0].len / 2] ^= 0x40;
   }
   return Status::Ok();
@@ -164,7 +166,7 @@ Status FaultInjectingDevice::ReadStreamImpl(const uint64_t* offsets, size_t n, u
                                             uint32_t window, const ReadCallback& on_done) {
   bool armed;  // scripted faults apply through ReadImpl, one window at a time
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     armed = armed_;
   }
   if (armed) return Device::ReadStreamImpl(offsets, n, len, window, on_done);
@@ -172,15 +174,16 @@ Status FaultInjectingDevice::ReadStreamImpl(const uint64_t* offsets, size_t n, u
 }
 
 Status FaultInjectingDevice::WriteImpl(const IoOp* ops, size_t n) {
-  if (Trip(FaultKind::kWriteError)) {
-    return Status::IoError(errno_,
-                           "injected write error at offset " + std::to_string(ops[0].offset));
+  int err = 0;
+  if (Trip(FaultKind::kWriteError, &err)) {
+    return Status::IoError(err, "injected write error at offset " + std::to_string(ops[0].offset));
   }
   return inner_->Write(ops, n);
 }
 
 Status FaultInjectingDevice::SyncImpl() {
-  if (Trip(FaultKind::kSyncError)) return Status::IoError(errno_, "injected sync error");
+  int err = 0;
+  if (Trip(FaultKind::kSyncError, &err)) return Status::IoError(err, "injected sync error");
   return inner_->Sync();
 }
 

@@ -12,12 +12,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/latency_histogram.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace mtrains {
 
@@ -101,8 +102,8 @@ class MemoryDevice final : public Device {
   Status SyncImpl() override { return Status::Ok(); }
 
  private:
-  std::mutex mu_;
-  std::vector<uint8_t> data_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<uint8_t> data_ GUARDED_BY(mu_);
 };
 
 // Kinds of scripted faults.
@@ -115,8 +116,8 @@ enum class FaultKind { kReadError, kWriteError, kSyncError, kCorruptRead };
 class FaultInjectingDevice final : public Device {
  public:
   explicit FaultInjectingDevice(std::unique_ptr<Device> inner);
-  void Arm(FaultKind kind, uint64_t after, uint64_t count, int sys_errno);
-  void Disarm();
+  void Arm(FaultKind kind, uint64_t after, uint64_t count, int sys_errno) EXCLUDES(mu_);
+  void Disarm() EXCLUDES(mu_);
   std::string Describe() const override { return inner_->Describe(); }
   // The wrapped device (its latency histograms hold the real per-op latencies).
   const Device& inner() const { return *inner_; }
@@ -129,15 +130,16 @@ class FaultInjectingDevice final : public Device {
                         const ReadCallback& on_done) override;
 
  private:
-  // Returns true when the current operation of `kind` must fail (and consumes one fault).
-  bool Trip(FaultKind kind);
+  // Returns true when the current operation of `kind` must fail (and consumes one fault),
+  // setting `*sys_errno` to the errno it fails with.
+  bool Trip(FaultKind kind, int* sys_errno) EXCLUDES(mu_);
 
   std::unique_ptr<Device> inner_;
-  std::mutex mu_;
-  bool armed_ = false;  // GUARDED_BY(mu_), and the four below
-  FaultKind kind_ = FaultKind::kReadError;
-  uint64_t skip_ = 0, remaining_ = 0;
-  int errno_ = EIO;
+  Mutex mu_;
+  bool armed_ GUARDED_BY(mu_) = false;
+  FaultKind kind_ GUARDED_BY(mu_) = FaultKind::kReadError;
+  uint64_t skip_ GUARDED_BY(mu_) = 0, remaining_ GUARDED_BY(mu_) = 0;
+  int errno_ GUARDED_BY(mu_) = EIO;
 };
 
 }  // namespace mtrains

@@ -5,13 +5,14 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <thread>
 
 #include "common/aligned_buffer.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace mtrains {
 namespace {
@@ -127,8 +128,15 @@ class UringFileDevice final : public Device {
   }
 
  protected:
-  Status ReadImpl(IoOp* ops, size_t n) override { return Run(ops, n, false); }
-  Status WriteImpl(const IoOp* ops, size_t n) override { return Run(ops, n, true); }
+  // A ring runs one batch at a time.
+  Status ReadImpl(IoOp* ops, size_t n) override {
+    MutexLock lock(&mu_);
+    return Run(&ring_, ops, n, false);
+  }
+  Status WriteImpl(const IoOp* ops, size_t n) override {
+    MutexLock lock(&write_mu_);
+    return Run(&write_ring_, ops, n, true);
+  }
   Status SyncImpl() override { return files_->SyncAll(); }
 
   // Keeps the ring full while the caller processes completed extents: buffers come from a
@@ -147,7 +155,8 @@ class UringFileDevice final : public Device {
       if (!files_->Locate(offsets[i], len, &where[i].fd, &where[i].file_off))
         return Device::ReadStreamImpl(offsets, n, len, window, on_done);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
+    io_uring* const ring = &ring_;  // used by the lambdas below, all run under mu_
     const uint32_t pool_size = std::max<uint32_t>(window, 2 * depth_);
     AlignedBuffer pool(size_t(pool_size) * len, alignment());
     std::vector<Extent> slot(pool_size);
@@ -166,7 +175,7 @@ class UringFileDevice final : public Device {
         } else {
           break;
         }
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = io_uring_get_sqe(ring);
         if (sqe == nullptr) break;
         if (!retry.empty()) {
           retry.pop_front();
@@ -187,7 +196,7 @@ class UringFileDevice final : public Device {
     while (true) {
       submit_more();
       if (inflight == 0) break;
-      MTRAINS_RETURN_IF_ERROR(WaitAndReap(&ring_, [&](uint64_t data, int res) {
+      MTRAINS_RETURN_IF_ERROR(WaitAndReap(ring, [&](uint64_t data, int res) {
         --inflight;
         const uint32_t s = static_cast<uint32_t>(data);
         Extent& e = slot[s];
@@ -207,7 +216,7 @@ class UringFileDevice final : public Device {
         }
       }));
       submit_more();  // refill the ring before spending CPU on the completed extents
-      if (inflight > 0) io_uring_submit(&ring_);
+      if (inflight > 0) io_uring_submit(ring);
       for (uint32_t s : completed) {
         RecordReadLatency(NowNanos() - slot[s].started);
         if (err.ok()) err = on_done(slot[s].index, pool.data() + size_t(s) * len);
@@ -220,9 +229,8 @@ class UringFileDevice final : public Device {
   }
 
  private:
-  Status Run(const IoOp* ops, size_t n, bool write) {
-    io_uring* ring = write ? &write_ring_ : &ring_;
-    std::lock_guard<std::mutex> lock(write ? write_mu_ : mu_);  // a ring: one batch at a time
+  // Runs a batch on `ring` (ring_ with mu_ held, or write_ring_ with write_mu_ held).
+  Status Run(io_uring* ring, const IoOp* ops, size_t n, bool write) {
     std::vector<FileSet::Part> parts;
     files_->Map(ops, n, &parts);
     std::vector<uint32_t> progress(parts.size(), 0);
@@ -299,9 +307,9 @@ class UringFileDevice final : public Device {
   }
 
   std::unique_ptr<FileSet> files_;
-  std::mutex mu_, write_mu_;
-  io_uring ring_;        // reads and read streams; GUARDED_BY(mu_)
-  io_uring write_ring_;  // writes; GUARDED_BY(write_mu_)
+  Mutex mu_, write_mu_;
+  io_uring ring_ GUARDED_BY(mu_);              // reads and read streams
+  io_uring write_ring_ GUARDED_BY(write_mu_);  // writes
   const uint32_t depth_;
 };
 
@@ -313,59 +321,63 @@ class ThreadPool {
   }
   ~ThreadPool() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     for (auto& t : workers_) t.join();
   }
   // Calls fn(i) for i in [0, n) on the pool and the caller; returns when all are done.
-  void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
-    std::lock_guard<std::mutex> job_lock(job_mu_);
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn) EXCLUDES(job_mu_, mu_) {
+    MutexLock job_lock(&job_mu_);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       fn_ = &fn;
       n_ = n;
       next_.store(0);
       active_ = static_cast<uint32_t>(workers_.size());
       ++generation_;
     }
-    cv_.notify_all();
-    Work();
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return active_ == 0; });
+    cv_.NotifyAll();
+    Work(fn, n);
+    MutexLock lock(&mu_);
+    while (active_ != 0) done_cv_.Wait(&mu_);
     fn_ = nullptr;
   }
 
  private:
-  void Work() {
-    for (size_t i = next_.fetch_add(1); i < n_; i = next_.fetch_add(1)) (*fn_)(i);
+  void Work(const std::function<void(size_t)>& fn, size_t n) {
+    for (size_t i = next_.fetch_add(1); i < n; i = next_.fetch_add(1)) fn(i);
   }
-  void Loop() {
+  void Loop() EXCLUDES(mu_) {
     uint64_t seen = 0;
     for (;;) {
+      const std::function<void(size_t)>* fn;
+      size_t n;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        MutexLock lock(&mu_);
+        while (!stop_ && generation_ == seen) cv_.Wait(&mu_);
         if (stop_) return;
         seen = generation_;
+        fn = fn_;  // the job's, constant until every worker has finished it
+        n = n_;
       }
-      Work();
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_cv_.notify_all();
+      Work(*fn, n);
+      MutexLock lock(&mu_);
+      if (--active_ == 0) done_cv_.NotifyAll();
     }
   }
 
   std::vector<std::thread> workers_;
-  std::mutex job_mu_;  // one ParallelFor at a time
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  const std::function<void(size_t)>* fn_ = nullptr;
-  size_t n_ = 0;
+  Mutex job_mu_;  // one ParallelFor at a time
+  Mutex mu_;
+  CondVar cv_, done_cv_;  // a new job or stop_; active_ reached 0
+  const std::function<void(size_t)>* fn_ GUARDED_BY(mu_) = nullptr;
+  size_t n_ GUARDED_BY(mu_) = 0;
   std::atomic<size_t> next_{0};
-  uint32_t active_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  uint32_t active_ GUARDED_BY(mu_) = 0;
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
 };
 
 // pread/pwrite engine on a thread pool.
@@ -387,8 +399,8 @@ class ThreadPoolFileDevice final : public Device {
   Status Run(const IoOp* ops, size_t n, bool write) {
     std::vector<FileSet::Part> parts;
     files_->Map(ops, n, &parts);
-    std::mutex err_mu;
-    Status first_error;
+    Mutex err_mu;
+    Status first_error;  // guarded by err_mu
     pool_.ParallelFor(parts.size(), [&](size_t i) {
       const FileSet::Part& p = parts[i];
       const uint64_t t0 = NowNanos();
@@ -399,7 +411,7 @@ class ThreadPoolFileDevice final : public Device {
         if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (r < 0 || (r == 0 && write)) {
           const int err = r < 0 ? errno : EIO;
-          std::lock_guard<std::mutex> lock(err_mu);
+          MutexLock lock(&err_mu);
           if (first_error.ok()) first_error = PartError(*files_, p, write, err);
           return;
         }

@@ -38,24 +38,16 @@ SegmentLog::SegmentLog(const TableHeader& header, Device* log, Device* meta)
   for (uint64_t s = h_.num_segments; s-- > 0;) free_.push_back(s);
   // Segments kept free for the collector: consolidating victims that are mostly live takes
   // several spare segments at once. At most what the log has beyond the rows' own space.
-  const uint64_t needed = (h_.num_rows + h_.slots_per_segment - 1) / h_.slots_per_segment;
+  const uint64_t needed = h_.SegmentsForAllRows();
   const uint64_t spare = h_.num_segments > needed + 2 ? h_.num_segments - needed - 2 : 1;
   gc_reserve_ = std::max<uint64_t>(1, std::min<uint64_t>(spare, std::max<uint64_t>(3, h_.num_segments / 16)));
 }
 
 SegmentLog::~SegmentLog() { munmap(map_, h_.num_rows * sizeof(uint64_t)); }
 
-uint64_t SegmentLog::BlockOfSlot(uint64_t slot) const {
-  return h_.rows_per_block >= 1 ? slot / h_.rows_per_block : slot * h_.blocks_per_row;
-}
-
-uint32_t SegmentLog::IndexInBlock(uint64_t slot) const {
-  return h_.rows_per_block >= 1 ? static_cast<uint32_t>(slot % h_.rows_per_block) : 0;
-}
-
 Status SegmentLog::LoadMap(int meta_fd) {
   const uint64_t B = h_.block_size;
-  const uint64_t total_slots = h_.num_segments * h_.slots_per_segment;
+  const uint64_t total_slots = h_.LogSlots();
   const uint64_t chunk_pages = MapChunkPages(h_.map_pages);
   AlignedBuffer buf(chunk_pages * B, 4096);
   auto load_pages = [&](uint64_t first, uint64_t count) -> Status {
@@ -116,9 +108,7 @@ Status SegmentLog::LoadMap(int meta_fd) {
 
 uint64_t SegmentLog::HeadSlotsLeft() const {
   if (!head_) return 0;
-  const uint64_t blocks_left = h_.segment_blocks - head_->next_block;
-  return h_.rows_per_block >= 1 ? blocks_left * h_.rows_per_block - head_->index_in_block
-                                : blocks_left / h_.blocks_per_row;
+  return h_.geometry.SlotsIn(h_.segment_blocks - head_->next_block) - head_->index_in_block;
 }
 
 uint64_t SegmentLog::MaxReserve() const {
@@ -195,38 +185,20 @@ void SegmentLog::DecLive(uint64_t seg) {
 void SegmentLog::Append(uint64_t row, const uint8_t* data) {
   if (!head_ || HeadSlotsLeft() == 0) RotateHead();
   Head& hd = *head_;
+  const BlockGeometry& g = h_.geometry;
   const uint32_t B = h_.block_size;
-  const uint64_t seg_first_block = hd.seg * h_.segment_blocks;
-  uint64_t slot;
-  if (h_.rows_per_block >= 1) {
-    uint8_t* blk = hd.buf.data() + uint64_t(hd.next_block) * B;
-    uint8_t* ids = blk + B - kLogFooterBytes - 8 * h_.rows_per_block;
-    if (hd.index_in_block == 0) {
-      std::memset(blk, 0, B);
-      std::memset(ids, 0xFF, 8 * h_.rows_per_block);  // kEmptySlot
-    }
-    std::memcpy(blk + uint64_t(hd.index_in_block) * h_.row_bytes, data, h_.row_bytes);
-    std::memcpy(ids + 8 * hd.index_in_block, &row, 8);
-    slot = (seg_first_block + hd.next_block) * h_.rows_per_block + hd.index_in_block;
-    if (++hd.index_in_block == h_.rows_per_block) {
-      SealLogBlock(blk, B, h_.table_uuid, seg_first_block + hd.next_block);
-      ++hd.next_block;
-      hd.index_in_block = 0;
-    }
-  } else {
-    const uint32_t chunk = B - kLogFooterBytes - 8;
-    uint32_t copied = 0;
-    for (uint32_t k = 0; k < h_.blocks_per_row; ++k) {
-      uint8_t* blk = hd.buf.data() + uint64_t(hd.next_block + k) * B;
-      std::memset(blk, 0, B);
-      const uint32_t n = std::min(chunk, h_.row_bytes - copied);
-      std::memcpy(blk, data + copied, n);
-      copied += n;
-      std::memcpy(blk + chunk, &row, 8);
-      SealLogBlock(blk, B, h_.table_uuid, seg_first_block + hd.next_block + k);
-    }
-    slot = (seg_first_block + hd.next_block) / h_.blocks_per_row;
-    hd.next_block += h_.blocks_per_row;
+  const uint64_t block = hd.seg * h_.segment_blocks + hd.next_block;  // in the log
+  uint8_t* blk = hd.buf.data() + uint64_t(hd.next_block) * B;
+  PutRow(g, blk, hd.index_in_block, row, data);
+  const uint64_t slot = g.SlotAt(block, hd.index_in_block);
+  if (!g.packed()) {
+    for (uint32_t k = 0; k < g.blocks_per_row; ++k)
+      SealLogBlock(blk + uint64_t(k) * B, B, h_.table_uuid, block + k);
+    hd.next_block += g.blocks_per_row;
+  } else if (++hd.index_in_block == g.rows_per_block) {
+    SealLogBlock(blk, B, h_.table_uuid, block);
+    ++hd.next_block;
+    hd.index_in_block = 0;
   }
   const uint64_t old = map_[row];
   if (old != 0) {
@@ -241,7 +213,7 @@ void SegmentLog::Append(uint64_t row, const uint8_t* data) {
 }
 
 void SegmentLog::SealOpenBlock() {
-  if (!head_ || h_.rows_per_block == 0 || head_->index_in_block == 0) return;
+  if (!head_ || !h_.geometry.packed() || head_->index_in_block == 0) return;
   Head& hd = *head_;
   const uint64_t block = hd.seg * h_.segment_blocks + hd.next_block;
   SealLogBlock(hd.buf.data() + uint64_t(hd.next_block) * h_.block_size, h_.block_size,
@@ -374,26 +346,22 @@ Status SegmentLog::MoveLiveRows(uint64_t victim) {
   }
   const uint32_t expected = live_[victim];
   uint32_t moved = 0;
-  std::vector<uint8_t> row_buf(h_.row_bytes);
+  std::vector<uint8_t> row_buf(h_.geometry.row_bytes);
   const uint64_t first_block = victim * h_.segment_blocks;
-  const uint32_t bps = h_.blocks_per_row;
+  const BlockGeometry& g = h_.geometry;
+  const uint32_t bps = g.blocks_per_row;
   for (uint32_t b = 0; b + bps <= h_.segment_blocks && moved < expected; b += bps) {
     const uint8_t* blocks = data + uint64_t(b) * B;
     bool intact = true;
     for (uint32_t k = 0; k < bps && intact; ++k)
       intact = VerifyLogBlock(blocks + uint64_t(k) * B, B, h_.table_uuid, first_block + b + k).ok();
     if (!intact) continue;  // never written, stale, or damaged: live rows are counted below
-    const uint32_t per_block = h_.rows_per_block >= 1 ? h_.rows_per_block : 1;
-    for (uint32_t k = 0; k < per_block; ++k) {
-      const uint64_t slot = h_.rows_per_block >= 1 ? (first_block + b) * per_block + k
-                                                   : (first_block + b) / bps;
-      uint64_t id;
-      const uint8_t* ids = h_.rows_per_block >= 1
-                               ? blocks + B - kLogFooterBytes - 8 * uint64_t(per_block) + 8 * k
-                               : blocks + B - kLogFooterBytes - 8;
-      std::memcpy(&id, ids, 8);
+    // A spanning row's id is in each of its blocks; the first one's is read here.
+    for (uint32_t k = 0; k < g.IdsPerBlock(); ++k) {
+      const uint64_t slot = g.SlotAt(first_block + b, k);
+      const uint64_t id = RowIdAt(g, blocks, k);
       if (id >= h_.num_rows || map_[id] != slot + 1) continue;  // empty or superseded
-      MTRAINS_RETURN_IF_ERROR(ExtractRow(blocks, slot, id, row_buf.data()));
+      MTRAINS_RETURN_IF_ERROR(GetRow(g, blocks, slot, id, row_buf.data()));
       --counters_.rows_appended;  // Append counts user appends; this one is the collector's
       Append(id, row_buf.data());
       ++counters_.gc_rows_moved;
@@ -409,44 +377,13 @@ Status SegmentLog::MoveLiveRows(uint64_t victim) {
   return Status::Ok();
 }
 
-Status SegmentLog::ExtractRow(const uint8_t* blocks, uint64_t slot, uint64_t row,
-                              uint8_t* out) const {
-  const uint32_t B = h_.block_size;
-  if (h_.rows_per_block >= 1) {
-    const uint32_t k = IndexInBlock(slot);
-    uint64_t id;
-    std::memcpy(&id, blocks + B - kLogFooterBytes - 8 * uint64_t(h_.rows_per_block) + 8 * k, 8);
-    if (id != row)
-      return Status::Corruption("log block " + std::to_string(BlockOfSlot(slot)) + " slot " +
-                                std::to_string(k) + " holds row " + std::to_string(id) +
-                                ", expected row " + std::to_string(row));
-    std::memcpy(out, blocks + uint64_t(k) * h_.row_bytes, h_.row_bytes);
-    return Status::Ok();
-  }
-  const uint32_t chunk = B - kLogFooterBytes - 8;
-  uint32_t copied = 0;
-  for (uint32_t k = 0; k < h_.blocks_per_row; ++k) {
-    const uint8_t* blk = blocks + uint64_t(k) * B;
-    uint64_t id;
-    std::memcpy(&id, blk + chunk, 8);
-    if (id != row)
-      return Status::Corruption("log block " + std::to_string(BlockOfSlot(slot) + k) +
-                                " holds row " + std::to_string(id) + ", expected row " +
-                                std::to_string(row));
-    const uint32_t n = std::min(chunk, h_.row_bytes - copied);
-    std::memcpy(out + copied, blk, n);
-    copied += n;
-  }
-  return Status::Ok();
-}
-
 bool SegmentLog::CopyBufferedRow(uint64_t slot, uint64_t row, uint8_t* out) {
   const uint64_t seg = SegmentOfSlot(slot);
   const uint8_t* data = BufferedSegment(seg);
   if (data == nullptr) return false;
-  const uint64_t block_in_seg = BlockOfSlot(slot) - seg * h_.segment_blocks;
+  const uint64_t block_in_seg = h_.geometry.BlockOfSlot(slot) - seg * h_.segment_blocks;
   // In-memory segments were built by Append, so the id check cannot fail.
-  (void)ExtractRow(data + block_in_seg * h_.block_size, slot, row, out);
+  (void)GetRow(h_.geometry, data + block_in_seg * h_.block_size, slot, row, out);
   ++counters_.buffer_reads;
   return true;
 }

@@ -53,9 +53,9 @@ class SegmentLog {
   // Appends a row version and points the map at it. Precondition: covered by Reserve.
   void Append(uint64_t row, const uint8_t* data);
 
-  // Writes full segments waiting in memory (sequential, batched). While it runs, another
-  // thread may call only the layout methods (BlockOfSlot, IndexInBlock, BlocksPerSlot)
-  // and ExtractRow, for slots of segments not in memory.
+  // Writes full segments waiting in memory (sequential, batched). While it runs, no other
+  // method may be called, but another thread may read the slots of segments not in memory
+  // from the log device (their layout is the header's BlockGeometry: block_format.h).
   Status FlushQueue();
   // Full segments waiting in memory for FlushQueue.
   size_t QueuedSegments() const { return queue_.size(); }
@@ -63,16 +63,9 @@ class SegmentLog {
   // every row as of this call.
   Status Commit();
 
-  // The first block of `slot`, and the slot's index inside its block (packed rows).
-  uint64_t BlockOfSlot(uint64_t slot) const;
-  uint32_t IndexInBlock(uint64_t slot) const;
-  // Blocks per slot read (1, or blocks_per_row for rows wider than a block).
-  uint32_t BlocksPerSlot() const { return h_.blocks_per_row; }
-  // Copies the row at `slot` out of a segment still in memory; false if it is on disk only.
+  // Copies the row at `slot` out of a segment still in memory; false if it is on disk only
+  // (then read its blocks from the log device and GetRow them: block_format.h).
   bool CopyBufferedRow(uint64_t slot, uint64_t row, uint8_t* out);
-  // Copies the row at `slot` from its blocks read from disk at `blocks` (BlocksPerSlot
-  // blocks, already verified), checking the stored row id.
-  Status ExtractRow(const uint8_t* blocks, uint64_t slot, uint64_t row, uint8_t* out) const;
 
   const SegmentLogCounters& counters() const { return counters_; }
   uint64_t free_segments() const { return free_.size(); }
@@ -94,7 +87,9 @@ class SegmentLog {
     uint32_t from_block;  // blocks before this one are already on disk
   };
 
-  uint64_t SegmentOfSlot(uint64_t slot) const { return BlockOfSlot(slot) / h_.segment_blocks; }
+  uint64_t SegmentOfSlot(uint64_t slot) const {
+    return h_.geometry.BlockOfSlot(slot) / h_.segment_blocks;
+  }
   uint64_t HeadSlotsLeft() const;
   void RotateHead();              // queue the full head, take a free segment
   void SealOpenBlock();           // seal the partially filled head block

@@ -6,6 +6,7 @@
 // accepted header describes a layout whose sizes fit in 64 bits.
 //
 // Environment: FUZZ_ITERS (default 200000), FUZZ_SEED (default 1).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -31,7 +32,7 @@ void Reseal(std::vector<uint8_t>* b) {
 // Invariants of an accepted header: everything the store later sizes and allocates from
 // it is consistent and free of overflow.
 void CheckAccepted(const TableHeader& h) {
-  CHECK(h.num_rows >= 1 && h.dim >= 1 && h.row_bytes >= 1);
+  CHECK(h.num_rows >= 1 && h.dim >= 1 && h.geometry.row_bytes >= 1);
   CHECK(h.block_size >= 4096 && (h.block_size & (h.block_size - 1)) == 0);
   CHECK(h.num_segments >= 1 && h.segment_blocks >= 1 && h.slots_per_segment >= 1);
   const unsigned __int128 log = (unsigned __int128)h.num_segments * h.segment_blocks * h.block_size;
@@ -184,6 +185,99 @@ void TestBlockVerifiers() {
   }
 }
 
+// BlockGeometry against the version-1 layout written out by hand: packed rows at k *
+// row_bytes, their ids ending at the footer (B - 24), a spanning row's chunks of B - 32 bytes
+// with its id at B - 32. Files written before the geometry existed must keep opening.
+void TestBlockGeometry() {
+  struct Case {
+    uint32_t row_bytes, block_size, rows_per_block, blocks_per_row;
+  };
+  const Case cases[] = {
+      {4 * 65, 4096, (4096 - 24) / (4 * 65 + 8), 1},  // a typical packed row
+      {8, 4096, (4096 - 24) / 16, 1},                  // the narrowest row
+      {4064, 4096, 1, 1},                               // exactly one row and its id
+      {4065, 4096, 0, 2},                               // one byte too wide: spans 2 blocks
+      {4 * 2048, 4096, 0, 3},                           // ceil(8192 / 4064)
+      {4 * 2048, 8192, 0, 2},
+      {4 * 1000, 65536, (65536 - 24) / 4008, 1},
+  };
+  std::mt19937_64 rng(5);
+  for (const Case& c : cases) {
+    const BlockGeometry g = BlockGeometry::Of(c.row_bytes, c.block_size);
+    CHECK(g.rows_per_block == c.rows_per_block && g.blocks_per_row == c.blocks_per_row)
+        << "row_bytes=" << c.row_bytes << " block_size=" << c.block_size << ": rows_per_block="
+        << g.rows_per_block << " blocks_per_row=" << g.blocks_per_row;
+    const uint32_t B = c.block_size;
+    CHECK(g.IdOffset(g.IdsPerBlock() - 1) + 8 == B - kLogFooterBytes);
+    if (g.packed()) {
+      const uint32_t last = c.rows_per_block - 1;
+      CHECK(g.IdOffset(0) == B - 24 - 8 * c.rows_per_block && g.IdOffset(last) == B - 32);
+      CHECK(g.RowOffset(last) + c.row_bytes <= g.IdOffset(0)) << "rows overlap ids";
+      CHECK(g.BlockOfSlot(1000) == 1000 / c.rows_per_block &&
+            g.IndexInBlock(1000) == 1000 % c.rows_per_block);
+    } else {
+      CHECK(g.ChunkBytes() == B - 32 && g.IdOffset(0) == B - 32);
+      CHECK(uint64_t(g.blocks_per_row - 1) * g.ChunkBytes() < c.row_bytes &&
+            c.row_bytes <= uint64_t(g.blocks_per_row) * g.ChunkBytes());
+      CHECK(g.BlockOfSlot(7) == 7ull * c.blocks_per_row && g.IndexInBlock(7) == 0);
+    }
+    for (uint64_t slot = 0; slot < 3000; slot += 7)
+      CHECK(g.SlotAt(g.BlockOfSlot(slot), g.IndexInBlock(slot)) == slot) << "slot " << slot;
+    const uint64_t whole = (10 + c.blocks_per_row - 1) / c.blocks_per_row;  // spanning slots
+    CHECK(g.SlotsIn(g.WholeSlotBlocks(10)) == (g.packed() ? 10ull * c.rows_per_block : whole));
+    // Put rows into a fresh block group and read them back; the bytes sit where the
+    // hand-written layout says; a wrong row id is refused.
+    const uint32_t entries = g.IdsPerBlock();
+    std::vector<uint8_t> blocks(uint64_t(B) * g.blocks_per_row, 0xAB);
+    std::vector<std::vector<uint8_t>> rows(entries, std::vector<uint8_t>(c.row_bytes));
+    const uint64_t first_block = 12;  // a slot starts there (a multiple of blocks_per_row)
+    for (uint32_t k = 0; k < entries; ++k) {
+      for (auto& x : rows[k]) x = static_cast<uint8_t>(rng());
+      PutRow(g, blocks.data(), k, 100 + k, rows[k].data());
+    }
+    for (uint32_t k = 0; k < entries; ++k) {
+      const uint64_t slot = g.SlotAt(first_block, k);
+      std::vector<uint8_t> out(c.row_bytes);
+      CHECK_OK(GetRow(g, blocks.data(), slot, 100 + k, out.data()));
+      CHECK(out == rows[k]);
+      CHECK(RowIdAt(g, blocks.data(), k) == 100 + k);
+      CHECK_CODE(GetRow(g, blocks.data(), slot, 99, out.data()), kCorruption);
+      uint64_t id;
+      if (g.packed()) {
+        CHECK(std::memcmp(blocks.data() + uint64_t(k) * c.row_bytes, rows[k].data(),
+                          c.row_bytes) == 0);
+        std::memcpy(&id, blocks.data() + B - 24 - 8 * uint64_t(entries) + 8 * k, 8);
+      } else {
+        std::memcpy(&id, blocks.data() + uint64_t(g.blocks_per_row - 1) * B + B - 32, 8);
+        CHECK(std::memcmp(blocks.data(), rows[k].data(), B - 32) == 0);
+      }
+      CHECK(id == 100 + k);
+    }
+    // Between the last row and the first id: zeros (the 0xAB of the old contents is gone).
+    for (uint32_t b = 0; b < g.blocks_per_row; ++b) {
+      const uint8_t* blk = blocks.data() + uint64_t(b) * B;
+      const uint32_t used = g.packed() ? entries * c.row_bytes
+                                       : std::min(g.ChunkBytes(), c.row_bytes - b * g.ChunkBytes());
+      for (uint32_t i = used; i < g.IdOffset(0); ++i) CHECK(blk[i] == 0) << "padding byte " << i;
+    }
+    if (g.packed() && entries > 1) {  // a block's first entry marks the others empty
+      std::vector<uint8_t> one(B, 0xCD);
+      PutRow(g, one.data(), 0, 5, rows[0].data());
+      CHECK(RowIdAt(g, one.data(), 1) == kEmptySlot &&
+            RowIdAt(g, one.data(), entries - 1) == kEmptySlot);
+    }
+  }
+  // A table header carries the geometry of its rows.
+  TableHeader h;
+  h.num_rows = 1000;
+  h.dim = 1500;
+  h.state_dim = 1;
+  h.segment_blocks = 5;
+  CHECK_OK(ComputeLayout(&h, 0.5));
+  CHECK(h.geometry.row_bytes == 6004 && h.geometry.blocks_per_row == 2 && h.segment_blocks == 6 &&
+        h.slots_per_segment == 3 && h.SegmentsForAllRows() == 334);
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -192,6 +286,7 @@ int main() {
   Run("header encode/decode round trip", TestHeaderRoundTrip);
   Run("header parser fuzz", TestHeaderFuzz);
   Run("log block / map page verifiers", TestBlockVerifiers);
+  Run("block geometry and the row layout", TestBlockGeometry);
   std::fprintf(stderr, "test_block_format: all passed\n");
   return 0;
 }

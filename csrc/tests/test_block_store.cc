@@ -142,7 +142,8 @@ void TestSegmentLogOnMemoryDevice() {
   CHECK_OK(seg.Commit());
   CHECK(seg.counters().gc_segments_freed > 0) << "the test did not exercise garbage collection";
   const uint32_t B = h.block_size;
-  AlignedBuffer blocks(uint64_t(B) * seg.BlocksPerSlot(), 4096);
+  const BlockGeometry& g = h.geometry;
+  AlignedBuffer blocks(uint64_t(B) * g.blocks_per_row, 4096);
   for (uint64_t r = 0; r < h.num_rows; ++r) {
     const uint64_t loc = seg.Location(r);
     if (version[r] == 0) {
@@ -152,11 +153,11 @@ void TestSegmentLogOnMemoryDevice() {
     CHECK(loc != 0) << "row " << r << " lost";
     uint8_t out[kRowBytes];
     if (!seg.CopyBufferedRow(loc - 1, r, out)) {
-      const uint64_t blk = seg.BlockOfSlot(loc - 1);
-      IoOp op{blk * B, blocks.data(), B * seg.BlocksPerSlot()};
+      const uint64_t blk = g.BlockOfSlot(loc - 1);
+      IoOp op{blk * B, blocks.data(), B * g.blocks_per_row};
       CHECK_OK(log.Read(&op, 1));
       CHECK_OK(VerifyLogBlock(blocks.data(), B, h.table_uuid, blk));
-      CHECK_OK(seg.ExtractRow(blocks.data(), loc - 1, r, out));
+      CHECK_OK(GetRow(g, blocks.data(), loc - 1, r, out));
     }
     CHECK(VersionOf(r, out) == version[r]) << "row " << r << " reads version " << VersionOf(r, out)
                                            << ", wrote " << version[r];
