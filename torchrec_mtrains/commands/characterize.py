@@ -45,7 +45,8 @@ def _format_table(reports: List[Dict[str, Any]], qps: float) -> str:
     out = [line(heads), line(["-" * w for w in widths])] + [line(row) for row in body]
     if body:
         out += ["", _format_reuse(reports), ""]
-    out.append(f"first table: hit rates in % of a cache of 1/5/10/20% of the table's rows; bandwidth at {qps:,.0f} samples/s"
+    out.append("first table: hit rates in % of a cache of 1/5/10/20% of the table's rows; "
+               f"bandwidth at {qps:,.0f} samples/s"
                + ("; * rows unknown: unique rows used (--num-rows)" if any(not r["rows_known"] for r in reports) else ""))
     return "\n".join(out)
 

@@ -76,6 +76,7 @@ class SyntheticTable:
             normalised to sum 1.
         drift: share of the popular ranks moved to fresh ids per step, in [0, 1); needs
             ``reuse_histogram`` (a Zipf table's ranks cover all its rows: no id is fresh).
+            A drifting table's generator holds a permutation of its rows (8 bytes a row).
     """
 
     num_rows: int
