@@ -129,6 +129,26 @@ def test_planner_places_by_budget_and_bandwidth() -> None:
     assert not any(is_tiered(everything, t.name) for t in TABLES)
 
 
+def test_synthetic_tables_have_dlrm_datasets_working_sets_and_drift() -> None:
+    from data import DEFAULT_TABLES, SyntheticData, calibration_samples
+
+    # One dlrm_datasets batch (65,536 samples x 4 ids) of the 2M-row table touches
+    # 262,144 / 6.9 ~ 38K rows; the small tables at most half their rows.
+    t0 = DEFAULT_TABLES[0]
+    assert t0.name == "t0_2m" and calibration_samples(t0) == 65_536
+    still, moving = SyntheticData(DEFAULT_TABLES[:1], 512, 0), SyntheticData(DEFAULT_TABLES[:1], 512, 0, drift=0.2)
+    assert 34_000 < still.unique_rows()["t0_2m"] < 42_000
+    small = [t for t in DEFAULT_TABLES if t.num_rows == 10_000][0]
+    assert SyntheticData([small], 512, 0).unique_rows()[small.name] <= 5_000
+    ids = lambda d, step: set(d.batch(step, 0).sparse_features.values().tolist())
+    assert ids(still, 0) <= set(still._samplers[0].rows.tolist())  # no drift: always the calibrated rows
+    fresh = ids(moving, 10) - set(moving._samplers[0].rows.tolist())  # 10 steps at 0.2: all ranks moved twice
+    assert len(fresh) > 0.9 * len(ids(moving, 10))
+    assert ids(moving, 3) == ids(moving, 3)  # deterministic in (seed, step, rank)
+    with pytest.raises(ValueError, match="drift=1.5"):
+        SyntheticData(DEFAULT_TABLES[:1], 512, 0, drift=1.5)
+
+
 def test_placement_errors_name_the_problem(tmp_path) -> None:
     only_dram = tmp_path / "dram.yaml"
     only_dram.write_text(

@@ -12,7 +12,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 from torchrec.distributed import DistributedModelParallel
 
 from torchrec_mtrains import Tier
-from torchrec_mtrains.planner.model.locality import zipf_locality
+from torchrec_mtrains.planner.model.locality import histogram_locality, zipf_locality
 from torchrec_mtrains.planner.model.model_spec import parse_model_spec
 from torchrec_mtrains.planner.model.placement import PlacementError, place
 from torchrec_mtrains.planner.model.sizing import size_cluster
@@ -80,6 +80,26 @@ def _has_ext() -> bool:
     return True
 
 
+def test_histogram_locality_reads_lookup_shares_as_the_generator_does() -> None:
+    # The reuse histogram is the share of LOOKUPS by reuse bin: one dlrm_datasets batch
+    # (65,536 samples) of a 2M-row table cut into 64 steps touches ~38K rows (6.9 lookups
+    # each), ~2.4K a step; the model's distinct rows per step match the generator's.
+    from torchrec_mtrains.stats import (DLRM_DATASETS_LOOKUP_SHARES, SyntheticTable, analyze_table,
+                                        generate_dlrm_batch, trace_from_dlrm_batches)
+
+    b = generate_dlrm_batch([SyntheticTable(2_000_000, 4.0, reuse_histogram=DLRM_DATASETS_LOOKUP_SHARES)], 65_536)
+    measured = analyze_table("t", trace_from_dlrm_batches([b], 1024, num_rows=[2_000_000]).tables["table_0"])
+    curve = histogram_locality(2_000_000, 4096.0, DLRM_DATASETS_LOOKUP_SHARES, 64.0)
+    assert curve.unique_rows_per_step == pytest.approx(measured.unique_rows_per_step, rel=0.05)
+    assert curve.hit_rate(1000) < 0.3  # a 1,000-row cache holds a small part of the working set
+    # A 16-value histogram (bins up to 16K+, the last two merged) reads the same way.
+    legacy = DLRM_DATASETS_LOOKUP_SHARES[:15] + (sum(DLRM_DATASETS_LOOKUP_SHARES[15:]),)
+    old_form = histogram_locality(2_000_000, 4096.0, legacy, 64.0)
+    assert old_form.unique_rows_per_step == pytest.approx(curve.unique_rows_per_step, rel=0.01)
+    with pytest.raises(ValueError, match="reuse_histogram must be 16 shares .* or 17"):
+        histogram_locality(2_000_000, 4096.0, (1.0,) * 18, 64.0)
+
+
 def test_zipf_locality_scales_to_billions_of_rows() -> None:
     curve = zipf_locality(10**10, 163_840, 1.05)
     assert 0 < curve.unique_rows_per_step <= 163_840
@@ -104,6 +124,20 @@ def test_model_spec_reads_tables_and_expands_counts() -> None:
     assert [t.name for t in spec.tables] == ["big", "mid_0", "mid_1", "mid_2", "mid_3", "small"]
     assert spec.tables[0].row_bytes == 64 * 4 + 4
     assert spec.embedding_bytes == sum(t.num_embeddings * t.row_bytes for t in spec.tables)
+
+
+def test_model_spec_reads_17_value_reuse_histograms() -> None:
+    import copy
+
+    doc = copy.deepcopy(MODEL)
+    seventeen = doc["tables"][1]["reuse_histogram"][:15] + [0.023, 0.019]
+    doc["tables"][1]["reuse_histogram"] = seventeen
+    mid = parse_model_spec(doc).tables[1]
+    sixteen = parse_model_spec(MODEL).tables[1]
+    assert mid.locality.unique_rows_per_step == pytest.approx(sixteen.locality.unique_rows_per_step, rel=0.02)
+    doc["tables"][1]["reuse_histogram"] = seventeen + [0.0]
+    with pytest.raises(ValueError, match=r"tables\[1\].reuse_histogram must be 16 shares"):
+        parse_model_spec(doc)
 
 
 @pytest.mark.parametrize(

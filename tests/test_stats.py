@@ -13,16 +13,22 @@ from torchrec.distributed.types import CacheStatistics
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_mtrains.stats import (
+    DLRM_DATASETS_LOOKUP_SHARES,
     DLRM_DATASETS_REUSE,
+    DLRM_DATASETS_ROW_SHARES,
+    REUSE_BIN_EDGES,
+    REUSE_BIN_EDGES_16,
     CurveCacheStatistics,
     SyntheticTable,
     TableTrace,
     analyze_table,
+    bin_mean_reuse,
     check_dlrm_batch,
     fit_zipf_alpha,
     generate_dlrm_batch,
     lfu_curve,
     load_dlrm_trace,
+    lookups_per_unique_row,
     lru_curve,
     replay_cache_hit_rate,
     reuse_histogram,
@@ -31,6 +37,7 @@ from torchrec_mtrains.stats import (
     trace_from_kjts,
     write_dlrm_file,
 )
+from torchrec_mtrains.stats.characterize import characterize, table_report
 
 SIZES = (0.01, 0.05, 0.10, 0.20)  # cache sizes as a share of the table's rows
 
@@ -139,11 +146,104 @@ def test_generator_reproduces_zipf_alpha() -> None:
         assert fit_zipf_alpha(b.indices.numpy()) == pytest.approx(alpha, abs=0.08)
 
 
-def test_generator_reproduces_reuse_histogram() -> None:
-    b = generate_dlrm_batch([SyntheticTable(10_000, 40.0, reuse_histogram=DLRM_DATASETS_REUSE)], 50_000, seed=2)
+def _lookup_share_tolerance(shares: np.ndarray, lookups: int, edges) -> np.ndarray:
+    """Per-bin bound on |measured - target| lookup share: 4 sigma of the sum of the bin's
+    log-uniform counts (coefficient of variation < 0.3 in a bin spanning a factor 2), plus
+    one row's lookups for the rounding of the bin's rows, plus the shift of every share when
+    each bin's rounding moves the total (a bin of mean reuse 47K in 1M lookups is 0.4 rows)."""
+    mean = bin_mean_reuse(edges)
+    rows = np.maximum(shares * lookups / mean, 1.0)
+    return 4 * 0.3 * shares / np.sqrt(rows) + mean / lookups + shares * mean[shares > 0].sum() / lookups
+
+
+@pytest.mark.parametrize("target, edges", [
+    (DLRM_DATASETS_LOOKUP_SHARES, REUSE_BIN_EDGES),
+    ((0.3, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0, 0, 0, 0, 0, 0, 0), REUSE_BIN_EDGES_16),
+])
+def test_generator_reproduces_lookup_shares(target, edges) -> None:
+    # The histogram is the share of LOOKUPS by the reuse bin of their row; a 16-value one
+    # is in the bins up to 16K+.
+    b = generate_dlrm_batch([SyntheticTable(2_000_000, 20.0, reuse_histogram=target)], 50_000, seed=2)
+    ids = b.indices.numpy()
+    h = reuse_histogram(ids, edges)
+    want = np.asarray(target) / sum(target)
+    tol = _lookup_share_tolerance(want, ids.size, edges)
+    assert np.all(np.abs(h.lookup_shares - want) <= tol), (h.lookup_shares.round(4), want, tol.round(4))
+    assert h.lookups == ids.size and h.lookup_shares.sum() == pytest.approx(1.0)
+    assert b.lengths.float().mean().item() == pytest.approx(20.0, rel=0.15)
+
+
+def test_generator_gives_dlrm_datasets_reuse_per_unique_row() -> None:
+    # dlrm_datasets: 887.0M lookups on 128.4M unique rows (6.9 each) in a batch of 65,536
+    # samples over 856 tables, i.e. ~1.04M lookups a table (pooling ~15.8).
+    b = generate_dlrm_batch([SyntheticTable(10_000_000, 15.8, reuse_histogram=DLRM_DATASETS_REUSE)], 65_536, seed=3)
     h = reuse_histogram(b.indices.numpy())
-    assert np.abs(h.shares - np.asarray(DLRM_DATASETS_REUSE) / sum(DLRM_DATASETS_REUSE)).max() < 0.01
-    assert b.lengths.float().mean().item() == pytest.approx(40.0, rel=0.15)
+    assert h.lookups / h.rows == pytest.approx(6.9, rel=0.05)
+    assert lookups_per_unique_row(DLRM_DATASETS_LOOKUP_SHARES) == pytest.approx(6.9, rel=0.02)
+    # ... and the unique rows spread over the bins as the other published histogram says.
+    assert np.abs(h.row_shares - np.asarray(DLRM_DATASETS_ROW_SHARES)).max() < 0.01
+    assert DLRM_DATASETS_REUSE == DLRM_DATASETS_LOOKUP_SHARES
+
+
+def _step_ids(table: SyntheticTable, step: int, seed: int = 5) -> np.ndarray:
+    return generate_dlrm_batch([table], 4096, seed=seed, step=step).indices.numpy()
+
+
+def _top_ids(ids: np.ndarray, min_count: int) -> set:
+    rows, counts = np.unique(ids, return_counts=True)
+    return set(rows[counts >= min_count].tolist())
+
+
+@pytest.mark.parametrize("drift", [0.02, 0.1])
+def test_drift_moves_that_share_of_the_popular_ids_per_step(drift: float) -> None:
+    table = SyntheticTable(400_000, 10.0, reuse_histogram=DLRM_DATASETS_REUSE, drift=drift)
+    steps = [_step_ids(table, s) for s in (7, 8)]
+    tops = [_top_ids(ids, 8) for ids in steps]
+    k = len(tops[0])
+    assert k > 500 and len(tops[1]) == k  # ranks keep their counts: the same number of hot rows
+    overlap = len(tops[0] & tops[1]) / k
+    assert abs(overlap - (1 - drift)) < 4 * np.sqrt(drift * (1 - drift) / k) + 1 / k, (overlap, k)
+    # Same counts per rank, so the same histogram, on other ids.
+    a, b = (reuse_histogram(ids) for ids in steps)
+    assert np.array_equal(a.row_shares, b.row_shares) and np.array_equal(a.lookup_shares, b.lookup_shares)
+    # After 1/drift steps every rank has moved once: no id is still there; ids are fresh.
+    later = _step_ids(table, 7 + int(round(1 / drift)))
+    assert not set(np.unique(steps[0])) & set(np.unique(later))
+    np.testing.assert_array_equal(_step_ids(table, 8), steps[1])  # deterministic in (seed, step)
+
+
+def test_no_drift_keeps_the_same_rows_and_counts() -> None:
+    table = SyntheticTable(400_000, 10.0, reuse_histogram=DLRM_DATASETS_REUSE)
+    a, b = _step_ids(table, 0), _step_ids(table, 9)
+    assert not np.array_equal(a, b)  # another draw (order)...
+    ra, ca = np.unique(a, return_counts=True)
+    rb, cb = np.unique(b, return_counts=True)
+    assert np.array_equal(ra, rb) and np.array_equal(ca, cb)  # ...of the same rows and counts
+
+
+def test_characterize_reports_both_reuse_views(tmp_path, capsys) -> None:
+    import json
+
+    from torchrec_mtrains.commands.characterize import main
+
+    b = generate_dlrm_batch([SyntheticTable(200_000, 4.0, reuse_histogram=DLRM_DATASETS_REUSE)], 8192, seed=1)
+    write_dlrm_file(tmp_path / "t.pt", b)
+    assert main([str(tmp_path / "t.pt"), "--batch-size", "1024", "--json"]) == 0
+    reuse = json.loads(capsys.readouterr().out)["tables"][0]["reuse"]
+    assert {"labels", "share_of_lookups", "share_of_unique_rows"} <= set(reuse)
+    assert main([str(tmp_path / "t.pt"), "--batch-size", "1024"]) == 0
+    printed = capsys.readouterr().out
+    assert "lookups = share of lookups by the reuse bin of their row" in printed
+    views = [line.split()[1] for line in printed.splitlines() if line.startswith("table_0  ")][1:]
+    assert views == ["lookups", "rows"]  # after the statistics row: one line per view
+    (stats,) = characterize([b], 1024)
+    report = table_report(stats, qps=1000.0, batch_size=1024, dim=16)["reuse"]
+    assert report["share_of_lookups"] == pytest.approx(stats.reuse.lookup_shares.tolist())
+    assert report["share_of_unique_rows"] == pytest.approx(stats.reuse.row_shares.tolist())
+    assert report["shares"] == report["share_of_unique_rows"]
+    assert len(report["labels"]) == 17 and report["labels"][-1] == "32768+"
+    # Hot rows are few but take most lookups: the two views differ.
+    assert report["share_of_unique_rows"][0] > 0.4 > report["share_of_lookups"][0]
 
 
 def test_generator_is_deterministic() -> None:

@@ -3,12 +3,19 @@
 Synthetic (default). Deterministic: the batch of (seed, step, rank) is the same in every
 run, so a resumed run sees exactly the batches it would have seen.
 - Locality: each table's ids follow the reuse histogram Meta published with dlrm_datasets
-  (docs/architecture.md, "Real data on locality"; ``torchrec_mtrains.stats.DLRM_DATASETS_REUSE``).
-  Per table, ``torchrec_mtrains.stats.generate_dlrm_batch`` builds a reference trace with
-  exactly that histogram over ``CALIBRATION_STEPS`` steps of ``CALIBRATION_BATCH``
-  samples; each row's share of that trace is its probability, and every step draws its ids
-  from those probabilities (so a run of that length reproduces the histogram up to
-  sampling noise). Tables differ in rows, pooling factor, and so in working set.
+  (docs/architecture.md, "Real data on locality"): the share of lookups by the reuse count of
+  their row (``torchrec_mtrains.stats.DLRM_DATASETS_LOOKUP_SHARES``), 6.9 lookups per unique
+  row. Per table, ``torchrec_mtrains.stats.generate_dlrm_batch`` builds a reference trace
+  with exactly that histogram over one dlrm_datasets batch (``CALIBRATION_SAMPLES``
+  samples; fewer for a small table, so that the trace touches at most half its rows); each
+  row's share of that trace is its probability, and every step draws its ids from those
+  probabilities (so a run of that length reproduces the histogram up to sampling noise).
+  Tables differ in rows, pooling factor, and so in working set.
+- Drift (``drift``, train.py's ``--drift``): each step that share of the reference trace's
+  rows, ranked by lookups, moves to fresh ids (``torchrec_mtrains.stats.drifted_ids``; the
+  fresh ids are the table's rows outside the reference trace, in random order), as new ids
+  arrive in real traffic. A fresh id takes its rank's effect (below), so its row must be
+  learned. Zipf tables draw over all their rows and do not drift.
 - Signal: every row that can appear has a hidden effect ~ N(0, 1); a sample's logit is a
   linear function of its 13 dense features plus, per table, the mean effect of its ids;
   labels ~ Bernoulli(sigmoid(logit)). The best possible AUC is about 0.8.
@@ -27,17 +34,19 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_mtrains.stats import (
-    DLRM_DATASETS_REUSE,
+    DLRM_DATASETS_LOOKUP_SHARES,
     SyntheticTable,
+    drifted_ids,
     generate_dlrm_batch,
+    lookups_per_unique_row,
 )
 
-__all__ = ["DENSE_FEATURES", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES", "criteo_files",
-           "criteo_batches", "scaled_tables", "table_locality"]
+__all__ = ["DENSE_FEATURES", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES", "calibration_samples",
+           "criteo_files", "criteo_batches", "scaled_tables", "table_locality"]
 
 DENSE_FEATURES = 13
-CALIBRATION_STEPS = 200  # the histogram is matched over this many steps...
-CALIBRATION_BATCH = 1024  # ...of this many samples (the default run: 2 ranks x 512)
+CALIBRATION_SAMPLES = 65_536  # the histogram is matched over one dlrm_datasets batch...
+CALIBRATION_MAX_TABLE_SHARE = 0.5  # ...or fewer samples, touching at most this share of the rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +61,9 @@ class SyntheticTableSpec:
 
 
 # Mixed sizes, 10K to 2M rows; the large ones multi-hot (several ids per sample). Most
-# follow the published reuse histogram (small working sets); two follow Zipf laws with
-# large working sets, whose misses the SSD alone cannot feed at training speed.
+# follow the published reuse histogram (working sets of 2-50% of the table, moving with
+# the drift); two follow Zipf laws over all their rows, whose misses the SSD alone cannot
+# feed at training speed.
 DEFAULT_TABLES: Sequence[SyntheticTableSpec] = (
     SyntheticTableSpec("t0_2m", 2_000_000, 4.0),
     SyntheticTableSpec("t1_1m", 1_000_000, 8.0, zipf_alpha=0.9),
@@ -77,24 +87,34 @@ def scaled_tables(scale: float) -> List[SyntheticTableSpec]:
     return [dataclasses.replace(t, num_rows=max(1000, int(t.num_rows * scale))) for t in DEFAULT_TABLES]
 
 
+def calibration_samples(spec: SyntheticTableSpec) -> int:
+    """Samples of the table's reference trace: one dlrm_datasets batch, or fewer when that
+    would touch more than ``CALIBRATION_MAX_TABLE_SHARE`` of the table's rows (the rest are
+    the fresh ids of the drift)."""
+    rows = CALIBRATION_MAX_TABLE_SHARE * spec.num_rows * lookups_per_unique_row(DLRM_DATASETS_LOOKUP_SHARES)
+    return max(1, min(CALIBRATION_SAMPLES, int(rows / spec.pooling_factor)))
+
+
 def table_locality(spec: SyntheticTableSpec, global_batch: int) -> Dict[str, object]:
     """The table's locality as the planner reads it (MODEL.yaml's table keys): its Zipf
-    exponent, or the reuse histogram the sampler is calibrated to, over the calibration
-    trace's length in steps."""
+    exponent, or the reuse histogram (shares of lookups) the sampler is calibrated to, over
+    the reference trace's length in steps."""
     if spec.zipf_alpha is not None:
         return {"pooling_factor": spec.pooling_factor, "zipf_alpha": spec.zipf_alpha}
     return {
         "pooling_factor": spec.pooling_factor,
-        "reuse_histogram": [float(x) for x in DLRM_DATASETS_REUSE],
-        "reuse_trace_steps": CALIBRATION_STEPS * CALIBRATION_BATCH / global_batch,
+        "reuse_histogram": [float(x) for x in DLRM_DATASETS_LOOKUP_SHARES],
+        "reuse_trace_steps": calibration_samples(spec) / global_batch,
     }
 
 
 class _TableSampler:
-    """Row probabilities of one table, calibrated to the reuse histogram, and row effects."""
+    """Row probabilities of one table, calibrated to the reuse histogram, row effects, and
+    the drift of its ids."""
 
-    def __init__(self, spec: SyntheticTableSpec, seed: int) -> None:
+    def __init__(self, spec: SyntheticTableSpec, seed: int, drift: float = 0.0) -> None:
         lookups_per_sample = spec.pooling_factor
+        self.drift = 0.0
         if spec.zipf_alpha is not None:  # rank r (a random row) has probability ~ r^-alpha
             rng = np.random.default_rng(seed)
             self.rows = rng.permutation(spec.num_rows).astype(np.int64)
@@ -102,34 +122,44 @@ class _TableSampler:
             self.cdf = np.cumsum(p) / p.sum()
         else:
             ref = generate_dlrm_batch(
-                [SyntheticTable(spec.num_rows, lookups_per_sample, reuse_histogram=DLRM_DATASETS_REUSE)],
-                CALIBRATION_STEPS * CALIBRATION_BATCH, seed=seed,
+                [SyntheticTable(spec.num_rows, lookups_per_sample, reuse_histogram=DLRM_DATASETS_LOOKUP_SHARES)],
+                calibration_samples(spec), seed=seed,
             )
             rows, counts = np.unique(ref.indices.numpy(), return_counts=True)
-            self.rows = rows.astype(np.int64)
-            self.cdf = np.cumsum(counts, dtype=np.float64) / counts.sum()
+            order = np.argsort(-counts, kind="stable")  # ranks: most looked-up first
+            self.rows = rows[order].astype(np.int64)
+            self.cdf = np.cumsum(counts[order], dtype=np.float64) / counts.sum()
+            if drift:
+                rng = np.random.default_rng([seed, 2])
+                rest = np.setdiff1d(np.arange(spec.num_rows, dtype=np.int64), self.rows, assume_unique=True)
+                self.pool = np.concatenate([self.rows, rng.permutation(rest)])
+                self.phase = rng.random(self.rows.size)
+                self.drift = float(drift)
         self.effect = np.random.default_rng(seed + 1).standard_normal(self.rows.size).astype(np.float32)
         self.pooling_factor = spec.pooling_factor
 
-    def sample(self, rng: np.random.Generator, batch: int):
-        """(lengths [batch], ids, summed effect per sample [batch])."""
+    def sample(self, rng: np.random.Generator, batch: int, step: int = 0):
+        """(lengths [batch], ids, summed effect per sample [batch]) of ``step``."""
         extra = self.pooling_factor - 1.0
         lengths = 1 + (rng.poisson(extra, batch) if extra > 0 else np.zeros(batch, dtype=np.int64))
         slots = np.minimum(np.searchsorted(self.cdf, rng.random(int(lengths.sum())), side="right"),
                            self.rows.size - 1)
         owner = np.repeat(np.arange(batch), lengths)
         mean_effect = np.bincount(owner, self.effect[slots], minlength=batch) / lengths
-        return lengths.astype(np.int64), self.rows[slots], mean_effect
+        ids = drifted_ids(self.pool, self.phase, self.drift, step, slots) if self.drift else self.rows[slots]
+        return lengths.astype(np.int64), ids, mean_effect
 
 
 class SyntheticData:
     """Batches of the synthetic data set; ``batch(step, rank)`` is a pure function."""
 
-    def __init__(self, tables: Sequence[SyntheticTableSpec], batch_size: int, seed: int) -> None:
+    def __init__(self, tables: Sequence[SyntheticTableSpec], batch_size: int, seed: int, drift: float = 0.0) -> None:
+        if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 1:
+            raise ValueError(f"drift={drift!r} must be a number in [0, 1)")
         self.tables = list(tables)
         self.batch_size = batch_size
         self.seed = seed
-        self._samplers = [_TableSampler(t, seed * 1000 + i) for i, t in enumerate(self.tables)]
+        self._samplers = [_TableSampler(t, seed * 1000 + i, drift) for i, t in enumerate(self.tables)]
         w = np.random.default_rng(seed + 7).standard_normal(DENSE_FEATURES)
         self._dense_w = (w / np.linalg.norm(w)).astype(np.float32)
         self._keys = [f"f_{t.name}" for t in self.tables]
@@ -138,7 +168,7 @@ class SyntheticData:
         return list(self._keys)
 
     def unique_rows(self) -> Dict[str, int]:
-        """Rows each table can draw (its calibrated working set)."""
+        """Rows each table can draw at a step (its calibrated working set)."""
         return {t.name: int(s.rows.size) for t, s in zip(self.tables, self._samplers)}
 
     def batch(self, step: int, rank: int, stream: int = 0) -> Batch:
@@ -150,7 +180,7 @@ class SyntheticData:
         lengths, values = [], []
         scale = 1.5 / np.sqrt(len(self._samplers))
         for sampler in self._samplers:
-            ln, ids, effect = sampler.sample(rng, b)
+            ln, ids, effect = sampler.sample(rng, b, step)
             lengths.append(ln)
             values.append(ids)
             logit = logit + scale * effect

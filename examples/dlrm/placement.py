@@ -5,7 +5,8 @@ kind of machine, measured by ``mtrains probe-hw``) or a YAML file of the same sc
 (``mtrains probe-hw --out my-node.yaml`` writes one). The planner
 (``StorageAwarePlanner``) places every table on DRAM (plain FUSED), SCM or SSD with a cache
 size, within ``--dram-budget`` per rank for the embeddings (whole DRAM tables plus row
-caches), from each table's locality (the synthetic data's reuse histogram), and spreads
+caches), from each table's locality (the synthetic data's reuse histogram, shares of lookups
+by reuse count, or Zipf law), and spreads
 the tables over the ranks.
 """
 

@@ -73,6 +73,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--embedding-dim", type=int, default=32, help="dim of every table (multiple of 4)")
     p.add_argument("--table-scale", type=float, default=1.0,
                    help="synthetic tables get this fraction of their rows (at least 1,000): small runs for tests")
+    p.add_argument("--drift", type=float, default=0.01,
+                   help="share of each synthetic table's ranked rows that move to fresh ids per step, in [0, 1)")
     p.add_argument("--dcn", action="store_true", help="DLRM-DCN (cross layers) instead of DLRM's dot interaction")
     p.add_argument("--hardware", default=DEFAULT_PROFILE,
                    help="hardware profile: a shipped name (local) or a YAML file (`mtrains probe-hw --out F`)")
@@ -97,6 +99,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.checkpoint_every < 0 or args.eval_batches < 0:
         p.error("--checkpoint-every and --eval-batches must be >= 0")
+    if not 0 <= args.drift < 1:
+        p.error(f"--drift must be in [0, 1), got {args.drift}")
     if not 0 < args.table_scale <= 1:
         p.error(f"--table-scale must be in (0, 1], got {args.table_scale}")
     if args.embedding_dim < 4 or args.embedding_dim % 4:
@@ -368,7 +372,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
 
         features = list(DEFAULT_CAT_NAMES)
     else:
-        data = SyntheticData(scaled_tables(args.table_scale), args.batch_size, args.seed)
+        data = SyntheticData(scaled_tables(args.table_scale), args.batch_size, args.seed, args.drift)
         features = data.feature_names()
     torch.manual_seed(args.seed)
     dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), planner)

@@ -43,9 +43,28 @@ def _format_table(reports: List[Dict[str, Any]], qps: float) -> str:
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(heads)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     out = [line(heads), line(["-" * w for w in widths])] + [line(row) for row in body]
-    out.append(f"hit rates in % of a cache of 1/5/10/20% of the table's rows; bandwidth at {qps:,.0f} samples/s"
+    if body:
+        out += ["", _format_reuse(reports), ""]
+    out.append("first table: hit rates in % of a cache of 1/5/10/20% of the table's rows; "
+               f"bandwidth at {qps:,.0f} samples/s"
                + ("; * rows unknown: unique rows used (--num-rows)" if any(not r["rows_known"] for r in reports) else ""))
     return "\n".join(out)
+
+
+_REUSE_VIEWS = (("lookups", "share_of_lookups"), ("rows", "share_of_unique_rows"))
+
+
+def _format_reuse(reports: List[Dict[str, Any]]) -> str:
+    """Both reuse histograms of each table, in % per reuse bin: "lookups" lines are the
+    share of lookups by the reuse bin of their row, "rows" lines the share of unique rows."""
+    heads = ["table", "view"] + [label.replace(", ", ",") for label in reports[0]["reuse"]["labels"]]
+    body = [[r["table"], view] + [f"{100 * x:.1f}" for x in r["reuse"][key]]
+            for r in reports for view, key in _REUSE_VIEWS]
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(heads)]
+    line = lambda cells: "  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    title = ("reuse histograms, % per bin of a row's lookups over the trace: lookups = share of lookups by the "
+             "reuse bin of their row; rows = share of unique rows by reuse bin")
+    return "\n".join([title, line(heads), line(["-" * w for w in widths])] + [line(row) for row in body])
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,6 +1,7 @@
-"""Trace analysis: per-table lookups, unique rows, pooling factor, reuse histogram, and LRU /
-LFU hit-rate (miss-ratio) curves over cache size; TorchRec ``CacheStatistics`` from them;
-trace sources (KJT iterators, dlrm_datasets files) and a calibrated trace generator."""
+"""Trace analysis: per-table lookups, unique rows, pooling factor, reuse histograms (share of
+unique rows and share of lookups by reuse count), and LRU / LFU hit-rate (miss-ratio) curves
+over cache size; TorchRec ``CacheStatistics`` from them; trace sources (KJT iterators,
+dlrm_datasets files) and a calibrated trace generator (with optional drift)."""
 
 from torchrec_mtrains.stats.accesses import step_accesses
 from torchrec_mtrains.stats.analyze import analyze_table, analyze_trace
@@ -16,11 +17,27 @@ from torchrec_mtrains.stats.dlrm_trace import (
 )
 from torchrec_mtrains.stats.kjt_source import trace_from_kjts
 from torchrec_mtrains.stats.replay import replay_cache_hit_rate
-from torchrec_mtrains.stats.reuse import fit_zipf_alpha, reuse_histogram
+from torchrec_mtrains.stats.reuse import (
+    bin_edges_for,
+    bin_mean_reuse,
+    check_reuse_shares,
+    fit_zipf_alpha,
+    lookups_per_unique_row,
+    reuse_histogram,
+    rows_per_bin,
+)
 from torchrec_mtrains.stats.stack_distance import shards_mask, stack_distances
-from torchrec_mtrains.stats.synthetic import DLRM_DATASETS_REUSE, SyntheticTable, generate_dlrm_batch
+from torchrec_mtrains.stats.synthetic import (
+    DLRM_DATASETS_LOOKUP_SHARES,
+    DLRM_DATASETS_REUSE,
+    DLRM_DATASETS_ROW_SHARES,
+    SyntheticTable,
+    drifted_ids,
+    generate_dlrm_batch,
+)
 from torchrec_mtrains.stats.types import (
     REUSE_BIN_EDGES,
+    REUSE_BIN_EDGES_16,
     HitRateCurve,
     ReuseHistogram,
     TableStats,
@@ -29,8 +46,11 @@ from torchrec_mtrains.stats.types import (
 )
 
 __all__ = [
+    "DLRM_DATASETS_LOOKUP_SHARES",
     "DLRM_DATASETS_REUSE",
+    "DLRM_DATASETS_ROW_SHARES",
     "REUSE_BIN_EDGES",
+    "REUSE_BIN_EDGES_16",
     "CurveCacheStatistics",
     "DlrmBatch",
     "HitRateCurve",
@@ -41,15 +61,21 @@ __all__ = [
     "Trace",
     "analyze_table",
     "analyze_trace",
+    "bin_edges_for",
+    "bin_mean_reuse",
     "check_dlrm_batch",
+    "check_reuse_shares",
+    "drifted_ids",
     "fit_zipf_alpha",
     "generate_dlrm_batch",
     "lfu_curve",
     "load_dlrm_trace",
+    "lookups_per_unique_row",
     "lru_curve",
     "read_dlrm_file",
     "replay_cache_hit_rate",
     "reuse_histogram",
+    "rows_per_bin",
     "shards_mask",
     "stack_distances",
     "step_accesses",

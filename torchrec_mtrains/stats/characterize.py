@@ -5,7 +5,10 @@ LFU cache of 1/5/10/20% of the table, and the bandwidth the table needs at a tar
 ``lookup`` = every looked-up row gathered (QPS x pooling factor x row bytes), ``tier@10%``
 = the misses of a 10% LRU cache read from the table's tier (steps/s x distinct rows per
 step x miss rate x row bytes). Row bytes = (dim + 1) x 4: fp32 weights + the rowwise
-Adagrad state, as stored.
+Adagrad state, as stored. ``reuse`` holds the table's two reuse histograms in
+dlrm_datasets' bins: ``share_of_lookups`` (share of lookups by the reuse bin of the row they
+go to) and ``share_of_unique_rows`` (share of unique rows by reuse bin; also under its
+earlier key ``shares``).
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ def table_report(s: TableStats, qps: float, batch_size: int, dim: int) -> Dict[s
         "hit_rate": hit,
         "lookup_bytes_per_s": qps * s.pooling_factor * row_bytes,
         "tier_bytes_per_s_at_10pct_lru": qps / batch_size * s.unique_rows_per_step * miss * row_bytes,
-        "reuse": {"labels": list(s.reuse.labels()), "shares": [float(x) for x in s.reuse.shares]},
+        "reuse": {"labels": list(s.reuse.labels()),
+                  "share_of_lookups": [float(x) for x in s.reuse.lookup_shares],
+                  "share_of_unique_rows": [float(x) for x in s.reuse.row_shares],
+                  "shares": [float(x) for x in s.reuse.row_shares]},
         "lru_sample_rate": s.lru.sample_rate,
     }
 

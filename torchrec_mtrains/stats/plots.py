@@ -4,7 +4,8 @@
   table's rows, log scale), one colour per table;
 - ``bandwidth.png``: bandwidth per table at the target QPS, all lookups vs the tier's traffic
   behind a 10% LRU cache;
-- ``reuse_histogram.png``: share of unique rows by reuse count (dlrm_datasets' bins), per table.
+- ``reuse_histogram.png``: share of lookups by the reuse bin of their row (top) and share of
+  unique rows by reuse bin (bottom), dlrm_datasets' bins, per table.
 """
 
 from __future__ import annotations
@@ -55,15 +56,19 @@ def write_plots(stats: Sequence[TableStats], reports: Sequence[Dict[str, Any]], 
     ax.legend()
     paths.append(_save(fig, directory / "bandwidth.png"))
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, axes = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     width = 0.8 / max(1, len(top))
-    for n, i in enumerate(top):
-        s = stats[i]
-        ax.bar(np.arange(len(s.reuse.shares)) + n * width, 100 * s.reuse.shares, width, label=s.name)
     labels = stats[top[0]].reuse.labels() if top else ()
-    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=60, ha="right", fontsize="small")
-    ax.set(xlabel="lookups of a row over the trace", ylabel="unique rows (%)", title="Reuse histogram")
-    ax.legend(fontsize="small", ncol=2)
+    views = (("lookup_shares", "lookups (%)", "Share of lookups by reuse bin of their row"),
+             ("row_shares", "unique rows (%)", "Share of unique rows by reuse bin"))
+    for ax, (attr, ylabel, title) in zip(axes, views):
+        for n, i in enumerate(top):
+            shares = getattr(stats[i].reuse, attr)
+            ax.bar(np.arange(len(shares)) + n * width, 100 * shares, width, label=stats[i].name)
+        ax.set(ylabel=ylabel, title=title)
+    axes[0].legend(fontsize="small", ncol=2)
+    axes[1].set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=60, ha="right", fontsize="small")
+    axes[1].set(xlabel="lookups of a row over the trace")
     paths.append(_save(fig, directory / "reuse_histogram.png"))
     return paths
 

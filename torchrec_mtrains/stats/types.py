@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "REUSE_BIN_EDGES",
+    "REUSE_BIN_EDGES_16",
     "HitRateCurve",
     "ReuseHistogram",
     "TableStats",
@@ -23,9 +24,13 @@ __all__ = [
 ]
 
 REUSE_BIN_EDGES: Tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                      float("inf"))
+                                      32768, float("inf"))
 """Reuse-count bins (lo, hi] of Meta's dlrm_datasets locality stats: (0,1], (1,2], (2,4], ...,
-(8K,16K], 16K+ (16 bins)."""
+(8K,16K], (16K,32K], 32K+ (17 bins)."""
+
+REUSE_BIN_EDGES_16: Tuple[float, ...] = REUSE_BIN_EDGES[:-2] + (float("inf"),)
+"""The same bins with the last two merged, (0,1] .. (8K,16K], 16K+ (16 bins): the form of
+16-value histograms written before the 32K+ bin was split off."""
 
 
 @dataclass(frozen=True)
@@ -59,20 +64,34 @@ class Trace:
 
 @dataclass(frozen=True)
 class ReuseHistogram:
-    """Share of unique rows by reuse count (raw lookups of the row over the trace).
+    """Two views of the reuse counts (raw lookups of a row over the trace), in the same bins:
+    how the unique rows spread over the bins, and how the lookups do (each lookup counted in
+    the bin of the row it goes to; dlrm_datasets' README publishes this one as its "Reuse
+    pattern"). Hot rows are few but take most lookups, so the two differ widely.
 
     Attributes:
-        edges: bin edges; bin i is ``(edges[i], edges[i+1]]`` (the last is open: 16K+).
-        shares: float [bins], summing to 1 (all zero for an empty trace).
+        edges: bin edges; bin i is ``(edges[i], edges[i+1]]`` (the last is open: 32K+).
+        row_shares: float [bins], share of unique rows by reuse bin, summing to 1 (all zero
+            for an empty trace).
+        lookup_shares: float [bins], share of lookups by the reuse bin of their row, summing
+            to 1 (all zero for an empty trace).
         rows: unique rows counted.
+        lookups: lookups counted.
     """
 
     edges: Tuple[float, ...]
-    shares: np.ndarray
+    row_shares: np.ndarray
+    lookup_shares: np.ndarray
     rows: int
+    lookups: int
+
+    @property
+    def shares(self) -> np.ndarray:
+        """``row_shares`` under its earlier name (share of unique rows by reuse bin)."""
+        return self.row_shares
 
     def labels(self) -> Tuple[str, ...]:
-        """Bin names as in dlrm_datasets: "(0, 1]" ... "(8192, 16384]", "16384+"."""
+        """Bin names as in dlrm_datasets: "(0, 1]" ... "(16384, 32768]", "32768+"."""
         out = [f"({int(lo)}, {int(hi)}]" for lo, hi in zip(self.edges[:-2], self.edges[1:-1])]
         return tuple(out + [f"{int(self.edges[-2])}+"])
 
@@ -132,7 +151,7 @@ class TableStats:
         unique_rows: distinct rows over the whole trace.
         step_unique_rows: distinct rows per step, summed: the cache's accesses.
         pooling_factor: mean ids per sample (lookups / samples, the table's features summed).
-        reuse: share of unique rows by reuse count.
+        reuse: share of unique rows and share of lookups by reuse count.
         lru: LRU hit-rate curve (exact or SHARDS-sampled).
         lfu: perfect-LFU hit-rate curve.
     """

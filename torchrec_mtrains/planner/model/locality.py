@@ -8,7 +8,8 @@ probability ``q_i = 1 - (1 - p_i)^L`` (``L`` lookups a step, ``p_i`` its popular
   hits with probability ``1 - (1 - q_i)^T``;
 - LFU: the static cache of the C most popular rows (what frequency caching tends to on a
   stationary trace), hit rate ``sum_{top C} q_i / U``.
-A reuse histogram gives the popularity of the rows it describes (histogram_locality).
+A reuse histogram (share of lookups by reuse count) gives the popularity of the rows it
+describes (histogram_locality).
 Sums over billions of rows are taken exactly over the first ranks and by the trapezoid
 rule on a log-spaced grid of ranks after that (the summands are smooth in the rank).
 A measured trace replaces the model: its curves come from torchrec_mtrains.stats.
@@ -105,23 +106,18 @@ def zipf_locality(num_rows: int, lookups_per_step: float, alpha: float, points: 
 def histogram_locality(
     num_rows: int, lookups_per_step: float, shares: Tuple[float, ...], trace_steps: float = 1000, points: int = 64
 ) -> LocalityCurve:
-    """The curve of a table whose rows are reused as a reuse histogram says (share of the
-    rows a trace touches by lookup count, dlrm_datasets' bins), over a trace of
-    ``trace_steps`` steps: each bin's rows take the bin's geometric-mean count, their
-    popularity is proportional to it, and rows the trace never touches have none."""
-    from torchrec_mtrains.stats import REUSE_BIN_EDGES
+    """The curve of a table whose lookups spread over reuse counts as a reuse histogram says
+    (share of lookups by the reuse bin of their row, dlrm_datasets' 17 bins or the 16 up to
+    16K+) over a trace of ``trace_steps`` steps: each bin holds its lookups / its mean reuse
+    rows (``torchrec_mtrains.stats.rows_per_bin``, the generator's conversion), those rows
+    take the bin's mean reuse and a popularity proportional to it, and rows the trace never
+    touches have none. When the bins need more rows than the table has, every bin's rows
+    shrink in proportion (their lookup shares stay)."""
+    from torchrec_mtrains.stats import bin_edges_for, bin_mean_reuse, rows_per_bin
 
-    shares_a = np.asarray(shares, dtype=np.float64)
-    if shares_a.shape != (len(REUSE_BIN_EDGES) - 1,) or np.any(shares_a < 0) or not shares_a.sum() > 0:
-        raise ValueError(f"reuse histogram must be {len(REUSE_BIN_EDGES) - 1} shares >= 0, got {shares!r}")
-    shares_a /= shares_a.sum()
-    lo = np.maximum(np.asarray(REUSE_BIN_EDGES[:-1], dtype=np.float64), 1.0)
-    hi = np.asarray(REUSE_BIN_EDGES[1:], dtype=np.float64)
-    hi[-1] = lo[-1] * 2
-    counts = np.sqrt(lo * hi)
-    lookups = lookups_per_step * trace_steps
-    touched = min(float(num_rows), lookups / float(shares_a @ counts))
-    weights = shares_a * touched  # rows per bin
+    weights = rows_per_bin(shares, lookups_per_step * trace_steps)  # ValueError names bad shares
+    counts = bin_mean_reuse(bin_edges_for(len(shares)))
+    weights = weights * min(1.0, num_rows / float(weights.sum()))
     order = np.argsort(-counts)
     counts, weights = counts[order], weights[order]
     keep = weights > 0

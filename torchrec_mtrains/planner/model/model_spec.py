@@ -119,11 +119,13 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
         alpha = float(_number(f"{where}.zipf_alpha", entry["zipf_alpha"], positive=False))
         curve = zipf_locality(rows, lookups, alpha)
     elif given[0] == "reuse_histogram":
-        shares = entry["reuse_histogram"]
-        if (not isinstance(shares, Sequence) or isinstance(shares, str) or len(shares) != 16
-                or any(isinstance(s, bool) or not isinstance(s, (int, float)) or s < 0 for s in shares)
-                or sum(shares) <= 0):
-            raise ValueError(f"{where}.reuse_histogram must be 16 shares >= 0 (bins (0,1] .. 16K+), got {shares!r}")
+        from torchrec_mtrains.stats import check_reuse_shares
+
+        shares = entry["reuse_histogram"]  # share of lookups by the reuse bin of their row
+        if (not isinstance(shares, Sequence) or isinstance(shares, str)
+                or any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in shares)):
+            raise ValueError(f"{where}.reuse_histogram must be a list of numbers, got {shares!r}")
+        check_reuse_shares(shares, f"{where}.reuse_histogram")
         steps = _number(f"{where}.reuse_trace_steps", entry.get("reuse_trace_steps", 1000))
         curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares), float(steps))
     rb = row_bytes(dim, dtype, optimizer)
