@@ -25,6 +25,7 @@ from _block_store_helpers import (
     random_rows,
     reference_init_rows,
 )
+from _watch import run_watched
 from torchrec_mtrains.storage import BlockStore
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -543,7 +544,8 @@ def test_gc_makes_progress_with_small_segments(tmp_path: Path) -> None:
         """
     )
     try:
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+        # A round takes milliseconds: 30 s without the next one is the livelock.
+        res = run_watched([sys.executable, "-c", script], stall_s=30)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"write() hung in garbage collection; last round started: {out.strip().splitlines()[-1:]}")

@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
     run_state_machine_as_test
 
 from _block_store_helpers import assert_rows_equal, random_rows, reference_init_rows, uring_unavailable_reason
+from _watch import run_watched
 from torchrec_mtrains.storage import BlockStore, CorruptionError
 
 CACHE_OVERHEAD_BYTES = 40  # per cached row, as csrc/storage/block_store.cc sizes the cache
@@ -227,11 +228,14 @@ def run_machine(root: str, max_examples: int, steps: int, derandomize: bool) -> 
     )
 
 
-def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, timeout_s: float,
-                          derandomize: bool) -> None:
+STALL_S = 60  # no operation for this long: the store hangs (operations take milliseconds)
+
+
+def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, derandomize: bool) -> None:
     """Runs the machine in a child process: a store that hangs (a livelock in C++ holds the
     store's mutex and ignores signals) fails the test, with the operations of the hanging
-    example, instead of stalling the suite."""
+    example, instead of stalling the suite. The child logs each operation; it is hung when
+    it logs none for STALL_S, however long the whole run takes on a loaded machine."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -242,13 +246,12 @@ def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, timeout
     )
     env = dict(os.environ, MTRAINS_MODEL_TRACE="1")
     try:
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             timeout=timeout_s, env=env)
+        res = run_watched([sys.executable, "-c", script], STALL_S, env)
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
         lines = err.splitlines()
         start = max((k for k, line in enumerate(lines) if line.startswith("create ")), default=0)
-        pytest.fail(f"the store hung for {timeout_s:.0f} s; operations of the hanging example:\n"
+        pytest.fail(f"the store hung (no operation for {STALL_S} s); operations of the hanging example:\n"
                     + "\n".join(lines[start:][-80:]))
     if res.returncode != 0:
         tail = [line for line in res.stderr.splitlines()
@@ -260,13 +263,13 @@ def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, timeout
 
 def test_random_operations_match_model(tmp_path: Path) -> None:
     """60 fixed (derandomized) sequences of up to 30 operations: the same every run."""
-    _run_machine_in_child(tmp_path, max_examples=60, steps=30, timeout_s=90, derandomize=True)
+    _run_machine_in_child(tmp_path, max_examples=60, steps=30, derandomize=True)
 
 
 @pytest.mark.slow
 def test_random_operations_match_model_long(tmp_path: Path) -> None:
     """300 fresh random sequences of up to 50 operations (different every run)."""
-    _run_machine_in_child(tmp_path, max_examples=300, steps=50, timeout_s=300, derandomize=False)
+    _run_machine_in_child(tmp_path, max_examples=300, steps=50, derandomize=False)
 
 
 # Concurrency -----------------------------------------------------------------------------
