@@ -10,9 +10,12 @@ Set in the environment of the process to kill (read once, at import)::
                                            with the same environment then runs clean)
     MTRAINS_FAULT_TRACE=<path>             append a line "<phase> <n>" to <path> each time a
                                            point is reached (n: its count in this process),
-                                           "<phase> <n> SIGKILL" for the one that kills; so a
+                                           "<phase> <n> <signal>" for the one that fires; so a
                                            test learns how often each point is reached, and
                                            where a killed process died
+    MTRAINS_FAULT_SIGNAL=SIGSTOP           stop the process there instead of killing it: a
+                                           test then acts at that very point (fills a disk,
+                                           say) and resumes it with SIGCONT
 
 The kill is ``SIGKILL`` of the whole process (no handlers, no flushing, no atexit), the way
 the OOM killer or a lost node ends a job. Phases (``PHASES``) and where they are:
@@ -26,7 +29,8 @@ the OOM killer or a lost node ends a job. Phases (``PHASES``) and where they are
 - ``checkpoint.flush`` .. ``checkpoint.cleanup``: examples/dlrm/checkpoint.py, see there.
 - ``step``: examples/dlrm/train.py, after a step's loss is known, before its checkpoint.
 
-With MTRAINS_FAULT and MTRAINS_FAULT_TRACE unset, ``fault_point`` is one test of a module global: no cost on the data path.
+With MTRAINS_FAULT and MTRAINS_FAULT_TRACE unset, ``fault_point`` is one test of a module
+global: no cost on the data path.
 """
 
 from __future__ import annotations
@@ -71,7 +75,15 @@ def _open_trace(path: Optional[str]) -> Optional[TextIO]:
         raise OSError(e.errno, f"MTRAINS_FAULT_TRACE={path!r}: {e.strerror}") from None
 
 
+def _signal(name: Optional[str]) -> signal.Signals:
+    signals = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
+    if name and name not in signals:
+        raise ValueError(f"MTRAINS_FAULT_SIGNAL={name!r} must be one of {', '.join(signals)}")
+    return signals[name or "SIGKILL"]
+
+
 _SPEC = _parse(os.environ.get("MTRAINS_FAULT"))
+_SIGNAL = _signal(os.environ.get("MTRAINS_FAULT_SIGNAL"))
 _ONCE = os.environ.get("MTRAINS_FAULT_ONCE")
 _TRACE = _open_trace(os.environ.get("MTRAINS_FAULT_TRACE"))
 _seen: Dict[str, int] = {}
@@ -87,13 +99,13 @@ def fault_point(phase: str) -> None:
         _seen[phase] = n = _seen.get(phase, 0) + 1
         fire = _fires(phase, n)
         if _TRACE is not None:
-            _TRACE.write(f"{phase} {n}{' SIGKILL' if fire else ''}\n")
+            _TRACE.write(f"{phase} {n} {_SIGNAL.name}\n" if fire else f"{phase} {n}\n")
         if fire:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), _SIGNAL)
 
 
 def _fires(phase: str, n: int) -> bool:
-    """Whether the n-th time ``phase`` is reached kills this process (creating the ONCE file)."""
+    """Whether the n-th time ``phase`` is reached fires (creating the ONCE file)."""
     if _SPEC is None or (phase, n) != _SPEC[:2]:
         return False
     if _SPEC[2] is not None and int(os.environ.get("RANK", "0")) != _SPEC[2]:
