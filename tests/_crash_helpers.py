@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from typing import Dict, List, Optional
 
 import torch
+
+from _ports import OS_PICKED_PORT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "dlrm", "train.py")
@@ -24,16 +25,10 @@ SMALL = ["--steps", str(STEPS), "--batch-size", "64", "--table-scale", "0.05", "
          "--checkpoint-every", str(EVERY), "--eval-batches", "1", "--log-every", "5"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def env(fault: Optional[str] = None, **extra: str) -> Dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("MTRAINS_FAULT", "TORCHELASTIC"))}
     e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
-    e["MASTER_PORT"] = str(free_port())
+    e["MASTER_PORT"] = OS_PICKED_PORT  # train.py of one process: its rank 0 binds the port
     e["OMP_NUM_THREADS"] = "1"
     if fault:
         e["MTRAINS_FAULT"] = fault

@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from _ports import file_init_method
+
 BATCH = 32  # global batch size
 # name -> (rows, dim, features)
 TABLES: Dict[str, tuple] = {
@@ -45,7 +47,7 @@ class RunSpec:
     save_dir: Optional[str] = None
     kill_after_save: bool = False
     init_file: Optional[str] = None  # full initial weights (torch.save of a dict)
-    port: int = 29600
+    init_method: str = ""  # the group's rendezvous; launch() sets a file:// one in out_dir
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -178,8 +180,7 @@ def run(rank: int, spec_json: str) -> None:
     from torchrec_mtrains.sharding import TieredTrainPipeline
 
     spec = RunSpec(**json.loads(spec_json))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec.port))
-    dist.init_process_group("gloo", rank=rank, world_size=spec.world_size)
+    dist.init_process_group("gloo", init_method=spec.init_method, rank=rank, world_size=spec.world_size)
     torch.manual_seed(0)
     dmp, opt = _build(spec, rank)
     if spec.init_file:
@@ -241,6 +242,8 @@ def launch(spec: RunSpec, timeout: float = 300.0) -> List[int]:
     """Runs ``spec`` in ``world_size`` fresh processes; returns their exit codes."""
     import multiprocessing
 
+    if not spec.init_method:
+        spec = dataclasses.replace(spec, init_method=file_init_method(os.path.join(spec.out_dir, "rendezvous")))
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=run, args=(r, spec.to_json())) for r in range(spec.world_size)]
     for p in procs:

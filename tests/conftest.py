@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch.distributed as dist
 from _block_store_helpers import uring_unavailable_reason
+from _ports import master_store
 
 
 @pytest.fixture(params=["uring", "threads"])
@@ -26,9 +25,6 @@ def process_group():
     if dist.is_initialized():
         yield
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=master_store(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()

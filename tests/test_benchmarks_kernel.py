@@ -95,8 +95,12 @@ def test_bad_values_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_checked_in_config_is_valid() -> None:
+    # load_config reads a missing default file as "dataclass defaults": it must be there.
+    assert kernel.DEFAULT_CONFIG.is_file(), kernel.DEFAULT_CONFIG
     for quick in (False, True):
-        KernelBenchConfig(**kernel.load_config(None, quick))
+        values = kernel.load_config(None, quick)
+        assert values, f"{kernel.DEFAULT_CONFIG} sets nothing (quick={quick})"
+        KernelBenchConfig(**values)
 
 
 def _run(phase: str, system: str, median_ms: float, **extra: float) -> PhaseResult:

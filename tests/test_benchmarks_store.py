@@ -67,8 +67,12 @@ def test_bad_values_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_checked_in_config_is_valid() -> None:
+    # load_config reads a missing default file as "dataclass defaults": it must be there.
+    assert store.DEFAULT_CONFIG.is_file(), store.DEFAULT_CONFIG
     for quick in (False, True):
-        StoreBenchConfig(**store.load_config(None, quick))
+        values = store.load_config(None, quick)
+        assert values, f"{store.DEFAULT_CONFIG} sets nothing (quick={quick})"
+        StoreBenchConfig(**values)
 
 
 def test_targets_and_report_from_figures() -> None:

@@ -25,6 +25,7 @@ from _block_store_helpers import (
     random_rows,
     reference_init_rows,
 )
+from _watch import run_watched
 from torchrec_mtrains.storage import BlockStore
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -286,14 +287,16 @@ def test_flush_and_open_buffers_sized_by_map_pages(tmp_path: Path) -> None:
 # A 1 TB table -------------------------------------------------------------------------
 def test_terabyte_table_is_instant_and_sparse(tmp_path: Path) -> None:
     path, n, dim = tmp_path / "huge.tbl", 2_000_000_000, 128
-    t0 = time.perf_counter()
+    # "Instant" in CPU time (this process's, all threads): work proportional to the table's
+    # size would show there, while waits for a disk other processes keep busy would not.
+    t0 = time.process_time()
     store = BlockStore(path, n, dim, dram_cache_mb=1)
-    created_s = time.perf_counter() - t0
+    created_s = time.process_time() - t0
     try:
         st = os.stat(path)
         assert n * (dim + 1) * 4 >= 1e12  # a terabyte of rows
         assert st.st_size >= 1e12  # the file spans the whole log (sparse)
-        assert created_s < 1.0, f"creating a 1 TB table took {created_s:.2f} s"
+        assert created_s < 1.0, f"creating a 1 TB table took {created_s:.2f} s of CPU"
         assert st.st_blocks * 512 <= 1 << 20, f"a new 1 TB table uses {st.st_blocks * 512} bytes"
         ids = torch.tensor([0, 1, 999_999_999, n - 1])
         assert_rows_equal(store.read(ids), expected_lazy(store, ids, 0, (-0.01, 0.01)))
@@ -301,13 +304,14 @@ def test_terabyte_table_is_instant_and_sparse(tmp_path: Path) -> None:
         store.write(ids, rows)
         store.close()
         assert os.stat(path).st_blocks * 512 <= 8 << 20, "four rows should cost a few blocks"
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         with BlockStore.open(path, dram_cache_mb=1) as again:
-            reopen_s = time.perf_counter() - t0
+            reopen_s = time.process_time() - t0
+            assert again.stats()["device_bytes_read"] <= 1 << 20, "reopening read more than the map pages written"
             assert_rows_equal(again.read(ids), rows)
             other = torch.tensor([2, 1_500_000_000])
             assert_rows_equal(again.read(other), expected_lazy(again, other, 0, (-0.01, 0.01)))
-        assert reopen_s < 2.0, f"reopening a 1 TB table took {reopen_s:.2f} s"
+        assert reopen_s < 2.0, f"reopening a 1 TB table took {reopen_s:.2f} s of CPU"
     finally:
         path.unlink()
 
@@ -543,7 +547,8 @@ def test_gc_makes_progress_with_small_segments(tmp_path: Path) -> None:
         """
     )
     try:
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+        # A round takes milliseconds: 30 s without the next one is the livelock.
+        res = run_watched([sys.executable, "-c", script], stall_s=30)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"write() hung in garbage collection; last round started: {out.strip().splitlines()[-1:]}")

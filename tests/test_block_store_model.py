@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Dict, List
@@ -25,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
     run_state_machine_as_test
 
 from _block_store_helpers import assert_rows_equal, random_rows, reference_init_rows, uring_unavailable_reason
+from _watch import run_watched
 from torchrec_mtrains.storage import BlockStore, CorruptionError
 
 CACHE_OVERHEAD_BYTES = 40  # per cached row, as csrc/storage/block_store.cc sizes the cache
@@ -228,11 +228,14 @@ def run_machine(root: str, max_examples: int, steps: int, derandomize: bool) -> 
     )
 
 
-def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, timeout_s: float,
-                          derandomize: bool) -> None:
+STALL_S = 60  # no operation for this long: the store hangs (operations take milliseconds)
+
+
+def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, derandomize: bool) -> None:
     """Runs the machine in a child process: a store that hangs (a livelock in C++ holds the
     store's mutex and ignores signals) fails the test, with the operations of the hanging
-    example, instead of stalling the suite."""
+    example, instead of stalling the suite. The child logs each operation; it is hung when
+    it logs none for STALL_S, however long the whole run takes on a loaded machine."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -243,13 +246,12 @@ def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, timeout
     )
     env = dict(os.environ, MTRAINS_MODEL_TRACE="1")
     try:
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             timeout=timeout_s, env=env)
+        res = run_watched([sys.executable, "-c", script], STALL_S, env)
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
         lines = err.splitlines()
         start = max((k for k, line in enumerate(lines) if line.startswith("create ")), default=0)
-        pytest.fail(f"the store hung for {timeout_s:.0f} s; operations of the hanging example:\n"
+        pytest.fail(f"the store hung (no operation for {STALL_S} s); operations of the hanging example:\n"
                     + "\n".join(lines[start:][-80:]))
     if res.returncode != 0:
         tail = [line for line in res.stderr.splitlines()
@@ -261,22 +263,32 @@ def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, timeout
 
 def test_random_operations_match_model(tmp_path: Path) -> None:
     """60 fixed (derandomized) sequences of up to 30 operations: the same every run."""
-    _run_machine_in_child(tmp_path, max_examples=60, steps=30, timeout_s=90, derandomize=True)
+    _run_machine_in_child(tmp_path, max_examples=60, steps=30, derandomize=True)
 
 
 @pytest.mark.slow
 def test_random_operations_match_model_long(tmp_path: Path) -> None:
     """300 fresh random sequences of up to 50 operations (different every run)."""
-    _run_machine_in_child(tmp_path, max_examples=300, steps=50, timeout_s=300, derandomize=False)
+    _run_machine_in_child(tmp_path, max_examples=300, steps=50, derandomize=False)
 
 
 # Concurrency -----------------------------------------------------------------------------
+HANG_S = 300  # a wait this long means a thread hung (or starved), not a slow machine
+
+
 def test_concurrent_reader_writer_and_flusher(tmp_path: Path, engine: str) -> None:
     """A writer rewrites rows [0, 3000) with increasing versions while a reader reads
     [2000, 4000) and a third thread flushes and snapshots. Every row read is a version the
     writer wrote (or the initial value), versions seen never go back, rows never written stay
-    at their initial value, and the final table equals the writer's model, also after reopen."""
-    n, dim, seconds = 4000, 7, 1.5
+    at their initial value, and the final table equals the writer's model, also after reopen.
+
+    The threads run until the counters say what the test needs happened, not for a time:
+    garbage collection moved rows (the log of 12 segments, 3 of them kept for the collector,
+    fills after ~45 writes of 150 rows), then the reader read 20 more batches and the flusher
+    (a flush every 5 writes, a snapshot every third flush) took 2 more snapshots, all while
+    the writer kept writing."""
+    n, dim = 4000, 7
+    reads_after_gc, snapshots_after_gc, flush_every = 20, 2, 5
     path = tmp_path / "t.tbl"
     # Segments of 8 blocks, 50% spare: garbage collection runs without the small-segment
     # livelock that test_block_store.py::test_gc_makes_progress_with_one_block_segments shows.
@@ -286,7 +298,14 @@ def test_concurrent_reader_writer_and_flusher(tmp_path: Path, engine: str) -> No
     model: Dict[int, float] = {}
     errors: List[BaseException] = []
     stop = threading.Event()
-    reads = [0]
+    gc_seen, reads_done, snapshots_done = threading.Event(), threading.Event(), threading.Event()
+    progress = threading.Condition()  # notified at each write, event and failure
+    writes, reads, snapshots = [0], [0], [0]
+
+    def announce(event: threading.Event) -> None:
+        with progress:
+            event.set()
+            progress.notify_all()
 
     def guarded(fn):
         def run() -> None:
@@ -295,6 +314,9 @@ def test_concurrent_reader_writer_and_flusher(tmp_path: Path, engine: str) -> No
             except BaseException as e:  # reported by the main thread
                 errors.append(e)
                 stop.set()
+            finally:
+                with progress:
+                    progress.notify_all()
         return run
 
     @guarded
@@ -309,12 +331,22 @@ def test_concurrent_reader_writer_and_flusher(tmp_path: Path, engine: str) -> No
             store.write(ids, rows)
             for i in ids.tolist():
                 model[i] = float(version)
+            if not gc_seen.is_set():
+                if store.stats()["gc_rows_moved"] > 0:
+                    announce(gc_seen)
+                elif version >= 2000:  # 40 times what fills the log
+                    raise AssertionError(f"garbage collection moved no row in {version} writes of 150 rows")
+            with progress:
+                writes[0] = version
+                progress.notify_all()
 
     @guarded
     def reader() -> None:
         g = torch.Generator().manual_seed(2)
         seen = torch.zeros(n)
+        after_gc = 0
         while not stop.is_set():
+            gc_before = gc_seen.is_set()
             ids = torch.randint(2000, 4000, (120,), generator=g)
             got = store.read(ids)
             reads[0] += 1
@@ -327,29 +359,48 @@ def test_concurrent_reader_writer_and_flusher(tmp_path: Path, engine: str) -> No
                 assert row[0] == i and torch.all(row[1:] == row[1]), f"row {i} is torn: {row}"
                 assert row[1] >= seen[i], f"row {i} went back from version {seen[i]} to {row[1]}"
                 seen[i] = row[1]
+            after_gc += gc_before
+            if after_gc >= reads_after_gc and not reads_done.is_set():
+                announce(reads_done)
 
     @guarded
     def flusher() -> None:
-        k = 0
-        while not stop.is_set():
-            time.sleep(0.05)
+        k, flushed_at, after_gc = 0, 0, 0
+        while True:
+            with progress:  # wait for the writer's next writes
+                progress.wait_for(lambda: stop.is_set() or writes[0] >= flushed_at + flush_every)
+            if stop.is_set():
+                return
+            flushed_at = writes[0]
+            gc_before = gc_seen.is_set()
             store.flush()
             store.stats()
             k += 1
-            if k % 10 == 0:
+            if k % 3 == 0:
                 store.snapshot(tmp_path / "snap.tbl")
+                snapshots[0] += 1
+                after_gc += gc_before
+                if after_gc >= snapshots_after_gc and not snapshots_done.is_set():
+                    announce(snapshots_done)
 
     threads = [threading.Thread(target=f, daemon=True) for f in (writer, reader, flusher)]
     for t in threads:
         t.start()
-    stop.wait(seconds)
+    with progress:  # HANG_S is a hang guard, not a window the work must fit in
+        progress.wait_for(lambda: errors or (gc_seen.is_set() and reads_done.is_set() and snapshots_done.is_set()),
+                          timeout=HANG_S)
     stop.set()
+    with progress:
+        progress.notify_all()
     for t in threads:
         t.join(timeout=60)
     if any(t.is_alive() for t in threads):  # leave the store alone: a hung call holds its lock
         pytest.fail("a thread hung inside the store")
     if errors:
         raise errors[0]
+    assert gc_seen.is_set() and reads_done.is_set() and snapshots_done.is_set(), (
+        f"after {writes[0]} writes, {reads[0]} reads, {snapshots[0]} snapshots: "
+        f"gc {gc_seen.is_set()}, reads {reads_done.is_set()}, snapshots {snapshots_done.is_set()}")
     assert reads[0] > 10 and len(model) > 1000
 
     want = lazy.clone()

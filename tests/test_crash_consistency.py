@@ -2,11 +2,12 @@
 
 SIGKILLs the training process at points named by the fault hook
 (torchrec_mtrains.testing.faults: mid-prefetch, mid-step, mid-flush, at every stage of a
-checkpoint save) and at random times, resumes from the last complete checkpoint each time,
-and checks that the run ends bit-identical to an uninterrupted one (losses, and every
-tensor of the final checkpoint), that ``latest`` always names a complete checkpoint and
-that a save killed half-way leaves nothing behind once the next save succeeds. Then a
-2-rank torchrun job with restarts, one rank killed: it resumes by itself and ends the same.
+checkpoint save), at chosen counts and at counts drawn from a seeded RNG, resumes from the
+last complete checkpoint each time, and checks that every attempt died where it was aimed,
+that the run ends bit-identical to an uninterrupted one (losses, and every tensor of the
+final checkpoint), that ``latest`` always names a complete checkpoint and that a save killed
+half-way leaves nothing behind once the next save succeeds. Then a 2-rank torchrun job with
+restarts, one rank killed: it resumes by itself and ends the same.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ import os
 import random
 import signal
 import subprocess
-import time
+from typing import Dict, List, Tuple
 
 import pytest
 
-from _crash_helpers import (EVERY, ROOT, STEPS, assert_same_tensors, checkpoint_tensors, env, metrics, run, torchrun_cmd,
+from _crash_helpers import (EVERY, STEPS, assert_same_tensors, checkpoint_tensors, env, metrics, run, torchrun_cmd,
                             torchrun_env, train_cmd)
 from checkpoint import latest_checkpoint
+from torchrec_mtrains.testing import PHASES
 
-# Each entry kills one attempt; the counts are per process (a resumed attempt counts anew).
-# Tiered kernels here: one SSD kernel (2 tables), one SCM kernel (1 table): 2 prefetch jobs
-# per step, 3 flushed tables per checkpoint.
+# Each entry kills one attempt at the n-th time (counted in that process) it reaches a
+# phase; "random" draws the phase and the count from a seeded RNG among those the attempt
+# reaches. Tiered kernels here: one SSD kernel (2 tables), one SCM kernel (1 table): 2
+# prefetch jobs and 2 forwards per step, 6 flush.table points per checkpoint.
 FAULTS = [
     "prefetch.before:3", "forward:9", "checkpoint.write:1", "flush.table:2", "step:6",
     "checkpoint.saved:1", "prefetch.after:11", "checkpoint.latest:1", "random", "forward:2",
@@ -34,7 +37,6 @@ FAULTS = [
     "random", "prefetch.after:5", "checkpoint.saved:2", "flush.table:1",
     "random", "checkpoint.latest:2", "forward:14",
 ]
-RANDOM_WINDOW_S = 2.5  # a random kill lands this long at most after training starts
 
 
 def _check_latest(ckpt: str) -> None:
@@ -49,57 +51,86 @@ def _check_latest(ckpt: str) -> None:
     assert os.path.basename(path) == f"step_{trainer['step']:08d}" and len(trainer["losses"]) == trainer["step"]
 
 
-def _random_kill(cmd, environ, rng: random.Random) -> int:
-    """Starts an attempt and SIGKILLs it at a random time once training started."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in proc.stdout:  # printed after restore, just before the first step
-        if line.startswith("placement by StorageAwarePlanner"):
-            break
-    time.sleep(rng.uniform(0.0, RANDOM_WINDOW_S))
-    proc.send_signal(signal.SIGKILL)
-    proc.stdout.close()
-    return proc.wait(timeout=60)
+def _trace(path: str) -> List[Tuple[str, ...]]:
+    """The lines MTRAINS_FAULT_TRACE wrote: (phase, count[, "SIGKILL"])."""
+    with open(path) as f:
+        return [tuple(line.split()) for line in f if line.strip()]
+
+
+def _reached(trace: List[Tuple[str, ...]], resume_step: int) -> Dict[str, int]:
+    """Per phase, how many times an attempt resuming at ``resume_step`` (0: from scratch)
+    reaches it at least: an uninterrupted run's hits after its step ``resume_step + 1``
+    (later steps, their checkpoints, the evaluation), which the attempt makes too; a step of
+    slack because the prefetch thread's hits of the next batch may fall on either side."""
+    counts = dict.fromkeys(PHASES, 0)
+    steps = 0
+    for phase, *_ in trace:
+        if steps > resume_step:  # past the run's step resume_step + 1
+            counts[phase] += 1
+        steps += phase == "step"
+    return counts
+
+
+def _resume_step(ckpt: str) -> int:
+    latest = latest_checkpoint(ckpt)
+    if latest is None:
+        return 0
+    with open(os.path.join(latest, "trainer.json")) as f:
+        return json.load(f)["step"]
+
+
+def _aim(fault: str, reached: Dict[str, int], rng: random.Random) -> Tuple[str, int]:
+    """(phase, count) to aim an attempt at for a FAULTS entry; count 0 when the entry's
+    count is past what the attempt reaches (for "random": when it reaches no phase)."""
+    if fault != "random":
+        phase, count = fault.split(":")
+        return phase, int(count) if int(count) <= reached[phase] else 0
+    candidates = [p for p in PHASES if reached[p] > 0]
+    if not candidates:
+        return "random", 0
+    phase = rng.choice(candidates)
+    return phase, rng.randint(1, reached[phase])
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_kills_at_every_phase_resume_bit_identically(tmp_path) -> None:
-    storage, tmp = str(tmp_path / "storage"), str(tmp_path)
+    storage = str(tmp_path / "storage")
     os.makedirs(tmp_path / "dcp")
-    ref_ckpt, ref_out = str(tmp_path / "ref_ckpt"), str(tmp_path / "ref_out")
-    proc = run(train_cmd(storage, ref_ckpt, ref_out), env())
+    ref_ckpt, ref_out, ref_trace = str(tmp_path / "ref_ckpt"), str(tmp_path / "ref_out"), str(tmp_path / "ref.trace")
+    proc = run(train_cmd(storage, ref_ckpt, ref_out), env(MTRAINS_FAULT_TRACE=ref_trace))
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = metrics(ref_out)
     assert len(reference["losses"]) == STEPS and set(reference["placement"].values()) >= {"SSD", "SCM", "DRAM"}
+    ref_hits = _trace(ref_trace)
 
     ckpt = str(tmp_path / "ckpt")
     rng = random.Random(7)
-    kills, completed, log = 0, 0, []
+    log: List[str] = []
     for i, fault in enumerate(FAULTS):
-        resume = ["--resume"] if latest_checkpoint(ckpt) else []
-        out = str(tmp_path / f"out{i}")
-        cmd = train_cmd(storage, ckpt, out, *resume)
-        if fault == "random":
-            rc = _random_kill(cmd, env(), rng)
-        else:
-            proc = run(cmd, env(fault))
-            rc = proc.returncode
-            assert rc in (0, -signal.SIGKILL), f"{fault}: exit {rc}\n{proc.stderr[-3000:]}"
+        start = _resume_step(ckpt)
+        how = "resumed" if start else "fresh"
+        phase, count = _aim(fault, _reached(ref_hits, start), rng)
+        if count == 0:  # past what an attempt from this checkpoint reaches: start over
+            os.rename(ckpt, str(tmp_path / f"set_aside{i}"))
+            start, how = 0, "started over"
+            phase, count = _aim(fault, _reached(ref_hits, start), rng)
+            assert count > 0, f"{fault}: an uninterrupted run never gets there"
+        resume = ["--resume"] if start else []
+        trace = str(tmp_path / f"try{i}.trace")
+        proc = run(train_cmd(storage, ckpt, str(tmp_path / f"out{i}"), *resume),
+                   env(f"{phase}:{count}", MTRAINS_FAULT_TRACE=trace))
+        what = f"try {i} ({fault}): {phase}:{count}, {how} from step {start}"
+        assert proc.returncode == -signal.SIGKILL, f"{what}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+        died_at = _trace(trace)[-1]
+        assert died_at == (phase, str(count), "SIGKILL"), f"{what}: the last point reached was {died_at}"
         latest = latest_checkpoint(ckpt)
-        log.append(f"{fault}: {'killed' if rc == -signal.SIGKILL else f'exit {rc}'}, latest {latest}")
+        log.append(f"{what}: killed there, latest {latest and os.path.basename(latest)}")
         _check_latest(ckpt)
-        if rc == -signal.SIGKILL:
-            kills += 1
-            if fault.startswith(("checkpoint.write", "checkpoint.saved")):
-                # The half-written checkpoint is on disk but is not the latest one.
-                partial = sorted(d for d in os.listdir(ckpt) if d.startswith("step_"))[-1]
-                assert latest is None or os.path.basename(latest) != partial, log
-        else:  # the fault point was past this attempt's end: it finished, and must match
-            assert rc == 0 and metrics(out)["losses"] == reference["losses"], log
-            completed += 1
-            os.rename(ckpt, str(tmp_path / f"done{i}"))  # start the next attempts from scratch
-    assert kills >= 20, log
+        if phase in ("checkpoint.write", "checkpoint.saved"):
+            # The half-written checkpoint is on disk but is not the latest one.
+            partial = sorted(d for d in os.listdir(ckpt) if d.startswith("step_"))[-1]
+            assert latest is None or os.path.basename(latest) != partial, log
 
     final = str(tmp_path / "final")
     resume = ["--resume"] if latest_checkpoint(ckpt) else []
@@ -112,7 +143,7 @@ def test_kills_at_every_phase_resume_bit_identically(tmp_path) -> None:
     assert sorted(os.listdir(ckpt)) == ["latest", f"step_{STEPS:08d}"], log
     assert_same_tensors(checkpoint_tensors(os.path.join(ckpt, f"step_{STEPS:08d}"), str(tmp_path / "dcp")),
                         checkpoint_tensors(os.path.join(ref_ckpt, f"step_{STEPS:08d}"), str(tmp_path / "dcp")))
-    print("\n".join(log + [f"{kills} kills, {completed} attempts completed"]))
+    print("\n".join(log + [f"{len(FAULTS)} attempts, each killed where it was aimed"]))
 
 
 def _torchrun(tmp_path, name: str, *more: str, **extra: str) -> subprocess.CompletedProcess:

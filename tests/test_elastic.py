@@ -5,13 +5,14 @@ docs/reliability.md)."""
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from _ports import OS_PICKED_PORT, master_store
 
 from torchrec_mtrains.elastic import init_process_group
 
@@ -28,18 +29,11 @@ def _worker(rank: int, port: int, attempt: int, out) -> None:
     # No destroy_process_group: a killed attempt leaves its keys and sockets behind.
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.multiprocess
 def test_restarted_attempts_get_keys_of_their_own() -> None:
-    port = _free_port()
     # The agent's store: it outlives every attempt, as torchrun's shared store does.
-    agent_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                                timeout=timedelta(seconds=30))
+    agent_store = master_store(timeout=timedelta(seconds=30))
+    port = agent_store.port
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     for attempt in range(3):
@@ -56,7 +50,7 @@ def test_restarted_attempts_get_keys_of_their_own() -> None:
 def test_without_torchelastic_it_is_the_plain_env_init(monkeypatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", OS_PICKED_PORT)  # one rank: it binds the port, nobody connects
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
     init_process_group("gloo", rank=0, world_size=1)

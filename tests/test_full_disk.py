@@ -86,13 +86,22 @@ def test_scm_table_that_does_not_fit_fails_at_creation(small_fs) -> None:
 def test_tier_files_filling_up_while_training(tmp_path, small_fs) -> None:
     fs = small_fs("tiers", "48M")  # the tables need about 27 MB fully written
     ckpt, steps = str(tmp_path / "ckpt"), ["--steps", "400"]
-    proc = subprocess.Popen(train_cmd(fs, ckpt, str(tmp_path / "out"), *steps), cwd=ROOT, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while latest_checkpoint(ckpt) is None and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    _fill(fs)  # after the first checkpoint
-    stderr = proc.communicate(timeout=120)[1]
+    # The run stops itself once its first checkpoint is complete; the disk fills up then.
+    # (stderr to a file: a full pipe would block the run before it gets there.)
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(train_cmd(fs, ckpt, str(tmp_path / "out"), *steps), cwd=ROOT,
+                                env=env("checkpoint.cleanup:1", MTRAINS_FAULT_SIGNAL="SIGSTOP"),
+                                stdout=subprocess.DEVNULL, stderr=err)
+    stopped = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    try:
+        assert stopped.si_code == os.CLD_STOPPED, f"the run ended before its first checkpoint:\n{err_path.read_text()[-3000:]}"
+        assert latest_checkpoint(ckpt) is not None
+        _fill(fs)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.wait(timeout=120)
+    stderr = err_path.read_text()
     assert proc.returncode == 1, stderr[-3000:]
     error = [line for line in stderr.splitlines() if line.startswith("train.py: error")]
     assert error and "[Errno 28]" in error[0] and "No space left on device" in error[0], stderr[-3000:]

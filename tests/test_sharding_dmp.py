@@ -7,8 +7,6 @@ checkpoint must resume (also into world size 1 and onto other tiers) as if unint
 
 from __future__ import annotations
 
-import itertools
-import os
 from pathlib import Path
 from typing import Dict
 
@@ -21,7 +19,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 TOL = 1e-4  # max abs diff allowed against all-FUSED training
 TIERED = {"ssd_a": "ssd", "ssd_b": "ssd", "scm_c": "scm", "plain_d": None}
 ALL_FUSED = {t: None for t in harness.TABLES}
-_ports = itertools.count(29700 + (os.getpid() % 50) * 20)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +37,7 @@ def runs(workdir: Path):
         if name not in done:
             out = workdir / name
             out.mkdir()
-            spec = harness.RunSpec(out_dir=str(out), storage_dir=str(workdir / f"storage_{name}"),
-                                   port=next(_ports), **kwargs)
+            spec = harness.RunSpec(out_dir=str(out), storage_dir=str(workdir / f"storage_{name}"), **kwargs)
             codes = harness.launch(spec)
             expect = [-9] * spec.world_size if spec.kill_after_save else [0] * spec.world_size
             assert codes == expect, f"run {name}: exit codes {codes}"

@@ -4,7 +4,7 @@ cache_stats(), close(), set_rows(); and a long stress run with a tiny cache (CPU
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
 import pytest
 import torch
@@ -219,16 +219,67 @@ def test_close_flushes(tmp_path: Path, tier: Tier) -> None:
         store.close()
 
 
+def _files_on_disk(root: Path) -> Dict[str, Tuple[int, int, bytes]]:
+    """Each file under ``root``: (size in bytes, mtime in ns, its bytes)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns, p.read_bytes())
+    return out
+
+
+def _must_not_be_called(what: str):
+    def call(*args, **kwargs):
+        raise AssertionError(f"the second close() called {what}")
+    return call
+
+
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
-def test_close_twice_is_a_no_op(tmp_path: Path, tier: Tier) -> None:
+def test_close_twice_is_a_no_op(tmp_path: Path, tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:
     """Like BlockStore.close() (documented idempotent) and Python's file.close(), a second
     close() does nothing -- it must not write to the stores the first one closed."""
     model = Model()
     steps = make_steps(model.specs, Workload(steps=5, data_seed=24))
     ker = make_kernel(model, tier, tmp_path, cache_rows=8, cache_ways=4)
     drive(ker, steps, "inline", lambda s, out: None)
-    ker.close()
-    ker.close()
+    weights, states = final_tables(ker)
+    assert ker.close() is None
+    files, stats = _files_on_disk(tmp_path), ker.cache_stats()
+    assert (tier == Tier.DRAM) == (not files), sorted(files)
+    # Any call into a store or the prefetch pipeline now would touch what the first close()
+    # released: each one fails the test.
+    for t, store in enumerate(ker._stores):
+        for name in ("read", "write", "exchange", "flush", "close", "stats"):
+            monkeypatch.setattr(store, name, _must_not_be_called(f"{name}() of table {t}'s store"))
+    monkeypatch.setattr(ker._pipeline, "shutdown", _must_not_be_called("the prefetch pipeline's shutdown()"))
+    monkeypatch.setattr(ker._pipeline, "submit", _must_not_be_called("the prefetch pipeline's submit()"))
+
+    assert ker.close() is None
+    assert _files_on_disk(tmp_path) == files  # not a byte, not an mtime changed
+    assert ker.cache_stats() == stats
+    # Still closed: every use says so (and touches no store).
+    step, dim = steps[0], model.specs[0][1]
+    for use in (
+        lambda: ker(step.indices, step.offsets),
+        lambda: ker.prefetch(step.indices, step.offsets),
+        ker.flush,
+        lambda: ker.set_rows(0, torch.tensor([0]), torch.zeros(1, dim)),
+        lambda: ker.read_rows(0, 0, 1),
+    ):
+        with pytest.raises(ValueError, match="TieredEmbeddingBags is closed"):
+            use()
+    monkeypatch.undo()
+    if tier == Tier.DRAM:
+        return
+    # The files the first close() flushed hold the final tables.
+    for t in range(len(model.specs)):
+        store = _open_table_file(tier, tmp_path, f"table_{t}")
+        try:
+            _assert_bits_equal(store.read(torch.arange(model.specs[t][0])), _expected_rows(weights[t], states[t]),
+                               f"table_{t} after closing twice")
+        finally:
+            store.close()
 
 
 # set_rows() ------------------------------------------------------------------------------------
