@@ -344,7 +344,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world == 1:  # a plain `python train.py`: a process group of one
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29511")
+        os.environ.setdefault("MASTER_PORT", "0")  # the OS picks a free one: runs side by side never collide
     init_process_group("gloo", rank=rank, world_size=world)
     root, made = storage_root(args, rank)
     try:
