@@ -23,7 +23,10 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "dlrm"))
 def embedding_bytes(dim: int) -> int:
     from data import DEFAULT_TABLES
 
-    return sum(t.num_rows * (dim * 4 + 4) for t in DEFAULT_TABLES)  # fp32 weights + rowwise state
+    from torchrec_mtrains.layout import TableLayout
+
+    row_bytes = TableLayout(dim, "fp32", "exact_row_wise_adagrad").row_bytes  # the example's tables
+    return sum(t.num_rows * row_bytes for t in DEFAULT_TABLES)
 
 
 def run(nproc: int, steps: int, budget: int, out: str) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from torchrec_mtrains.layout import TableLayout
 from torchrec_mtrains.stats.analyze import analyze_table
 from torchrec_mtrains.stats.dlrm_trace import DlrmBatch, read_dlrm_file, trace_from_dlrm_batches
 from torchrec_mtrains.stats.types import TableStats
@@ -35,10 +36,10 @@ def table_report(s: TableStats, qps: float, batch_size: int, dim: int) -> Dict[s
         s: the table's statistics.
         qps: samples per second the model trains at.
         batch_size: samples per step (steps/s = qps / batch_size).
-        dim: embedding dimension (row bytes = (dim + 1) * 4).
+        dim: embedding dimension (rows are fp32 weights + row-wise Adagrad state).
     """
     rows = s.table_rows
-    row_bytes = (dim + 1) * 4
+    row_bytes = TableLayout(dim, "fp32", "exact_row_wise_adagrad").row_bytes
     hit = {policy: {f"{share:g}": float(curve.hit_rate(share * rows)) for share in CACHE_SHARES}
            for policy, curve in (("lru", s.lru), ("lfu", s.lfu))}
     miss = 1.0 - float(s.lru.hit_rate(TIER_CACHE_SHARE * rows))

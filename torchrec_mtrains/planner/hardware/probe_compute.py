@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
+from torchrec_mtrains.layout import TableLayout
 from torchrec_mtrains.planner.types import ComputeSpec
 
 __all__ = ["probe_compute"]
@@ -93,7 +94,7 @@ def tbe_rates(rows: int, steps: int) -> Tuple[float, float, str]:
     lookups -- uniform ids over ``rows`` (distinct ~ lookups) and ids over 1,024 rows
     (distinct = 1,024) -- give the two terms of ``t = lookups * b / r_l + unique * b / r_u``."""
     tbe = _fbgemm(rows)
-    row_bytes = DIM * 4 + 4  # weights + rowwise state
+    row_bytes = TableLayout(DIM, "fp32", "exact_row_wise_adagrad").row_bytes
     points = []
     for span in (rows, 1024):
         gen = torch.Generator().manual_seed(span)
