@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                 emb.flush()
             step_times.append(time.perf_counter() - t0)
             if time.monotonic() >= next_sample:
-                stats = emb._stores[0].stats()
+                stats = emb.store_stats(0)
                 samples.append({
                     "t_s": round(args.minutes * 60 - (t_end - time.monotonic()), 1), "steps": steps,
                     "rss_mib": _rss_bytes() / 2**20, "file_mib": _allocated(path) / 2**20,

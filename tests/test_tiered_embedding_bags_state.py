@@ -374,3 +374,23 @@ def test_stress_thousands_of_steps_tiny_cache_pipelined(tmp_path: Path, tier: Ti
     assert_tables_match(ker, traj, model)
     assert all(st["evictions"] > 0 for st in ker.cache_stats().values())
     ker.close()
+
+
+def test_store_stats_are_the_backing_store_s_own(tmp_path: Path) -> None:
+    from torchrec_mtrains.kernels import TieredEmbeddingBags
+
+    ker = TieredEmbeddingBags([(64, 8), (32, 8)], tier=Tier.SSD, cache_rows=8, storage_dir=str(tmp_path),
+                              prefetch_pipeline=False)
+    try:
+        ids = torch.arange(16)
+        ker(torch.cat([ids, ids[:4]]), torch.tensor([0, 16, 20])).sum().backward()
+        assert ker.store_stats(1)["rows_written"] == 0  # its 4 rows are still only in the cache
+        ker.flush()
+        stats = ker.store_stats(0)
+        assert stats["rows_written"] >= 16 and "write_amplification" in stats
+        assert ker.store_stats(1)["rows_written"] == 4  # the flush wrote its 4 dirty rows
+        for bad in (2, -1, True, "0"):
+            with pytest.raises(IndexError, match="table="):
+                ker.store_stats(bad)
+    finally:
+        ker.close()

@@ -581,6 +581,13 @@ class TieredEmbeddingBags(torch.nn.Module):
             }
         return out
 
+    def store_stats(self, table: int) -> Dict[str, object]:
+        """The backing store's own ``stats()`` for ``table`` (an index): for SSD tables the
+        block store's I/O counters, latencies and write amplification."""
+        if isinstance(table, bool) or not isinstance(table, int) or not 0 <= table < len(self._stores):
+            raise IndexError(f"table={table!r} must be an index in [0, {len(self._stores)})")
+        return self._stores[table].stats()
+
     def close(self) -> None:
         """Flushes, stops the prefetch thread and closes the stores. Idempotent."""
         if self._closed:
