@@ -51,7 +51,7 @@ from placement import (  # noqa: E402
 )
 from report import auc, format_table, write_outputs  # noqa: E402
 
-from torchrec_mtrains.elastic import init_process_group  # noqa: E402
+from torchrec_mtrains.elastic import exit_when_agent_dies, init_process_group, stop_if_orphaned  # noqa: E402
 from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
 
 EXIT_IO_ERROR = 1
@@ -341,6 +341,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     rank, world, _ = dist_env()
+    exit_when_agent_dies(f"train.py rank {rank}")  # no orphan trains on if torchrun's agent dies
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world == 1:  # a plain `python train.py`: a process group of one
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -350,6 +351,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         code = train(args, tables, prefixes, hardware, root, rank, world)
     except OSError as e:
+        stop_if_orphaned()
         # A full disk, a failing device: the message names the table or checkpoint and the
         # path. No collective here: the other ranks may be stuck in one (torchrun ends them).
         # On a line of its own: rank 0's progress bar may be mid-line on the same stream.
@@ -357,6 +359,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if made and rank == 0:
             shutil.rmtree(root, ignore_errors=True)
         return EXIT_IO_ERROR
+    except BaseException:
+        stop_if_orphaned()  # a collective failed because a peer stopped: the agent is gone
+        raise
     dist.barrier()
     if made and rank == 0:
         shutil.rmtree(root, ignore_errors=True)
