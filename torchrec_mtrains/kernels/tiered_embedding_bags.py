@@ -46,6 +46,11 @@ from torchrec_mtrains.types import Tier
 __all__ = ["TieredEmbeddingBags"]
 
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(TieredConfig))
+
+
+def _setting(name: str) -> property:
+    """A read-only attribute that is the kernel config's ``name``: one home for each setting."""
+    return property(lambda self: getattr(self.config, name), doc=f"``config.{name}``.")
 _READ_CHUNK_ROWS = 1 << 16  # rows per store read when materialising a whole table
 
 
@@ -133,6 +138,15 @@ class TieredEmbeddingBags(torch.nn.Module):
         ValueError: a bad setting (naming it), or ``config`` with a setting changed.
     """
 
+    tier = _setting("tier")
+    optimizer = _setting("optimizer")
+    pooling_mode = _setting("pooling_mode")
+    weights_precision = _setting("weights_precision")
+    learning_rate = _setting("learning_rate")
+    eps = _setting("eps")
+    cache_algorithm = _setting("cache_algorithm")
+    cache_ways = _setting("cache_ways")
+
     def __init__(
         self,
         embedding_specs: Sequence[Tuple[int, int]],
@@ -164,17 +178,9 @@ class TieredEmbeddingBags(torch.nn.Module):
         config = resolve_config(config, settings)
         num_rows = [rows for rows, _ in specs]
         self.config = config
-        self.tier = config.tier
         self.embedding_specs = specs
         self.table_names = config.names(len(specs))
         self.feature_table_map = check_feature_table_map(config.feature_table_map, len(specs))
-        self.optimizer = config.optimizer
-        self.pooling_mode = config.pooling_mode
-        self.weights_precision = config.weights_precision
-        self.learning_rate = config.learning_rate
-        self.eps = config.eps
-        self.cache_algorithm = config.cache_algorithm
-        self.cache_ways = config.cache_ways
         self.cache_rows = config.cache_sizes(num_rows)
         self._codecs = [RowCodec(config.layout(dim)) for _, dim in specs]
         self._stores = self._create_stores(config.init_ranges(num_rows))
@@ -231,7 +237,6 @@ class TieredEmbeddingBags(torch.nn.Module):
             ValueError: ``learning_rate`` is not a finite number >= 0.
         """
         self.config = dataclasses.replace(self.config, learning_rate=learning_rate)
-        self.learning_rate = self.config.learning_rate
         self._tbe.set_learning_rate(self.learning_rate)
 
     # ---------------------------------------------------------------- FBGEMM TBE ----
