@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -65,6 +65,15 @@ def run(cmd: List[str], environ: Dict[str, str], timeout: float = 120) -> subpro
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def fault_trace(path: str) -> List[Tuple[str, ...]]:
+    """The lines MTRAINS_FAULT_TRACE wrote: (phase, count[, signal]); none before the file exists."""
+    try:
+        with open(path) as f:
+            return [tuple(line.split()) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
 
 
 def metrics(out: str) -> dict:

@@ -21,8 +21,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from _crash_helpers import (EVERY, STEPS, assert_same_tensors, checkpoint_tensors, env, metrics, run, torchrun_cmd,
-                            torchrun_env, train_cmd)
+from _crash_helpers import (EVERY, STEPS, assert_same_tensors, checkpoint_tensors, env, fault_trace, metrics, run,
+                            torchrun_cmd, torchrun_env, train_cmd)
 from checkpoint import latest_checkpoint
 from torchrec_mtrains.testing import PHASES
 
@@ -49,12 +49,6 @@ def _check_latest(ckpt: str) -> None:
     with open(os.path.join(path, "trainer.json")) as f:
         trainer = json.load(f)
     assert os.path.basename(path) == f"step_{trainer['step']:08d}" and len(trainer["losses"]) == trainer["step"]
-
-
-def _trace(path: str) -> List[Tuple[str, ...]]:
-    """The lines MTRAINS_FAULT_TRACE wrote: (phase, count[, "SIGKILL"])."""
-    with open(path) as f:
-        return [tuple(line.split()) for line in f if line.strip()]
 
 
 def _reached(trace: List[Tuple[str, ...]], resume_step: int) -> Dict[str, int]:
@@ -102,7 +96,7 @@ def test_kills_at_every_phase_resume_bit_identically(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = metrics(ref_out)
     assert len(reference["losses"]) == STEPS and set(reference["placement"].values()) >= {"SSD", "SCM", "DRAM"}
-    ref_hits = _trace(ref_trace)
+    ref_hits = fault_trace(ref_trace)
 
     ckpt = str(tmp_path / "ckpt")
     rng = random.Random(7)
@@ -122,7 +116,7 @@ def test_kills_at_every_phase_resume_bit_identically(tmp_path) -> None:
                    env(f"{phase}:{count}", MTRAINS_FAULT_TRACE=trace))
         what = f"try {i} ({fault}): {phase}:{count}, {how} from step {start}"
         assert proc.returncode == -signal.SIGKILL, f"{what}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
-        died_at = _trace(trace)[-1]
+        died_at = fault_trace(trace)[-1]
         assert died_at == (phase, str(count), "SIGKILL"), f"{what}: the last point reached was {died_at}"
         latest = latest_checkpoint(ckpt)
         log.append(f"{what}: killed there, latest {latest and os.path.basename(latest)}")

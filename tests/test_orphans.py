@@ -12,9 +12,9 @@ from typing import List
 
 import pytest
 
-from _crash_helpers import torchrun_cmd, torchrun_env
+from _crash_helpers import fault_trace, torchrun_cmd, torchrun_env
 
-from torchrec_mtrains.elastic import ORPHAN_EXIT_CODE, exit_when_agent_dies
+from torchrec_mtrains.elastic import exit_when_agent_dies
 
 WORKERS_GONE_S = 30  # the bound on how long orphans may outlive their agent
 HANG_GUARD_S = 300  # only against a hang: the job reaches its steps in seconds
@@ -38,11 +38,7 @@ def _alive(pid: int) -> bool:
 
 
 def _steps_reached(trace: str) -> int:
-    try:
-        with open(trace) as f:
-            return sum(1 for line in f if line.startswith("step "))
-    except FileNotFoundError:
-        return 0
+    return sum(1 for line in fault_trace(trace) if line[0] == "step")
 
 
 def test_outside_torchrun_nothing_is_watched(monkeypatch: pytest.MonkeyPatch) -> None:
