@@ -26,7 +26,12 @@ def _worker(rank: int, port: int, attempt: int, out) -> None:
     t = torch.tensor([float(rank + 1 + 10 * attempt)])
     dist.all_reduce(t)
     out.put((attempt, rank, t.item()))
-    # No destroy_process_group: a killed attempt leaves its keys and sockets behind.
+    out.close()
+    out.join_thread()  # the result is in the pipe before the process goes
+    # No destroy_process_group: a killed attempt leaves its keys and sockets behind. And no
+    # normal exit either: tearing down a live gloo group whose peer is already gone can
+    # abort in gloo's destructors ("terminate called without an active exception").
+    os._exit(0)
 
 
 @pytest.mark.multiprocess
