@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -11,6 +12,7 @@ namespace mtrains {
 namespace {
 
 constexpr uint64_t kMinFreeSegments = 1;   // a collector's victim needs one to move into
+constexpr uint64_t kMaxGcBatchSegments = 64;  // segments a collection frees beyond the need
 constexpr uint64_t kMapChunkBytes = 8 << 20;  // map bytes per batched I/O (buffer size)
 constexpr size_t kSpareBuffers = 4;
 
@@ -40,7 +42,27 @@ SegmentLog::SegmentLog(const TableHeader& header, Device* log, Device* meta)
   // several spare segments at once. At most what the log has beyond the rows' own space.
   const uint64_t needed = h_.SegmentsForAllRows();
   const uint64_t spare = h_.num_segments > needed + 2 ? h_.num_segments - needed - 2 : 1;
-  gc_reserve_ = std::max<uint64_t>(1, std::min<uint64_t>(spare, std::max<uint64_t>(3, h_.num_segments / 16)));
+  gc_reserve_ = std::max<uint64_t>(
+      1, std::min<uint64_t>(spare, std::clamp<uint64_t>(h_.num_segments / 16, 3, kMaxGcBatchSegments)));
+}
+
+uint64_t SegmentLog::GcBatch() const {
+  return std::clamp<uint64_t>(h_.num_segments / 16, 2, kMaxGcBatchSegments);
+}
+
+uint64_t SegmentLog::SegmentBudget() const {
+  // The log is sized for every row at once, but a lazily initialised table may only ever
+  // write a few of them: spend space in proportion to the rows written (the overprovision
+  // the table was created with), not to the table.
+  const double per_row_space = double(h_.num_segments) / double(std::max<uint64_t>(1, h_.SegmentsForAllRows()));
+  const uint64_t live_segments = (live_rows_ + h_.slots_per_segment - 1) / h_.slots_per_segment;
+  const uint64_t budget = static_cast<uint64_t>(std::ceil(double(live_segments) * per_row_space)) +
+                          2 * gc_reserve_ + GcBatch();
+  return std::min(h_.num_segments, budget);
+}
+
+uint64_t SegmentLog::SegmentsInUse() const {
+  return h_.num_segments - free_.size() - pending_.size();
 }
 
 SegmentLog::~SegmentLog() { munmap(map_, h_.num_rows * sizeof(uint64_t)); }
@@ -119,17 +141,22 @@ Status SegmentLog::Reserve(uint64_t appends) {
   if (appends > MaxReserve())
     return Status::InvalidArgument("cannot reserve " + std::to_string(appends) +
                                    " appends at once (limit " + std::to_string(MaxReserve()) + ")");
-  const uint64_t batch = std::max<uint64_t>(2, h_.num_segments / 16);
+  const uint64_t batch = GcBatch();
   uint64_t best_free = free_.size(), stalled_rounds = 0;
+  bool over_budget_allowed = false;  // the collector could not get under the space budget
   for (;;) {
     const uint64_t left = HeadSlotsLeft();
     if (appends <= left) return Status::Ok();
     const uint64_t need = (appends - left + h_.slots_per_segment - 1) / h_.slots_per_segment;
-    if (free_.size() >= need + gc_reserve_) return Status::Ok();
+    const uint64_t budget = SegmentBudget();
+    const bool in_budget = over_budget_allowed || SegmentsInUse() + need <= budget;
+    if (free_.size() >= need + gc_reserve_ && in_budget) return Status::Ok();
     if (!pending_.empty()) {
       MTRAINS_RETURN_IF_ERROR(Commit());
     } else {
-      MTRAINS_RETURN_IF_ERROR(CollectGarbage(need + gc_reserve_ + batch));
+      // Enough free segments for the collector's reserve, and in use down to the budget.
+      const uint64_t for_budget = h_.num_segments - std::min(h_.num_segments, budget) + need + batch;
+      MTRAINS_RETURN_IF_ERROR(CollectGarbage(std::max(need + gc_reserve_ + batch, for_budget)));
     }
     // Moving live rows and sealing the head at each commit can cost as much space as the
     // victims free (tiny segments): give up rather than spin.
@@ -137,6 +164,11 @@ Status SegmentLog::Reserve(uint64_t appends) {
       best_free = free_.size();
       stalled_rounds = 0;
     } else if (++stalled_rounds >= 8) {
+      if (free_.size() >= need + gc_reserve_ && !over_budget_allowed) {
+        over_budget_allowed = true;  // the budget is a target: past it, take fresh segments
+        stalled_rounds = 0;
+        continue;
+      }
       return Status::IoError(
           ENOSPC, "the log cannot reclaim space: garbage collection frees no more than it uses "
                   "(" + std::to_string(free_.size()) + " of " + std::to_string(h_.num_segments) +

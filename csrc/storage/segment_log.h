@@ -91,6 +91,12 @@ class SegmentLog {
     return h_.geometry.BlockOfSlot(slot) / h_.segment_blocks;
   }
   uint64_t HeadSlotsLeft() const;
+  // Segments the collector frees at once beyond the need (and keeps in reserve).
+  uint64_t GcBatch() const;
+  // Segments the log may hold before it collects garbage rather than take a fresh one.
+  uint64_t SegmentBudget() const;
+  // Segments holding data: neither free nor freed awaiting a commit.
+  uint64_t SegmentsInUse() const;
   void RotateHead();              // queue the full head, take a free segment
   void SealOpenBlock();           // seal the partially filled head block
   void DecLive(uint64_t seg);
