@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from torchrec_mtrains.testing.faults import fault_point
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["flush_tiers", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
 _PREFIX = "step_"
 _FULL_BYTES = 1 << 20  # a failed save with less free space than this is reported as ENOSPC
@@ -68,7 +68,8 @@ def _write_atomic(path: str, text: str) -> None:
         os.close(fd)
 
 
-def _flush_tiers(model) -> None:
+def flush_tiers(model) -> None:
+    """Writes every tiered table's dirty cached rows to its tier (and makes them durable)."""
     from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
 
     for m in model.modules():
@@ -98,7 +99,7 @@ def save_checkpoint(directory: str, step: int, model, dense_optimizer, trainer: 
     if dist.get_rank() == 0 and os.path.exists(path):
         shutil.rmtree(path)  # left by a save that died before switching ``latest``
     dist.barrier()
-    _flush_tiers(model)
+    flush_tiers(model)
     try:
         dcp.save(_state(model, dense_optimizer), storage_writer=_Writer(path))
         dist.barrier()

@@ -40,13 +40,19 @@ from torchrec_mtrains.stats import (
     generate_dlrm_batch,
     lookups_per_unique_row,
 )
+from torchrec_mtrains.stats.large_tables import KeyedPermutation, expected_distinct_zipf, hashed_normal, zipf_ranks
 
-__all__ = ["DENSE_FEATURES", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES", "calibration_samples",
-           "criteo_files", "criteo_batches", "scaled_tables", "table_locality"]
+__all__ = ["DENSE_FEATURES", "LARGE_TABLE_ROWS", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES",
+           "calibration_samples",
+           "criteo_files", "criteo_batches", "hashed_down", "scaled_tables", "table_locality"]
 
 DENSE_FEATURES = 13
 CALIBRATION_SAMPLES = 65_536  # the histogram is matched over one dlrm_datasets batch...
 CALIBRATION_MAX_TABLE_SHARE = 0.5  # ...or fewer samples, touching at most this share of the rows
+# Tables above this many rows are sampled without per-row arrays (a table of 300M rows would
+# need 4.8 GB of them per rank): ranks map to rows by a keyed bijection, Zipf tails by their
+# integral, row effects by a hash (torchrec_mtrains.stats.large_tables).
+LARGE_TABLE_ROWS = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +85,20 @@ DEFAULT_TABLES: Sequence[SyntheticTableSpec] = (
 )
 
 
-def scaled_tables(scale: float) -> List[SyntheticTableSpec]:
-    """DEFAULT_TABLES with ``scale`` x their rows (at least 1,000 rows each): ``--table-scale``,
+def scaled_tables(scale: float, tables: Sequence[SyntheticTableSpec] = DEFAULT_TABLES) -> List[SyntheticTableSpec]:
+    """``tables`` with ``scale`` x their rows (at least 1,000 rows each): ``--table-scale``,
     for tests that need a run (and its checkpoints) of a few seconds."""
     if scale == 1.0:
-        return list(DEFAULT_TABLES)
-    return [dataclasses.replace(t, num_rows=max(1000, int(t.num_rows * scale))) for t in DEFAULT_TABLES]
+        return list(tables)
+    return [dataclasses.replace(t, num_rows=max(1000, int(t.num_rows * scale))) for t in tables]
+
+
+def hashed_down(tables: Sequence[SyntheticTableSpec], max_rows: Optional[int]) -> List[SyntheticTableSpec]:
+    """``tables`` with at most ``max_rows`` rows each (``--max-rows``): the model whose ids
+    ``SyntheticData(max_rows=...)`` hashes down into them."""
+    if max_rows is None:
+        return list(tables)
+    return [dataclasses.replace(t, num_rows=min(t.num_rows, max_rows)) for t in tables]
 
 
 def calibration_samples(spec: SyntheticTableSpec) -> int:
@@ -95,17 +109,23 @@ def calibration_samples(spec: SyntheticTableSpec) -> int:
     return max(1, min(CALIBRATION_SAMPLES, int(rows / spec.pooling_factor)))
 
 
-def table_locality(spec: SyntheticTableSpec, global_batch: int) -> Dict[str, object]:
+def table_locality(spec: SyntheticTableSpec, global_batch: int, steps: Optional[int] = None,
+                   drift: float = 0.0) -> Dict[str, object]:
     """The table's locality as the planner reads it (MODEL.yaml's table keys): its Zipf
     exponent, or the reuse histogram (shares of lookups) the sampler is calibrated to, over
-    the reference trace's length in steps."""
+    the reference trace's length in steps; for a table of more than ``LARGE_TABLE_ROWS`` rows
+    and a run of ``steps`` steps, also the rows the run is expected to write."""
     if spec.zipf_alpha is not None:
-        return {"pooling_factor": spec.pooling_factor, "zipf_alpha": spec.zipf_alpha}
-    return {
-        "pooling_factor": spec.pooling_factor,
-        "reuse_histogram": [float(x) for x in DLRM_DATASETS_LOOKUP_SHARES],
-        "reuse_trace_steps": calibration_samples(spec) / global_batch,
-    }
+        out: Dict[str, object] = {"pooling_factor": spec.pooling_factor, "zipf_alpha": spec.zipf_alpha}
+    else:
+        out = {
+            "pooling_factor": spec.pooling_factor,
+            "reuse_histogram": [float(x) for x in DLRM_DATASETS_LOOKUP_SHARES],
+            "reuse_trace_steps": calibration_samples(spec) / global_batch,
+        }
+    if steps is not None and spec.num_rows > LARGE_TABLE_ROWS:
+        out["rows_written"] = _LargeTableSampler(spec, 0, drift).expected_rows(steps, global_batch)
+    return out
 
 
 class _TableSampler:
@@ -138,6 +158,11 @@ class _TableSampler:
         self.effect = np.random.default_rng(seed + 1).standard_normal(self.rows.size).astype(np.float32)
         self.pooling_factor = spec.pooling_factor
 
+    @property
+    def ranks(self) -> int:
+        """Rows the table can draw at a step."""
+        return int(self.rows.size)
+
     def sample(self, rng: np.random.Generator, batch: int, step: int = 0):
         """(lengths [batch], ids, summed effect per sample [batch]) of ``step``."""
         extra = self.pooling_factor - 1.0
@@ -150,16 +175,86 @@ class _TableSampler:
         return lengths.astype(np.int64), ids, mean_effect
 
 
+class _LargeTableSampler:
+    """``_TableSampler``'s distribution for a table of more than ``LARGE_TABLE_ROWS`` rows,
+    in memory independent of its rows: rank r is row ``perm(r)`` (drift: generation g of
+    rank r is ``perm((g * U + r) mod num_rows)``), its effect a hash of r."""
+
+    def __init__(self, spec: SyntheticTableSpec, seed: int, drift: float = 0.0) -> None:
+        self.num_rows, self.alpha, self.seed = spec.num_rows, spec.zipf_alpha, seed
+        self.perm = KeyedPermutation(spec.num_rows, seed)
+        self.pooling_factor = spec.pooling_factor
+        self.drift = 0.0
+        if self.alpha is None:
+            samples = calibration_samples(spec)
+            # Only the lookup count of each rank matters: calibrate on a table just large
+            # enough for the trace's unique rows.
+            rows = min(spec.num_rows, 2 * int(samples * spec.pooling_factor) + 1000)
+            ref = generate_dlrm_batch(
+                [SyntheticTable(rows, spec.pooling_factor, reuse_histogram=DLRM_DATASETS_LOOKUP_SHARES)],
+                samples, seed=seed,
+            )
+            counts = np.sort(np.unique(ref.indices.numpy(), return_counts=True)[1])[::-1]
+            self.cdf = np.cumsum(counts, dtype=np.float64) / counts.sum()
+            self.ranks = counts.size
+            self.phase = np.random.default_rng([seed, 2]).random(self.ranks) if drift else None
+            self.drift = float(drift)
+        else:
+            self.ranks = spec.num_rows
+
+    def expected_rows(self, steps: int, global_batch: int) -> int:
+        """Distinct rows a run of ``steps`` steps of ``global_batch`` samples draws: Zipf
+        draws over all rows; a histogram rank draws its id of each generation (one per
+        1/drift steps) with probability 1 - exp(-its lookups per generation)."""
+        lookups = float(steps) * global_batch * self.pooling_factor
+        if self.alpha is not None:
+            return int(expected_distinct_zipf(self.num_rows, self.alpha, lookups))
+        p = np.diff(self.cdf, prepend=0.0)
+        if not self.drift:
+            return int(min(self.num_rows, -np.expm1(-p * lookups).sum()))
+        generations = 1.0 + steps * self.drift
+        per_generation = p * lookups / generations
+        return int(min(self.num_rows, generations * -np.expm1(-per_generation).sum()))
+
+    def sample(self, rng: np.random.Generator, batch: int, step: int = 0):
+        """(lengths [batch], ids, summed effect per sample [batch]) of ``step``."""
+        extra = self.pooling_factor - 1.0
+        lengths = 1 + (rng.poisson(extra, batch) if extra > 0 else np.zeros(batch, dtype=np.int64))
+        n = int(lengths.sum())
+        if self.alpha is not None:
+            ranks = zipf_ranks(rng, self.num_rows, n, self.alpha)
+        else:
+            ranks = np.minimum(np.searchsorted(self.cdf, rng.random(n), side="right"), self.ranks - 1)
+        pos = ranks
+        if self.drift:
+            gen = np.floor(step * self.drift + self.phase[ranks]).astype(np.int64)
+            pos = (gen * self.ranks + ranks) % self.num_rows
+        owner = np.repeat(np.arange(batch), lengths)
+        mean_effect = np.bincount(owner, hashed_normal(self.seed + 1, ranks), minlength=batch) / lengths
+        return lengths.astype(np.int64), self.perm(pos), mean_effect
+
+
+def _sampler(spec: SyntheticTableSpec, seed: int, drift: float):
+    """The table's sampler: per-row arrays up to ``LARGE_TABLE_ROWS`` rows, functions above."""
+    if spec.num_rows > LARGE_TABLE_ROWS:
+        return _LargeTableSampler(spec, seed, drift)
+    return _TableSampler(spec, seed, drift)
+
+
 class SyntheticData:
     """Batches of the synthetic data set; ``batch(step, rank)`` is a pure function."""
 
-    def __init__(self, tables: Sequence[SyntheticTableSpec], batch_size: int, seed: int, drift: float = 0.0) -> None:
+    def __init__(self, tables: Sequence[SyntheticTableSpec], batch_size: int, seed: int, drift: float = 0.0,
+                 max_rows: Optional[int] = None) -> None:
         if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 1:
             raise ValueError(f"drift={drift!r} must be a number in [0, 1)")
+        if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+            raise ValueError(f"max_rows={max_rows!r} must be a positive integer")
+        self.max_rows = max_rows  # ids of larger tables are hashed down (mod) into this many rows
         self.tables = list(tables)
         self.batch_size = batch_size
         self.seed = seed
-        self._samplers = [_TableSampler(t, seed * 1000 + i, drift) for i, t in enumerate(self.tables)]
+        self._samplers = [_sampler(t, seed * 1000 + i, drift) for i, t in enumerate(self.tables)]
         w = np.random.default_rng(seed + 7).standard_normal(DENSE_FEATURES)
         self._dense_w = (w / np.linalg.norm(w)).astype(np.float32)
         self._keys = [f"f_{t.name}" for t in self.tables]
@@ -169,7 +264,7 @@ class SyntheticData:
 
     def unique_rows(self) -> Dict[str, int]:
         """Rows each table can draw at a step (its calibrated working set)."""
-        return {t.name: int(s.rows.size) for t, s in zip(self.tables, self._samplers)}
+        return {t.name: int(s.ranks) for t, s in zip(self.tables, self._samplers)}
 
     def batch(self, step: int, rank: int, stream: int = 0) -> Batch:
         """The local batch of ``rank`` at ``step``; stream 1 is the held-out eval stream."""
@@ -181,6 +276,8 @@ class SyntheticData:
         scale = 1.5 / np.sqrt(len(self._samplers))
         for sampler in self._samplers:
             ln, ids, effect = sampler.sample(rng, b, step)
+            if self.max_rows is not None:
+                ids = ids % self.max_rows  # ids are spread by their permutation: mod hashes
             lengths.append(ln)
             values.append(ids)
             logit = logit + scale * effect

@@ -29,12 +29,14 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from checkpoint import flush_tiers, latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from data import (  # noqa: E402
+    DEFAULT_TABLES,
     DENSE_FEATURES,
     SyntheticData,
     criteo_batches,
     criteo_files,
+    hashed_down,
     scaled_tables,
     table_locality,
 )
@@ -50,6 +52,8 @@ from placement import (  # noqa: E402
     tier_of,
 )
 from report import auc, format_table, write_outputs  # noqa: E402
+from run_config import load_run_config, preset_path  # noqa: E402
+from tier_report import tier_counters  # noqa: E402
 
 from torchrec_mtrains.elastic import exit_when_agent_dies, init_process_group, stop_if_orphaned  # noqa: E402
 from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
@@ -67,6 +71,13 @@ class BadInput(ValueError):
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default=None,
+                   help="YAML of flag defaults and synthetic tables (see run_config.py); flags given here win")
+    p.add_argument("--preset", default=None,
+                   help="a shipped --config by name: beyond-ram (tables larger than this machine's RAM)")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="hash every table's ids down into at most this many rows (the all-DRAM baseline of a "
+                        "model too large for DRAM)")
     p.add_argument("--steps", type=int, default=200, help="train until this global step")
     p.add_argument("--batch-size", type=int, default=512, help="samples per rank and step")
     p.add_argument("--seed", type=int, default=0, help="data and initial weights")
@@ -93,7 +104,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10, help="progress-bar / AUC-curve update interval (steps)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo); cuda (nccl) is not built")
     p.add_argument("--out", default="build/example-run", help="output directory (metrics.json, plots)")
+    first, _ = p.parse_known_args(argv)
+    tables = None
+    if first.config and first.preset:
+        p.error("give --config or --preset, not both")
+    if first.config or first.preset:
+        try:
+            path = first.config or preset_path(first.preset)
+            defaults, tables = load_run_config(path, {a.dest: a.default for a in p._actions})
+        except ValueError as e:
+            p.error(str(e))
+        p.set_defaults(**defaults)
     args = p.parse_args(argv)
+    args.tables = list(DEFAULT_TABLES) if tables is None else tables
+    if args.max_rows is not None and args.max_rows < 1:
+        p.error(f"--max-rows must be >= 1, got {args.max_rows}")
     for name in ("steps", "batch_size", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -133,8 +158,9 @@ def table_infos(args: argparse.Namespace) -> Tuple[List[TableInfo], Optional[Lis
             raise BadInput(str(e)) from None
         return [TableInfo(f"t_{n}", CRITEO_ROWS, args.embedding_dim) for n in DEFAULT_CAT_NAMES], prefixes
     world = dist_env()[1]
-    return [TableInfo(t.name, t.num_rows, args.embedding_dim, table_locality(t, args.batch_size * world))
-            for t in scaled_tables(args.table_scale)], None
+    specs = hashed_down(scaled_tables(args.table_scale, args.tables), args.max_rows)
+    return [TableInfo(t.name, t.num_rows, args.embedding_dim,
+                      table_locality(t, args.batch_size * world, args.steps, args.drift)) for t in specs], None
 
 
 def build_model(args: argparse.Namespace, tables: List[TableInfo], features: List[str]):
@@ -377,7 +403,8 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
 
         features = list(DEFAULT_CAT_NAMES)
     else:
-        data = SyntheticData(scaled_tables(args.table_scale), args.batch_size, args.seed, args.drift)
+        data = SyntheticData(scaled_tables(args.table_scale, args.tables), args.batch_size, args.seed, args.drift,
+                             args.max_rows)
         features = data.feature_names()
     torch.manual_seed(args.seed)
     dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), planner)
@@ -410,6 +437,8 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     final_auc = evaluate(dmp, eval_it, rank)
     counts = global_cache_counts(dmp, tiered)
     per_table, per_tier = rates_of(counts, tiered)
+    flush_tiers(dmp)  # every row trained is on its tier: what the run materialised
+    tiers = tier_counters(dmp)
     warm_table, warm_tier = rates_of(counts - trainer.warm_from, tiered) if trainer.warm_from is not None else ({}, {})
     metrics = {
         "losses": trainer.state["losses"], "qps": trainer.qps(), "auc": final_auc,
@@ -419,7 +448,13 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "world_size": world, "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
         "dram_budget_bytes_per_rank": args.dram_budget_bytes, "dcn": args.dcn,
         "predicted_qps": planner.last_placement.predicted_qps,
+        "predicted_hit_rate": {t: planner.last_placement.tables[t].hit_rate for t in tiered},
         "data": "criteo" if prefixes else "synthetic", "wall_seconds": time.perf_counter() - t0,
+        "step_times": [t - trainer.step_times[0] for t in trainer.step_times] if trainer.step_times else [],
+        "predicted_step_seconds": (args.batch_size * world / planner.last_placement.predicted_qps
+                                   if planner.last_placement.predicted_qps > 0 else float("nan")),
+        "tiers": tiers, "table_rows": {t.name: t.num_embeddings for t in tables},
+        "embedding_dim": args.embedding_dim,
     }
     if rank == 0:
         finish(args, metrics, rows)

@@ -184,6 +184,7 @@ class StorageAwarePlanner(ShardingPlanner):
                 tiered=TieredParams(
                     where.tier, cache_rows=max(1, where.cache_rows), cache_algorithm=self.cache_algorithm,
                     storage_dir=self.storage_dir if where.tier in (Tier.SCM, Tier.SSD) else None,
+                    rows_written=option.table.rows_written,
                 ),
             )
         return plan

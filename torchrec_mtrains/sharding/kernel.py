@@ -84,12 +84,19 @@ def _fused_settings(fused_params: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _rows_written(params: TieredParams, table: ShardedEmbeddingTable) -> int:
+    if params.rows_written is None:
+        return table.local_rows
+    return min(table.local_rows, math.ceil(params.rows_written * table.local_rows / table.num_embeddings))
+
+
 def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbeddingTable], row_bytes: List[int]) -> None:
-    """A rank's SSD shards must fit the free space of its directory once fully written."""
+    """A rank's SSD shards must fit the free space of its directory once written: fully, or
+    their share of ``params.rows_written``."""
     if params.tier is not Tier.SSD:
         return
     free = shutil.disk_usage(directory).free
-    need = sum(t.local_rows * b for t, b in zip(tables, row_bytes))
+    need = sum(_rows_written(params, t) * b for t, b in zip(tables, row_bytes))
     if need > free:
         names = ", ".join(sorted({t.name for t in tables}))
         raise ValueError(

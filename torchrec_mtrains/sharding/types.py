@@ -25,7 +25,8 @@ CACHE_LOAD_FACTOR = "cache_load_factor"  # TorchRec's key; its table grouping le
 _PREFIX = "mtrains_"
 FUSED_PARAM_KEYS = tuple(
     _PREFIX + k
-    for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb")
+    for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb",
+              "rows_written")
 )
 _STATE_DICT_RAM_MB = 1024.0
 
@@ -46,6 +47,9 @@ class TieredParams:
         storage_dir: where SCM/SSD files go; each rank uses ``storage_dir/rank_<r>``.
         state_dict_ram_mb: a local shard larger than this is staged for ``state_dict()``
             in a memory-mapped file in the rank's storage directory instead of in RAM.
+        rows_written: the distinct rows of the whole table the job is expected to write
+            (None: all). An SSD table takes disk only for rows written (they are initialised
+            lazily), so the free-space check asks for this share of the shards' rows.
     """
 
     tier: Tier
@@ -54,8 +58,12 @@ class TieredParams:
     cache_algorithm: str = DEFAULTS.cache_algorithm
     storage_dir: Optional[str] = None
     state_dict_ram_mb: float = _STATE_DICT_RAM_MB
+    rows_written: Optional[int] = None
 
     def __post_init__(self) -> None:
+        written = self.rows_written
+        if written is not None and (isinstance(written, bool) or not isinstance(written, int) or written < 1):
+            raise ValueError(f"TieredParams: rows_written={written!r} must be a positive int")
         rows = self.cache_rows
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
             raise ValueError(f"TieredParams: cache_rows={rows!r} must be a positive int")  # the whole table's
@@ -81,7 +89,8 @@ class TieredParams:
     def to_fused_params(self) -> Dict[str, Any]:
         """The settings as ``fused_params`` entries (hashable values, for TorchRec's grouping)."""
         values = (self.tier.value, self.cache_rows, self.cache_load_factor, self.cache_algorithm,
-                  None if self.storage_dir is None else os.fspath(self.storage_dir), float(self.state_dict_ram_mb))
+                  None if self.storage_dir is None else os.fspath(self.storage_dir), float(self.state_dict_ram_mb),
+                  self.rows_written)
         return dict(zip(FUSED_PARAM_KEYS, values))
 
     @staticmethod
@@ -92,13 +101,13 @@ class TieredParams:
                 "a CUSTOMIZED_KERNEL table has no tier settings: build its plan entry with "
                 "tiered_sharding_plan() or the StorageAwarePlanner (a TieredParameterSharding)"
             )
-        tier, rows, lf, algo, storage_dir, ram_mb = (fused_params.get(k) for k in FUSED_PARAM_KEYS)
+        tier, rows, lf, algo, storage_dir, ram_mb, written = (fused_params.get(k) for k in FUSED_PARAM_KEYS)
         try:
             tier = Tier(tier)
         except ValueError:
             raise ValueError(f"fused_params[{FUSED_PARAM_KEYS[0]!r}]={tier!r} is not a tier") from None
         return TieredParams(tier, rows, lf, algo or DEFAULTS.cache_algorithm, storage_dir,
-                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb)
+                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb, written)
 
     def load_factor(self, num_embeddings: int) -> float:
         """The cache size as a fraction of the table's rows."""

@@ -199,10 +199,13 @@ class ScmStore(RowStore):
         self._rows_mm = self._tail_mm = None
 
     def stats(self) -> Dict[str, float]:
+        """Counters; ``rows_materialised`` (rows ever written, so held by the file rather than
+        initialised lazily) scans a 4-byte mark per row."""
         return {
             "rows_read": float(self._rows_read),
             "rows_written": float(self._rows_written),
             "lazy_init_rows": float(self._lazy_rows),
+            "rows_materialised": float(torch.count_nonzero(self._tail)) if self._rows_mm is not None else 0.0,
         }
 
     def _row_offset(self, row: int) -> int:

@@ -11,18 +11,22 @@ import numpy as np
 import yaml
 
 from torchrec_mtrains.layout import PRECISIONS, SHORT_OPTIMIZER_NAMES, TableLayout
+from torchrec_mtrains.types import Tier
 from torchrec_mtrains.planner.model.locality import (
     LocalityCurve,
     histogram_locality,
     zipf_locality,
 )
 
-__all__ = ["ModelSpec", "ModelTable", "load_model_spec", "parse_model_spec"]
+__all__ = ["LAZY_TIERS", "ModelSpec", "ModelTable", "load_model_spec", "parse_model_spec"]
 
 _TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
-               "reuse_trace_steps", "trace", "trace_table", "count"}
+               "reuse_trace_steps", "trace", "trace_table", "count", "rows_written"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
+# Tiers whose stores take space only for rows written (the block store's sparse log); the
+# SCM store reserves its whole file at creation.
+LAZY_TIERS = frozenset({Tier.SSD})
 _DTYPES = PRECISIONS
 _OPTIMIZERS = SHORT_OPTIMIZER_NAMES
 
@@ -35,10 +39,19 @@ class ModelTable:
     pooling_factor: float
     row_bytes: int  # weights + optimizer state as stored
     locality: LocalityCurve
+    # Distinct rows the job writes (None: all). A tier that initialises rows lazily (SSD)
+    # holds only these; the others hold the whole table.
+    rows_written: Optional[int] = None
 
     @property
     def bytes(self) -> float:
         return float(self.num_embeddings) * self.row_bytes
+
+    def bytes_on(self, tier: Tier) -> float:
+        """Bytes the table takes on ``tier`` as its backing store."""
+        if tier in LAZY_TIERS and self.rows_written is not None:
+            return float(min(self.rows_written, self.num_embeddings)) * self.row_bytes
+        return self.bytes
 
     @property
     def lookups_per_sample(self) -> float:
@@ -128,9 +141,12 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
         check_reuse_shares(shares, f"{where}.reuse_histogram")
         steps = _number(f"{where}.reuse_trace_steps", entry.get("reuse_trace_steps", 1000))
         curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares), float(steps))
+    written = entry.get("rows_written")
+    if written is not None:
+        written = int(_number(f"{where}.rows_written", written, integer=True))
     rb = row_bytes(dim, dtype, optimizer)
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
-    return [ModelTable(n, rows, dim, pooling, rb, curve) for n in names]
+    return [ModelTable(n, rows, dim, pooling, rb, curve, written) for n in names]
 
 
 def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:

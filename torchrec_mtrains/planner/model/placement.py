@@ -57,7 +57,7 @@ def tier_bytes(table: ModelTable, tier: Tier, cache_rows: float, l2_rows: float,
     cache of ``l2_rows`` in host DRAM."""
     if tier == compute_tier and cache_rows <= 0:
         return {compute_tier: table.bytes}
-    out = {tier: table.bytes}
+    out = {tier: table.bytes_on(tier)}
     out[compute_tier] = out.get(compute_tier, 0.0) + cache_rows * table.row_bytes
     if l2_rows:
         out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + l2_rows * table.row_bytes
@@ -248,7 +248,7 @@ class _Placer:
                 self.apply(table, fast, -1, -1, 1.0)
                 continue
             for tier in start:
-                if (self.used[tier] + table.bytes <= self.caps[tier]
+                if (self.used[tier] + table.bytes_on(tier) <= self.caps[tier]
                         and self.used[fast] + self.fast_bytes(table, 0) <= self.caps[fast]):
                     self.state[table.name] = (tier, 0, -1)
                     break

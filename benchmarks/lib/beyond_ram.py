@@ -1,0 +1,214 @@
+"""Tables larger than RAM, end to end: the example DLRM's ``--preset beyond-ram`` trained on
+2 ranks (torchrun, DMP, the planner on the ``local`` profile), with everything the run costs
+measured beside it in the same run:
+
+- fio's limits of the disk under the storage directory (4 KiB random reads at QD 32, 1 MiB
+  sequential writes), measured first;
+- the tiered run: QPS in steady state (the last half of the steps), hit rate per tier and
+  table (predicted by the planner vs measured on warm caches), SSD I/O per second and MB/s
+  (the stores' counters over the run, and the device's over time), the step against the
+  roofline max(compute, device time of the measured misses), the perf model's predicted
+  step against the measured one, RSS and disk bytes over time (sampled every 2 s: a plot),
+  rows materialised per tier, DRAM bytes per SSD-resident row;
+- the baseline: the same model with every table's ids hashed down into ``--baseline-rows``
+  rows, so that all of it fits in DRAM, trained by FBGEMM's fused kernel alone (the
+  planner places every table in DRAM); the QPS ratio.
+
+    .venv/bin/python benchmarks/bench_beyond_ram.py [--steps 3000] [--table-scale 1.0]
+
+Results: ``--out``/beyond_ram.json, summary.txt, memory_disk.png; the tiered run's own
+metrics.json beside them. Figures and their reading: docs/beyond-ram.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from benchmarks.lib.process_monitor import ProcessTreeMonitor, Sample
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "dlrm" / "train.py"
+RSS_LIMIT_SHARE = 0.5  # of RAM, for the whole run
+MATERIALISED_GOAL = 1.5  # x RAM
+
+
+def mem_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no MemTotal in /proc/meminfo")
+
+
+def fio_limits(directory: Path, seconds: float) -> Dict[str, float]:
+    """4 KiB random-read IOPS at QD 32 and 1 MiB sequential-write bytes/s of the disk."""
+    from torchrec_mtrains.planner.hardware.fio import FioJob, FioUnavailable, run_fio
+
+    jobs = [FioJob("randread", "randread", 4096, 32), FioJob("write", "write", 1 << 20, 8)]
+    try:
+        res = run_fio(directory, jobs, size_mb=2048, runtime_s=seconds)
+    except FioUnavailable as e:
+        print(f"bench_beyond_ram: fio unavailable ({e}): no device limits", file=sys.stderr)
+        return {}
+    return {"randread_iops": res["randread"].iops, "randread_bytes_per_s": res["randread"].bytes_per_s,
+            "write_bytes_per_s": res["write"].bytes_per_s}
+
+
+def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: float, timeout_s: float):
+    """Runs train.py under torchrun while sampling its process tree; (metrics, samples, peaks)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(TRAIN), "--preset", "beyond-ram", "--out", str(out), *extra]
+    log = open(out.parent / f"{out.name}.log", "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with ProcessTreeMonitor(proc.pid, str(workdir), interval) as monitor:
+            code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise SystemExit(f"bench_beyond_ram: {' '.join(cmd)} ran past {timeout_s:.0f} s: killed")
+    finally:
+        log.close()
+    if code != 0:
+        tail = (out.parent / f"{out.name}.log").read_text()[-3000:]
+        raise SystemExit(f"bench_beyond_ram: run failed (exit {code}):\n{tail}")
+    with open(out / "metrics.json") as f:
+        return json.load(f), monitor.samples, monitor.peaks()
+
+
+def steady_step_seconds(metrics: Dict) -> float:
+    """Median seconds per step over the last half of the run's steps."""
+    times = metrics["step_times"]
+    half = times[len(times) // 2:]
+    return statistics.median(b - a for a, b in zip(half, half[1:]))
+
+
+def ssd_totals(metrics: Dict) -> Dict[str, float]:
+    """The SSD shards' store counters summed, and their rows and bytes materialised."""
+    keys = ("store_disk_rows_read", "store_device_reads", "store_device_writes", "store_device_bytes_read",
+            "store_device_bytes_written", "store_live_rows", "materialised_bytes")
+    shards = [s for s in metrics["tiers"]["shards"].values() if s["tier"] == "SSD"]
+    out = {k: sum(s.get(k, 0.0) for s in shards) for k in keys}
+    maps = [s["store_dram_bytes_per_row"] for s in shards if "store_dram_bytes_per_row" in s]
+    out["map_dram_bytes_per_logical_row"] = max(maps) if maps else float("nan")
+    return out
+
+
+def device_rates(samples: List[Sample]) -> Dict[str, float]:
+    """Median and peak of the device's reads/s, writes/s and MB/s between samples."""
+    rates: Dict[str, List[float]] = {"reads_per_s": [], "writes_per_s": [], "read_mb_per_s": [], "write_mb_per_s": []}
+    for a, b in zip(samples, samples[1:]):
+        dt = b.t - a.t
+        if dt <= 0:
+            continue
+        rates["reads_per_s"].append((b.disk.reads - a.disk.reads) / dt)
+        rates["writes_per_s"].append((b.disk.writes - a.disk.writes) / dt)
+        rates["read_mb_per_s"].append((b.disk.read_bytes - a.disk.read_bytes) / dt / 1e6)
+        rates["write_mb_per_s"].append((b.disk.write_bytes - a.disk.write_bytes) / dt / 1e6)
+    out = {}
+    for k, v in rates.items():
+        out[f"{k}_median"] = statistics.median(v) if v else float("nan")
+        out[f"{k}_max"] = max(v) if v else float("nan")
+    return out
+
+
+def per_tier_hits(metrics: Dict) -> Dict[str, Dict[str, float]]:
+    """Per tier: the planner's predicted hit rate (tables weighted by lookups per step, as
+    the warm measurement is) and the measured warm one."""
+    placement, predicted = metrics["placement"], metrics["predicted_hit_rate"]
+    shards = metrics["tiers"]["shards"]
+    out: Dict[str, Dict[str, float]] = {}
+    for tier in sorted(set(placement[t] for t in predicted)):
+        tables = [t for t in predicted if placement[t] == tier]
+        weights = {t: sum(s.get("cache_unique_rows", 0.0) for n, s in shards.items() if n.split(".r")[0] == t)
+                   for t in tables}
+        total = sum(weights.values()) or 1.0
+        out[tier] = {"predicted": sum(predicted[t] * weights[t] for t in tables) / total,
+                     "measured_warm": metrics["hit_rate_warm_per_tier"].get(tier, float("nan"))}
+    return out
+
+
+def plot(samples: List[Sample], ram: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s.t / 60 for s in samples]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(t, [s.rss / 2**30 for s in samples], label="RSS, all processes")
+    ax.plot(t, [s.rss_anon / 2**30 for s in samples], label="of which anonymous")
+    ax.plot(t, [s.rss_max_process / 2**30 for s in samples], label="RSS, largest process")
+    ax.plot(t, [s.disk_bytes / 2**30 for s in samples], label="disk used by the tiers")
+    ax.axhline(ram / 2**30, color="k", ls=":", label="RAM")
+    ax.axhline(RSS_LIMIT_SHARE * ram / 2**30, color="r", ls=":", label="RSS limit (50% of RAM)")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("GiB")
+    ax.set_title("beyond-RAM run: memory and disk over time")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
+    p.add_argument("--table-scale", type=float, default=1.0, help="the preset's tables at this fraction of their rows")
+    p.add_argument("--nproc", type=int, default=2, help="ranks")
+    p.add_argument("--dir", default=None, help="storage directory (default: a temp dir; removed after)")
+    p.add_argument("--out", default="build/beyond-ram", help="results directory")
+    p.add_argument("--baseline-rows", type=int, default=1_000_000,
+                   help="rows each table's ids are hashed into for the all-DRAM baseline")
+    p.add_argument("--baseline-steps", type=int, default=300, help="steps of the baseline run (0: no baseline)")
+    p.add_argument("--fio-seconds", type=float, default=10.0, help="seconds per fio job (0: no fio)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between memory/disk samples")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from benchmarks.lib.beyond_ram_report import figures, summary
+
+    args = parse_args(argv)
+    out = (ROOT / args.out) if not os.path.isabs(args.out) else Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mtrains-beyond-ram-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ram = mem_total()
+    scale = ["--table-scale", str(args.table_scale)] if args.table_scale != 1.0 else []
+    steps = ["--steps", str(args.steps)] if args.steps else []
+    try:
+        limits = fio_limits(work, args.fio_seconds) if args.fio_seconds > 0 else {}
+        store = work / "store"
+        tiered, samples, peaks = train(args.nproc, out / "tiered", work,
+                                       [*steps, *scale, "--storage-dir", str(store)], args.interval, args.timeout)
+        shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
+        baseline = None
+        if args.baseline_steps > 0:
+            budget = str(4 << 30)  # per rank: the hashed model fits whole
+            baseline, _, _ = train(args.nproc, out / "baseline", work,
+                                   ["--steps", str(args.baseline_steps), *scale, "--max-rows", str(args.baseline_rows),
+                                    "--dram-budget", budget, "--storage-dir", str(store)], args.interval, args.timeout)
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    f = figures(tiered, samples, peaks, ram, limits, baseline)
+    text = summary(f)
+    (out / "beyond_ram.json").write_text(json.dumps(
+        {**f, "samples": [{"t": s.t, "rss": s.rss, "rss_anon": s.rss_anon, "rss_max_process": s.rss_max_process,
+                           "disk_bytes": s.disk_bytes} for s in samples]}, indent=1))
+    (out / "summary.txt").write_text(text + "\n")
+    plot(samples, ram, out / "memory_disk.png")
+    print(text)
+    print(f"results in {out}")
+    return 0

@@ -1,0 +1,125 @@
+"""The beyond-RAM benchmark's figures (a dict for beyond_ram.json) and their text summary."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from benchmarks.lib.beyond_ram import (
+    MATERIALISED_GOAL,
+    RSS_LIMIT_SHARE,
+    device_rates,
+    per_tier_hits,
+    ssd_totals,
+    steady_step_seconds,
+)
+from benchmarks.lib.process_monitor import Sample
+
+__all__ = ["figures", "summary"]
+
+
+def figures(tiered: Dict, samples: List[Sample], peaks: Dict[str, int], ram: int, limits: Dict[str, float],
+            baseline: Optional[Dict]) -> Dict[str, object]:
+    steps = len(tiered["step_times"])
+    global_batch = tiered["batch_size_per_rank"] * tiered["world_size"]
+    step_s = steady_step_seconds(tiered)
+    ssd = ssd_totals(tiered)
+    span = tiered["step_times"][-1] if steps > 1 else float("nan")
+    materialised = sum(tiered["tiers"]["materialised_bytes"].values())
+    out: Dict[str, object] = {
+        "ram_bytes": ram, "steps": steps, "global_batch": global_batch,
+        "materialised_bytes": tiered["tiers"]["materialised_bytes"],
+        "materialised_x_ram": materialised / ram,
+        "logical_bytes": sum(r * s for r, s in _logical(tiered)),
+        "peak_rss_bytes": peaks["rss"], "peak_rss_anon_bytes": peaks["rss_anon"],
+        "peak_rss_one_process_bytes": peaks["rss_max_process"], "peak_disk_bytes": peaks["disk_bytes"],
+        "rss_x_ram": peaks["rss"] / ram,
+        "qps_steady": global_batch / step_s, "step_seconds_steady": step_s,
+        "train_seconds": span, "wall_seconds": tiered["wall_seconds"],
+        "hit_rate_per_tier": per_tier_hits(tiered),
+        "hit_rate_per_table": {t: {"predicted": tiered["predicted_hit_rate"][t],
+                                   "measured_warm": tiered["hit_rate_warm"].get(t, float("nan"))}
+                               for t in tiered["predicted_hit_rate"]},
+        "ssd": {**ssd,
+                "rows_read_per_s": ssd["store_disk_rows_read"] / span,
+                "reads_per_s": ssd["store_device_reads"] / span,
+                "writes_per_s": ssd["store_device_writes"] / span,
+                "read_mb_per_s": ssd["store_device_bytes_read"] / span / 1e6,
+                "write_mb_per_s": ssd["store_device_bytes_written"] / span / 1e6},
+        "device": device_rates(samples), "fio": limits,
+        "predicted_step_seconds": tiered["predicted_step_seconds"],
+        "perf_model_error": tiered["predicted_step_seconds"] / step_s - 1.0,
+        "dram_bytes_per_ssd_row": peaks["rss"] / max(1.0, ssd["store_live_rows"]),
+    }
+    if limits:
+        reads_per_step = ssd["store_disk_rows_read"] / steps
+        written_per_step = ssd["store_device_bytes_written"] / steps
+        out["device_seconds_per_step"] = (reads_per_step / limits["randread_iops"]
+                                          + written_per_step / limits["write_bytes_per_s"])
+    if baseline is not None:
+        base_step = steady_step_seconds(baseline)
+        out["baseline"] = {"qps_steady": global_batch / base_step, "step_seconds_steady": base_step,
+                           "table_rows": baseline["table_rows"], "auc": baseline["auc"]}
+        out["qps_ratio"] = out["qps_steady"] / out["baseline"]["qps_steady"]
+        device = out.get("device_seconds_per_step", 0.0)
+        out["roofline_step_seconds"] = max(base_step, device)
+        out["step_x_roofline"] = step_s / out["roofline_step_seconds"]
+    return out
+
+
+def _logical(metrics: Dict):
+    row_bytes = {n.split(".r")[0]: s["row_bytes"] for n, s in metrics["tiers"]["shards"].items()}
+    dim_bytes = (metrics["embedding_dim"] + 1) * 4
+    for table, rows in metrics["table_rows"].items():
+        yield rows, row_bytes.get(table, dim_bytes)
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def summary(f: Dict) -> str:
+    gb = 1e9
+    lines = [
+        f"beyond-RAM run: {f['steps']} steps of {f['global_batch']:,} samples; RAM {f['ram_bytes'] / gb:.1f} GB; "
+        f"tables' logical size {f['logical_bytes'] / gb:,.0f} GB",
+        "materialised rows: " + ", ".join(f"{t} {b / gb:.1f} GB" for t, b in f["materialised_bytes"].items())
+        + f" = {f['materialised_x_ram']:.2f}x RAM [{_verdict(f['materialised_x_ram'] >= MATERIALISED_GOAL)}] "
+          f"goal >= {MATERIALISED_GOAL}x",
+        f"peak RSS, all processes: {f['peak_rss_bytes'] / gb:.1f} GB = {f['rss_x_ram']:.2f}x RAM "
+        f"[{_verdict(f['rss_x_ram'] <= RSS_LIMIT_SHARE)}] goal <= {RSS_LIMIT_SHARE}x (anonymous "
+        f"{f['peak_rss_anon_bytes'] / gb:.1f} GB; largest process {f['peak_rss_one_process_bytes'] / gb:.1f} GB); "
+        f"peak disk {f['peak_disk_bytes'] / gb:.1f} GB",
+        f"QPS in steady state: {f['qps_steady']:,.0f} ({f['step_seconds_steady'] * 1e3:.0f} ms/step); "
+        f"trained in {f['train_seconds'] / 60:.1f} min, wall {f['wall_seconds'] / 60:.1f} min",
+        "hit rate per tier (predicted / measured, warm caches): "
+        + ", ".join(f"{t} {h['predicted']:.3f} / {h['measured_warm']:.3f}" for t, h in f["hit_rate_per_tier"].items()),
+    ]
+    s, d, fio = f["ssd"], f["device"], f["fio"]
+    lines.append(
+        f"SSD (stores' counters over the run): {s['rows_read_per_s']:,.0f} rows read/s, {s['reads_per_s']:,.0f} "
+        f"reads/s, {s['read_mb_per_s']:.1f} MB/s read; {s['writes_per_s']:,.0f} writes/s, "
+        f"{s['write_mb_per_s']:.1f} MB/s written")
+    lines.append(
+        f"device (diskstats, median / max of 2 s windows): reads/s {d['reads_per_s_median']:,.0f} / "
+        f"{d['reads_per_s_max']:,.0f}, read MB/s {d['read_mb_per_s_median']:.0f} / {d['read_mb_per_s_max']:.0f}, "
+        f"write MB/s {d['write_mb_per_s_median']:.0f} / {d['write_mb_per_s_max']:.0f}")
+    if fio:
+        lines.append(f"fio limits (this run): 4 KiB random reads QD32 {fio['randread_iops']:,.0f} IOPS; "
+                     f"1 MiB sequential writes {fio['write_bytes_per_s'] / 1e6:,.0f} MB/s")
+    lines.append(f"perf model: predicted step {f['predicted_step_seconds'] * 1e3:.0f} ms vs measured "
+                 f"{f['step_seconds_steady'] * 1e3:.0f} ms ({f['perf_model_error']:+.0%}) "
+                 f"[{_verdict(abs(f['perf_model_error']) <= 0.25)}] goal within 25%")
+    lines.append(f"DRAM per SSD-resident row: {f['dram_bytes_per_ssd_row']:,.0f} B (peak RSS / SSD live rows); "
+                 f"the location map alone: {f['ssd']['map_dram_bytes_per_logical_row']:.2f} B per logical row")
+    if "baseline" in f:
+        b = f["baseline"]
+        lines.append(f"baseline (ids hashed into at most {max(b['table_rows'].values()):,} rows per table, all "
+                     f"in DRAM, FBGEMM alone): {b['qps_steady']:,.0f} QPS ({b['step_seconds_steady'] * 1e3:.0f} "
+                     f"ms/step)")
+        lines.append(f"QPS ratio tiered / baseline: {f['qps_ratio']:.2f}x [{_verdict(f['qps_ratio'] >= 0.5)}] "
+                     "goal >= 0.5x (aim 0.8x)")
+        lines.append(f"roofline max(compute {b['step_seconds_steady'] * 1e3:.0f} ms, device "
+                     f"{f.get('device_seconds_per_step', float('nan')) * 1e3:.0f} ms) = "
+                     f"{f['roofline_step_seconds'] * 1e3:.0f} ms; step / roofline {f['step_x_roofline']:.2f}x "
+                     f"[{_verdict(f['step_x_roofline'] <= 1.25)}] goal <= 1.25x")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""What the tiers hold and moved, for metrics.json: per tiered shard, its backing store's
+counters (rows materialised on the tier, device I/O) and its cache's, gathered from every
+rank; and the process's memory (VmRSS, VmHWM, RssAnon, RssFile from /proc/self/status).
+
+``materialised_bytes`` counts the rows written to a tier (the block store's live rows, the
+SCM store's written rows), the bytes the tier holds for the model, as opposed to the
+tables' logical size (rows never written are initialised lazily and take no space)."""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import torch.distributed as dist
+
+__all__ = ["memory_status", "tier_counters"]
+
+_STORE_KEYS = ("live_rows", "rows_written", "rows_read", "disk_rows_read", "lazy_init_rows", "device_reads",
+               "device_writes", "device_bytes_read", "device_bytes_written", "gc_rows_moved", "write_amplification",
+               "rows_materialised", "dram_bytes_per_row")
+_CACHE_KEYS = ("hits", "misses", "unique_rows", "lookups", "rows_loaded", "rows_written_back", "capacity")
+
+
+def memory_status() -> Dict[str, int]:
+    """This process's VmRSS, VmHWM (peak RSS), RssAnon and RssFile in bytes."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _local_counters(dmp) -> Dict[str, Dict[str, float]]:
+    from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+
+    out: Dict[str, Dict[str, float]] = {}
+    for m in dmp.modules():
+        if not isinstance(m, ShardedTieredEmbeddingBagCollection):
+            continue
+        for kernel in m.tiered_kernels():
+            emb = kernel.emb_module
+            caches = emb.cache_stats()
+            for t, name in enumerate(emb.table_names):
+                store = emb.store_stats(t)
+                row_bytes = emb.layouts[t].row_bytes
+                entry = {"tier": emb.tier.name, "row_bytes": float(row_bytes),
+                         **{f"store_{k}": float(store[k]) for k in _STORE_KEYS if k in store},
+                         **{f"cache_{k}": float(caches[name][k]) for k in _CACHE_KEYS if k in caches[name]}}
+                materialised = store.get("live_rows", store.get("rows_materialised"))
+                entry["materialised_bytes"] = float(materialised) * row_bytes if materialised is not None else 0.0
+                out[name] = entry
+    return out
+
+
+def tier_counters(dmp) -> Dict[str, object]:
+    """Every rank's shards' counters and memory (a collective); on every rank:
+    ``{"shards": {shard: counters}, "memory": [per rank], "materialised_bytes": {tier: bytes}}``."""
+    mine = {"shards": _local_counters(dmp), "memory": memory_status()}
+    gathered: List[Dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(gathered, mine)
+    shards: Dict[str, Dict[str, float]] = {}
+    for g in gathered:
+        shards.update(g["shards"])
+    by_tier: Dict[str, float] = {}
+    for s in shards.values():
+        by_tier[s["tier"]] = by_tier.get(s["tier"], 0.0) + s["materialised_bytes"]
+    return {"shards": shards, "memory": [g["memory"] for g in gathered], "materialised_bytes": by_tier}

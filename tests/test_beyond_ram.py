@@ -1,0 +1,83 @@
+"""The beyond-RAM run scaled down: the same path (train.py --preset beyond-ram under torchrun,
+2 ranks, DMP, the planner on the local profile) at small sizes trains, checkpoints and
+resumes bit-identically; and benchmarks/bench_beyond_ram.py reports its figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from _watch import run_watched
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "examples", "dlrm", "train.py")
+STEPS = 12
+# The preset's tables at 1/2000 of their rows (400M -> 200K), small batches, and a DRAM budget
+# that puts the large tables on SSD and SCM behind caches.
+SMALL = ["--preset", "beyond-ram", "--table-scale", "0.0005", "--batch-size", "64", "--dram-budget", "6MiB",
+         "--eval-batches", "1", "--log-every", "3"]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MTRAINS_FAULT", "TORCHELASTIC"))}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _torchrun(*args: str):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAIN, *SMALL, *args]
+    proc = run_watched(cmd, stall_s=300, env=_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _metrics(out) -> dict:
+    with open(os.path.join(out, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_scaled_down_beyond_ram_run_trains_checkpoints_and_resumes_exactly(tmp_path):
+    store = str(tmp_path / "store")
+    _torchrun("--steps", str(STEPS), "--storage-dir", store + "0", "--out", str(tmp_path / "whole"))
+    whole = _metrics(tmp_path / "whole")
+    assert len(whole["losses"]) == STEPS and whole["world_size"] == 2
+    assert {"SSD"} <= set(whole["placement"].values())
+    # What the tiers hold and moved is reported per shard, from both ranks.
+    tiers = whole["tiers"]
+    assert tiers["materialised_bytes"]["SSD"] > 0 and len(tiers["memory"]) == 2
+    ssd = [s for s in tiers["shards"].values() if s["tier"] == "SSD"]
+    assert ssd and all(s["store_live_rows"] > 0 for s in ssd)
+    assert all(s["materialised_bytes"] == s["store_live_rows"] * s["row_bytes"] for s in ssd)
+
+    ckpt = str(tmp_path / "ckpt")
+    _torchrun("--steps", str(STEPS // 2), "--checkpoint-every", str(STEPS // 2), "--checkpoint-dir", ckpt,
+              "--storage-dir", store + "1", "--out", str(tmp_path / "first"))
+    _torchrun("--steps", str(STEPS), "--resume", "--checkpoint-dir", ckpt, "--storage-dir", store + "2",
+              "--out", str(tmp_path / "resumed"))
+    resumed = _metrics(tmp_path / "resumed")
+    assert resumed["resumed_from"] == STEPS // 2
+    assert resumed["losses"] == whole["losses"]  # bit-identical to the uninterrupted run
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_bench_beyond_ram_reports_side_by_side(tmp_path):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_beyond_ram.py"), "--steps", "8",
+           "--table-scale", "0.0005", "--baseline-steps", "6", "--baseline-rows", "1000", "--fio-seconds", "0",
+           "--interval", "0.5", "--out", str(out), "--dir", str(tmp_path / "work")]
+    proc = run_watched(cmd, stall_s=300, env=_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(out / "beyond_ram.json") as f:
+        figures = json.load(f)
+    assert figures["steps"] == 8 and figures["qps_steady"] > 0 and figures["baseline"]["qps_steady"] > 0
+    assert figures["qps_ratio"] == pytest.approx(figures["qps_steady"] / figures["baseline"]["qps_steady"])
+    assert max(figures["baseline"]["table_rows"].values()) <= 1000
+    assert figures["peak_rss_bytes"] > 0 and figures["samples"]
+    assert (out / "memory_disk.png").stat().st_size > 0
+    assert "QPS ratio tiered / baseline" in (out / "summary.txt").read_text()
