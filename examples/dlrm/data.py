@@ -113,7 +113,7 @@ def table_locality(spec: SyntheticTableSpec, global_batch: int, steps: Optional[
                    drift: float = 0.0) -> Dict[str, object]:
     """The table's locality as the planner reads it (MODEL.yaml's table keys): its Zipf
     exponent, or the reuse histogram (shares of lookups) the sampler is calibrated to, over
-    the reference trace's length in steps; for a table of more than ``LARGE_TABLE_ROWS`` rows
+    the reference trace's length in steps and its drift; for a table of more than ``LARGE_TABLE_ROWS`` rows
     and a run of ``steps`` steps, also the rows the run is expected to write."""
     if spec.zipf_alpha is not None:
         out: Dict[str, object] = {"pooling_factor": spec.pooling_factor, "zipf_alpha": spec.zipf_alpha}
@@ -122,6 +122,7 @@ def table_locality(spec: SyntheticTableSpec, global_batch: int, steps: Optional[
             "pooling_factor": spec.pooling_factor,
             "reuse_histogram": [float(x) for x in DLRM_DATASETS_LOOKUP_SHARES],
             "reuse_trace_steps": calibration_samples(spec) / global_batch,
+            "drift": drift,
         }
     if steps is not None and spec.num_rows > LARGE_TABLE_ROWS:
         out["rows_written"] = _LargeTableSampler(spec, 0, drift).expected_rows(steps, global_batch)

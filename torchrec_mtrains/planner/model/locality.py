@@ -71,13 +71,21 @@ def _rank_grid(n: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.concatenate([exact, tail]), np.concatenate([np.ones_like(exact), w])
 
 
-def _curves(p: np.ndarray, weights: np.ndarray, num_rows: int, lookups_per_step: float, points: int) -> LocalityCurve:
-    """Curves of rows with popularity ``p`` (descending; ``weights[k]`` rows each)."""
+def _curves(p: np.ndarray, weights: np.ndarray, num_rows: int, lookups_per_step: float, points: int,
+            drift: float = 0.0) -> LocalityCurve:
+    """Curves of rows with popularity ``p`` (descending; ``weights[k]`` rows each). With
+    ``drift``, each row moves to a fresh id every 1/drift steps on average: the first touch
+    of each fresh id misses whatever the cache size."""
     q = -np.expm1(lookups_per_step * np.log1p(-np.minimum(p, 1 - 1e-15)))  # 1 - (1-p)^L
     unique = float(weights @ q)
+    if drift > 0:  # share of a row's touches that are first touches of its id of the moment
+        first = drift * -np.expm1(np.log1p(-np.minimum(q, 1 - 1e-15)) / drift) / np.maximum(q, 1e-300)
+        weights_hit = weights * q * (1.0 - np.minimum(first, 1.0))
+    else:
+        weights_hit = weights * q
     sizes = np.unique(np.geomspace(1, num_rows, points).round())
     # LFU: the top-C rows by popularity.
-    cum_q = np.concatenate([[0.0], np.cumsum(weights * q)])
+    cum_q = np.concatenate([[0.0], np.cumsum(weights_hit)])
     cum_w = np.concatenate([[0.0], np.cumsum(weights)])
     lfu = np.interp(sizes, cum_w, cum_q) / unique
     # LRU (Che): for each T, the cache size it corresponds to and the hit rate it gives.
@@ -85,7 +93,7 @@ def _curves(p: np.ndarray, weights: np.ndarray, num_rows: int, lookups_per_step:
     t_grid = np.geomspace(1e-3, 1e9, 400)
     touched = -np.expm1(np.outer(t_grid, log1mq))  # [T, rows]: touched in the last T steps
     occ = touched @ weights
-    hit = touched @ (weights * q) / unique
+    hit = touched @ weights_hit / unique
     lru = np.interp(sizes, occ, hit, left=0.0, right=float(hit[-1]))
     lru = np.minimum(np.maximum.accumulate(lru), lfu)  # LRU never beats the static optimum here
     return LocalityCurve(unique, sizes.astype(np.float64), lru, np.maximum.accumulate(lfu))
@@ -104,7 +112,8 @@ def zipf_locality(num_rows: int, lookups_per_step: float, alpha: float, points: 
 
 @functools.lru_cache(maxsize=1024)
 def histogram_locality(
-    num_rows: int, lookups_per_step: float, shares: Tuple[float, ...], trace_steps: float = 1000, points: int = 64
+    num_rows: int, lookups_per_step: float, shares: Tuple[float, ...], trace_steps: float = 1000, points: int = 64,
+    drift: float = 0.0,
 ) -> LocalityCurve:
     """The curve of a table whose lookups spread over reuse counts as a reuse histogram says
     (share of lookups by the reuse bin of their row, dlrm_datasets' 17 bins or the 16 up to
@@ -112,7 +121,8 @@ def histogram_locality(
     rows (``torchrec_mtrains.stats.rows_per_bin``, the generator's conversion), those rows
     take the bin's mean reuse and a popularity proportional to it, and rows the trace never
     touches have none. When the bins need more rows than the table has, every bin's rows
-    shrink in proportion (their lookup shares stay)."""
+    shrink in proportion (their lookup shares stay). ``drift``: the share of the rows that
+    move to fresh ids each step (their first touches miss)."""
     from torchrec_mtrains.stats import bin_edges_for, bin_mean_reuse, rows_per_bin
 
     weights = rows_per_bin(shares, lookups_per_step * trace_steps)  # ValueError names bad shares
@@ -122,4 +132,4 @@ def histogram_locality(
     counts, weights = counts[order], weights[order]
     keep = weights > 0
     p = counts[keep] / float(weights[keep] @ counts[keep])
-    return _curves(p, weights[keep], num_rows, lookups_per_step, points)
+    return _curves(p, weights[keep], num_rows, lookups_per_step, points, drift)

@@ -22,7 +22,7 @@ __all__ = ["LAZY_TIERS", "ModelSpec", "ModelTable", "load_model_spec", "parse_mo
 
 _TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
-               "reuse_trace_steps", "trace", "trace_table", "count", "rows_written"}
+               "reuse_trace_steps", "trace", "trace_table", "count", "rows_written", "drift"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
 # Tiers whose stores take space only for rows written (the block store's sparse log); the
 # SCM store reserves its whole file at creation.
@@ -128,6 +128,8 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
         raise ValueError(f"{where}.pooling_factor is missing")
     pooling = float(_number(f"{where}.pooling_factor", pooling))
     lookups = batch_size * pooling
+    if "drift" in entry and given[0] != "reuse_histogram":
+        raise ValueError(f"{where}.drift applies to reuse_histogram tables (a Zipf law or a trace has no drift)")
     if given[0] == "zipf_alpha":
         alpha = float(_number(f"{where}.zipf_alpha", entry["zipf_alpha"], positive=False))
         curve = zipf_locality(rows, lookups, alpha)
@@ -140,7 +142,10 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
             raise ValueError(f"{where}.reuse_histogram must be a list of numbers, got {shares!r}")
         check_reuse_shares(shares, f"{where}.reuse_histogram")
         steps = _number(f"{where}.reuse_trace_steps", entry.get("reuse_trace_steps", 1000))
-        curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares), float(steps))
+        drift = float(_number(f"{where}.drift", entry.get("drift", 0.0), positive=False))
+        if drift >= 1:
+            raise ValueError(f"{where}.drift={drift!r} must be in [0, 1)")
+        curve = histogram_locality(rows, lookups, tuple(float(s) for s in shares), float(steps), drift=drift)
     written = entry.get("rows_written")
     if written is not None:
         written = int(_number(f"{where}.rows_written", written, integer=True))
