@@ -118,6 +118,14 @@ def log_offset(store_or_layout: "BlockStore | Dict[str, str]") -> int:
     return block + map_pages(layout) * block
 
 
+def main_file_bytes(store_or_layout: "BlockStore | Dict[str, str]") -> int:
+    """Size of the main file of a striped table: header, map pages and the map journal
+    region (twice the map pages and 16 blocks more) that follows them."""
+    layout = _layout(store_or_layout)
+    block = int(layout["block_size"])
+    return log_offset(layout) + (2 * map_pages(layout) + 16) * block
+
+
 def row_bytes(store: BlockStore) -> int:
     return store.row_width * store.dtype.itemsize
 
