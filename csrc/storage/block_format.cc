@@ -333,8 +333,10 @@ void SealJournalBlock(uint8_t* block, const JournalBlockHeader& hdr) {
   std::memcpy(block + 4, &crc, 4);
 }
 
-Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeader* hdr, bool* zero) {
+Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeader* hdr, bool* zero,
+                          bool* torn) {
   *zero = false;
+  *torn = true;
   uint32_t magic, stored;
   std::memcpy(&magic, block, 4);
   std::memcpy(&stored, block + 4, 4);
@@ -344,6 +346,7 @@ Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeade
   }
   if (magic != kJournalMagic) return Status::Corruption("bad journal block magic");
   if (JournalCrc(block) != stored) return Status::Corruption("journal block crc32c mismatch");
+  *torn = false;
   size_t pos = 8;
   const size_t lim = kJournalHeaderBytes;
   Get(block, lim, pos, &hdr->uuid);

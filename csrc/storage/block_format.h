@@ -176,9 +176,11 @@ struct JournalBlockHeader {
 };
 // Seals a journal block (kJournalBlockBytes; the payload already in place).
 void SealJournalBlock(uint8_t* block, const JournalBlockHeader& hdr);
-// Parses a journal block: Corruption when its magic, crc or uuid is wrong or its payload
-// does not fit (`*zero` is set instead, with Ok, when the block is all zeros: never written).
-Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeader* hdr, bool* zero);
+// Parses a journal block: Corruption when its magic, crc or uuid is wrong or its header is
+// inconsistent, with `*torn` set when the magic or crc is (what a torn write leaves);
+// `*zero` is set instead, with Ok, when the block is all zeros (never written).
+Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeader* hdr, bool* zero,
+                          bool* torn);
 // Writes / parses the descriptor block (kJournalBlockBytes) naming the journal's epoch.
 // Decoding an all-zero block gives epoch 0 (never written); anything else that is not a
 // sealed descriptor of this table is Corruption.

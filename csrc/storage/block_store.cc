@@ -176,6 +176,11 @@ Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runt
   if (st.ok() && static_cast<uint64_t>(sb.st_size) < h.MainFileBytes())
     st = Status::FormatError(path + " is truncated: " + std::to_string(sb.st_size) +
                              " bytes, the header needs " + std::to_string(h.MainFileBytes()));
+  // Create sizes the file exactly; a longer one has a header that describes another
+  // layout (the map journal, at the end, would be looked for in the wrong place).
+  if (st.ok() && static_cast<uint64_t>(sb.st_size) > h.MainFileBytes())
+    st = Status::FormatError(path + " is " + std::to_string(sb.st_size) + " bytes, but the header describes " +
+                             std::to_string(h.MainFileBytes()) + " (the header does not match the file)");
   for (size_t i = 0; st.ok() && i < h.stripe_paths.size(); ++i) {
     const std::string& s = h.stripe_paths[i];
     struct stat ss;

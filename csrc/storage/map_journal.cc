@@ -68,13 +68,18 @@ Status MapJournal::Replay(const std::function<void(uint64_t row, uint64_t value)
     for (uint64_t i = 0; i < n; ++i, ++pos) {
       const uint8_t* b = buf.data() + i * kJournalBlockBytes;
       JournalBlockHeader hdr;
-      bool zero = false;
-      const Status st = VerifyJournalBlock(b, h_.table_uuid, &hdr, &zero);
+      bool zero = false, torn = false;
+      const Status st = VerifyJournalBlock(b, h_.table_uuid, &hdr, &zero, &torn);
+      const std::string where = "map journal block at offset " + std::to_string(BlockOffset(pos));
+      // An intact block of another table, or misplaced, was never written here by a Commit.
+      if (!st.ok() && !torn) return st.WithContext(where);
+      if (st.ok() && !zero && hdr.epoch == epoch_ && hdr.position != pos)
+        return Status::Corruption(where + ": the block claims position " + std::to_string(hdr.position));
       if (zero || (st.ok() && hdr.epoch != epoch_)) {
         done = true;  // never written, or left by an older epoch: the end
         break;
       }
-      if (!st.ok() || hdr.position != pos) {
+      if (!st.ok()) {
         damaged = true;
         done = true;
         break;
@@ -92,7 +97,6 @@ Status MapJournal::Replay(const std::function<void(uint64_t row, uint64_t value)
         commit.clear();
       }
       const uint8_t* p = b + kJournalHeaderBytes;
-      const std::string where = "map journal block at offset " + std::to_string(BlockOffset(pos));
       size_t at = 0;
       uint64_t row = 0, value = 0;
       bool first = true;
@@ -130,8 +134,10 @@ Status MapJournal::CheckTail(uint64_t bad, uint64_t complete_end) {
     chunk = std::min(chunk * 2, kMaxReadBlocks);
     for (uint64_t i = 0; i < n; ++i, ++pos) {
       JournalBlockHeader hdr;
-      bool zero = false;
-      const Status st = VerifyJournalBlock(buf.data() + i * kJournalBlockBytes, h_.table_uuid, &hdr, &zero);
+      bool zero = false, torn = false;
+      const Status st = VerifyJournalBlock(buf.data() + i * kJournalBlockBytes, h_.table_uuid, &hdr, &zero, &torn);
+      if (!st.ok() && !torn)
+        return st.WithContext("map journal block at offset " + std::to_string(BlockOffset(pos)));
       if (zero || (st.ok() && hdr.epoch != epoch_)) return Status::Ok();
       if (st.ok() && hdr.position == pos && hdr.start > complete_end)
         return Status::Corruption("map journal block at offset " + std::to_string(BlockOffset(bad)) +
