@@ -1,16 +1,55 @@
 #include "storage/location_map.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
-#include <cstdlib>
 #include <new>
 
 namespace mtrains {
 namespace {
 
-constexpr uint64_t kAllocOverhead = 16;  // bytes malloc keeps per allocation (estimate)
 constexpr uint32_t kFirstSparseCapacity = 4;
+constexpr uint64_t kSlabBytes = 1 << 20;
 
 }  // namespace
+
+ChunkPool::~ChunkPool() {
+  for (const auto& [p, n] : slabs_) munmap(p, n);
+}
+
+ChunkPool::Class& ChunkPool::ClassOf(uint64_t size) {
+  for (Class& c : classes_)
+    if (c.size == size) return c;
+  classes_.push_back({size, nullptr, nullptr, nullptr});
+  return classes_.back();
+}
+
+void* ChunkPool::Alloc(uint64_t bytes) {
+  Class& c = ClassOf((bytes + 15) / 16 * 16);
+  if (c.free_list != nullptr) {
+    void* p = c.free_list;
+    std::memcpy(&c.free_list, p, sizeof(void*));
+    return p;
+  }
+  if (c.bump == nullptr || c.bump + c.size > c.end) {
+    const uint64_t n = std::max<uint64_t>(kSlabBytes, (16 * c.size + 4095) / 4096 * 4096);
+    void* slab = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (slab == MAP_FAILED) throw std::bad_alloc();
+    slabs_.emplace_back(slab, n);
+    c.bump = static_cast<uint8_t*>(slab);
+    c.end = c.bump + n;
+  }
+  void* p = c.bump;
+  c.bump += c.size;
+  carved_ += c.size;
+  return p;
+}
+
+void ChunkPool::Free(void* p, uint64_t bytes) {
+  Class& c = ClassOf((bytes + 15) / 16 * 16);
+  std::memcpy(p, &c.free_list, sizeof(void*));
+  c.free_list = p;
+}
 
 LocationMap::LocationMap(uint64_t num_rows, uint64_t max_value) : num_rows_(num_rows) {
   while (bits_ < 64 && (max_value >> bits_) != 0) ++bits_;
@@ -24,9 +63,7 @@ LocationMap::LocationMap(uint64_t num_rows, uint64_t max_value) : num_rows_(num_
   dir_.assign((num_rows + kChunkRows - 1) >> kChunkShift, nullptr);
 }
 
-LocationMap::~LocationMap() {
-  for (Chunk* c : dir_) std::free(c);
-}
+LocationMap::~LocationMap() = default;  // the pool unmaps every chunk
 
 uint32_t LocationMap::RowsIn(uint64_t chunk) const {
   return static_cast<uint32_t>(std::min<uint64_t>(kChunkRows, num_rows_ - (chunk << kChunkShift)));
@@ -66,12 +103,9 @@ uint64_t LocationMap::FindSparse(const Chunk* c, uint32_t off) const {
 }
 
 LocationMap::Chunk* LocationMap::NewSparse(uint32_t capacity) {
-  const uint64_t bytes = sizeof(Chunk) + SparseBytes(capacity);
-  Chunk* c = static_cast<Chunk*>(std::malloc(bytes));
-  if (c == nullptr) throw std::bad_alloc();
+  Chunk* c = static_cast<Chunk*>(pool_.Alloc(sizeof(Chunk) + SparseBytes(capacity)));
   c->count = 0;
   c->capacity = capacity;
-  chunk_bytes_ += bytes + kAllocOverhead;
   ++sparse_chunks_;
   return c;
 }
@@ -79,13 +113,12 @@ LocationMap::Chunk* LocationMap::NewSparse(uint32_t capacity) {
 void LocationMap::Release(uint64_t chunk) {
   Chunk* c = dir_[chunk];
   if (c->capacity == 0) {
-    chunk_bytes_ -= sizeof(Chunk) + DenseBytes(chunk) + kAllocOverhead;
+    pool_.Free(c, sizeof(Chunk) + DenseBytes(chunk));
     --dense_chunks_;
   } else {
-    chunk_bytes_ -= sizeof(Chunk) + SparseBytes(c->capacity) + kAllocOverhead;
+    pool_.Free(c, sizeof(Chunk) + SparseBytes(c->capacity));
     --sparse_chunks_;
   }
-  std::free(c);
   dir_[chunk] = nullptr;
 }
 
@@ -103,14 +136,12 @@ void LocationMap::GrowSparse(uint64_t chunk, uint32_t capacity) {
 void LocationMap::MakeDense(uint64_t chunk) {
   const Chunk* old = dir_[chunk];
   const uint64_t bytes = sizeof(Chunk) + DenseBytes(chunk);
-  Chunk* c = static_cast<Chunk*>(std::calloc(1, bytes));
-  if (c == nullptr) throw std::bad_alloc();
-  c->capacity = 0;
+  Chunk* c = static_cast<Chunk*>(pool_.Alloc(bytes));
+  std::memset(c, 0, bytes);
   for (uint32_t i = 0; i < old->count; ++i)
     Store(c->data(), uint64_t(Offsets(old)[i]) * bits_, SparseValue(old, i));
   Release(chunk);
   dir_[chunk] = c;
-  chunk_bytes_ += bytes + kAllocOverhead;
   ++dense_chunks_;
 }
 

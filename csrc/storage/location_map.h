@@ -17,6 +17,34 @@
 
 namespace mtrains {
 
+// Fixed-size blocks for the map's chunks, carved from anonymous mappings of 1 MiB or more
+// and recycled per size: the map's many small, growing arrays stay off the process heap,
+// where they would pin the memory of freed large buffers (e.g. the caller's tensors).
+class ChunkPool {
+ public:
+  ChunkPool() = default;
+  ~ChunkPool();
+  ChunkPool(const ChunkPool&) = delete;
+  ChunkPool& operator=(const ChunkPool&) = delete;
+  void* Alloc(uint64_t bytes);            // uninitialised; throws std::bad_alloc
+  void Free(void* p, uint64_t bytes);     // `bytes` as passed to Alloc
+  // Bytes handed out (live blocks and recycled ones): what is resident. The untouched rest
+  // of a mapping costs address space only.
+  uint64_t carved_bytes() const { return carved_; }
+
+ private:
+  struct Class {
+    uint64_t size;
+    void* free_list;
+    uint8_t* bump;
+    uint8_t* end;
+  };
+  Class& ClassOf(uint64_t size);
+  std::vector<Class> classes_;
+  std::vector<std::pair<void*, uint64_t>> slabs_;
+  uint64_t carved_ = 0;
+};
+
 class LocationMap {
  public:
   static constexpr uint32_t kChunkShift = 12;
@@ -44,8 +72,8 @@ class LocationMap {
   template <typename F>
   void ForEach(F&& f) const;
 
-  // Heap bytes held: chunk arrays (with an allocator overhead estimate) and the directory.
-  uint64_t MemoryBytes() const { return chunk_bytes_ + dir_.capacity() * sizeof(Chunk*); }
+  // Bytes held: the chunk pool's blocks (live chunks and recycled ones) and the directory.
+  uint64_t MemoryBytes() const { return pool_.carved_bytes() + dir_.capacity() * sizeof(Chunk*); }
   uint32_t value_bits() const { return bits_; }
   uint64_t dense_chunks() const { return dense_chunks_; }
   uint64_t sparse_chunks() const { return sparse_chunks_; }
@@ -93,7 +121,7 @@ class LocationMap {
   uint32_t value_bytes_ = 4;  // width of a sparse value (4 or 8)
   uint32_t sparse_max_ = 4;   // entries of a full-size sparse chunk before it turns dense
   std::vector<Chunk*> dir_;
-  uint64_t chunk_bytes_ = 0;
+  ChunkPool pool_;
   uint64_t dense_chunks_ = 0, sparse_chunks_ = 0;
 };
 
