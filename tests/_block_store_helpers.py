@@ -24,6 +24,7 @@ from torchrec_mtrains.storage import BlockStore
 # Format constants of csrc/storage/block_format.h.
 HEADER_BYTES = 4096  # header content covered by the header crc32c
 MAP_FOOTER_BYTES = 16
+JOURNAL_BLOCK_BYTES = 4096
 LOG_FOOTER_BYTES = 24
 TABLE_MAGIC = b"MTRNBLK1"
 # Byte offsets of header fields (EncodeHeader order, little-endian).
@@ -116,6 +117,23 @@ def log_offset(store_or_layout: "BlockStore | Dict[str, str]") -> int:
     layout = _layout(store_or_layout)
     block = int(layout["block_size"])
     return block + map_pages(layout) * block
+
+
+def journal_block_offset(store_or_layout: "BlockStore | Dict[str, str]", position: int) -> int:
+    """Byte offset in the main file of map-journal block `position` (0: the first one after
+    the descriptor) of an unstriped table: the journal region follows the log."""
+    layout = _layout(store_or_layout)
+    block = int(layout["block_size"])
+    region = log_offset(layout) + int(layout["num_segments"]) * int(layout["segment_blocks"]) * block
+    return region + JOURNAL_BLOCK_BYTES * (1 + position)
+
+
+def main_file_bytes(store_or_layout: "BlockStore | Dict[str, str]") -> int:
+    """Size of the main file of a striped table: header, map pages and the map journal
+    region (twice the map pages and 16 blocks more) that follows them."""
+    layout = _layout(store_or_layout)
+    block = int(layout["block_size"])
+    return log_offset(layout) + (2 * map_pages(layout) + 16) * block
 
 
 def row_bytes(store: BlockStore) -> int:

@@ -268,14 +268,15 @@ def test_open_file_of_another_format(tmp_path: Path, content: bytes, match: str)
 @pytest.mark.parametrize(
     "offset,fmt,value,match",
     [
-        (HDR_VERSION, "I", 2, "format version 2 is not supported"),
+        (HDR_VERSION, "I", 1, r"format version 1 is not supported \(this build reads version 2\)"),
+        (HDR_VERSION, "I", 3, "format version 3 is not supported"),
         (HDR_DTYPE, "I", 9, "dtype code 9 is unknown"),
         (HDR_BLOCK_SIZE, "I", 5000, "block_size=5000"),
         (HDR_DIM, "I", 0, "dim=0"),
         (HDR_NUM_SEGMENTS, "Q", 0, "num_segments=0"),
         (HDR_NUM_SEGMENTS, "Q", 2**50, "num_segments"),
     ],
-    ids=["version", "dtype", "block_size", "dim", "no-segments", "huge-log"],
+    ids=["old-version", "version", "dtype", "block_size", "dim", "no-segments", "huge-log"],
 )
 def test_open_header_with_bad_field(table: Path, offset: int, fmt: str, value: int, match: str) -> None:
     """A header with a valid checksum but a field this build cannot accept: ValueError."""

@@ -149,6 +149,10 @@ Status ComputeLayout(TableHeader* h, double overprovision) {
   h->map_pages = (h->num_rows + h->EntriesPerMapPage() - 1) / h->EntriesPerMapPage();
   h->map_offset = h->block_size;
   h->log_offset = h->map_offset + h->map_pages * h->block_size;
+  // The journal grows to about twice the map's checkpoint before a checkpoint empties it
+  // (segment_log.cc); the region is sparse, so its size costs nothing until written.
+  h->journal_offset = h->stripe_paths.empty() ? h->log_offset + h->LogBytes() : h->log_offset;
+  h->journal_bytes = (2 * h->map_pages + 16) * h->block_size;
   return Status::Ok();
 }
 
@@ -232,7 +236,7 @@ Status DecodeHeader(const uint8_t* data, size_t len, TableHeader* h) {
   // devices or allocates segment tables from a product that overflowed 64 bits.
   const uint64_t max_segments = h->SegmentsForAllRows() * 101 + 5;
   const unsigned __int128 log_bytes = (unsigned __int128)nseg * h->segment_blocks * h->block_size;
-  if (nseg > max_segments || log_bytes + h->log_offset > (unsigned __int128)1 << 62)
+  if (nseg > max_segments || log_bytes + h->log_offset + h->journal_bytes > (unsigned __int128)1 << 62)
     return Status::FormatError("invalid header field: num_segments=" + std::to_string(nseg) +
                                " of " + std::to_string(h->SegmentBytes()) + " bytes for num_rows=" +
                                std::to_string(h->num_rows) + " (at most " +
@@ -308,6 +312,78 @@ Status VerifyMapPage(const uint8_t* page, uint32_t block_size, uint64_t uuid,
   if (got_index != page_index) return Status::Corruption(where + ": misdirected page");
   if (MapPageCrc(page, block_size, uuid, page_index) != stored)
     return Status::Corruption(where + ": crc32c mismatch");
+  return Status::Ok();
+}
+
+namespace {
+uint32_t JournalCrc(const uint8_t* block) { return Crc32c(0, block + 8, kJournalBlockBytes - 8); }
+}  // namespace
+
+void SealJournalBlock(uint8_t* block, const JournalBlockHeader& hdr) {
+  size_t pos = 8;
+  Put(block, pos, hdr.uuid);
+  Put(block, pos, hdr.epoch);
+  Put(block, pos, hdr.position);
+  Put(block, pos, hdr.start);
+  Put(block, pos, hdr.nonce);
+  Put(block, pos, hdr.last);
+  Put(block, pos, hdr.payload);
+  std::memcpy(block, &kJournalMagic, 4);
+  const uint32_t crc = JournalCrc(block);
+  std::memcpy(block + 4, &crc, 4);
+}
+
+Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeader* hdr, bool* zero,
+                          bool* torn) {
+  *zero = false;
+  *torn = true;
+  uint32_t magic, stored;
+  std::memcpy(&magic, block, 4);
+  std::memcpy(&stored, block + 4, 4);
+  if (magic == 0 && AllZero(block, kJournalBlockBytes)) {
+    *zero = true;
+    return Status::Ok();
+  }
+  if (magic != kJournalMagic) return Status::Corruption("bad journal block magic");
+  if (JournalCrc(block) != stored) return Status::Corruption("journal block crc32c mismatch");
+  *torn = false;
+  size_t pos = 8;
+  const size_t lim = kJournalHeaderBytes;
+  Get(block, lim, pos, &hdr->uuid);
+  Get(block, lim, pos, &hdr->epoch);
+  Get(block, lim, pos, &hdr->position);
+  Get(block, lim, pos, &hdr->start);
+  Get(block, lim, pos, &hdr->nonce);
+  Get(block, lim, pos, &hdr->last);
+  Get(block, lim, pos, &hdr->payload);
+  if (hdr->uuid != uuid) return Status::Corruption("journal block belongs to another table");
+  if (hdr->payload > kJournalBlockBytes - kJournalHeaderBytes || hdr->start > hdr->position)
+    return Status::Corruption("journal block header is inconsistent");
+  return Status::Ok();
+}
+
+void EncodeJournalDescriptor(uint8_t* block, uint64_t uuid, uint64_t epoch) {
+  std::memset(block, 0, kJournalBlockBytes);
+  size_t pos = 8;
+  Put(block, pos, uuid);
+  Put(block, pos, epoch);
+  std::memcpy(block, &kJournalDescMagic, 4);
+  const uint32_t crc = JournalCrc(block);
+  std::memcpy(block + 4, &crc, 4);
+}
+
+Status DecodeJournalDescriptor(const uint8_t* block, uint64_t uuid, uint64_t* epoch) {
+  *epoch = 0;
+  if (AllZero(block, kJournalBlockBytes)) return Status::Ok();
+  uint32_t magic, stored;
+  uint64_t got_uuid;
+  std::memcpy(&magic, block, 4);
+  std::memcpy(&stored, block + 4, 4);
+  std::memcpy(&got_uuid, block + 8, 8);
+  if (magic != kJournalDescMagic) return Status::Corruption("map journal descriptor: bad magic");
+  if (JournalCrc(block) != stored) return Status::Corruption("map journal descriptor: crc32c mismatch");
+  if (got_uuid != uuid) return Status::Corruption("map journal descriptor belongs to another table");
+  std::memcpy(epoch, block + 16, 8);
   return Status::Ok();
 }
 

@@ -1,12 +1,19 @@
-// On-disk format of a BlockStore table (format version 1). All integers little-endian.
+// On-disk format of a BlockStore table (format version 2). All integers little-endian.
 //
 // Main file:
 //   [0, B)                  header block (TableHeader, crc32c-protected)
-//   [map_offset, +map_pages*B)  location map: one u64 per row = slot + 1 (0: never written),
-//                           packed EntriesPerMapPage() to a page, each page ending in a
-//                           MapPageFooter (magic, crc32c, page index)
+//   [map_offset, +map_pages*B)  location-map checkpoint: one u64 per row = slot + 1 (0: never
+//                           written), packed EntriesPerMapPage() to a page, each page ending
+//                           in a MapPageFooter (magic, crc32c, page index)
 //   [log_offset, ...)       the log (unless striped over other files): num_segments
 //                           segments of segment_blocks blocks of B bytes
+//   [journal_offset, +journal_bytes)  the map journal (right after the log, or at log_offset
+//                           when the log is striped): a descriptor block (magic, crc32c,
+//                           uuid, epoch), then journal blocks of kJournalBlockBytes, each a
+//                           JournalBlockHeader and delta-coded (row, slot + 1) records. The
+//                           map is the checkpoint with the current epoch's complete commits
+//                           replayed over it (map_journal.h).
+// Version 1 had no journal region (the map pages were the whole map); it is refused.
 // A log block holds rows_per_block rows packed from offset 0, then the row id of each slot
 // (u64, kEmptySlot when unused), then a LogBlockFooter (magic, crc32c, table uuid, block
 // index). A row wider than one block spans blocks_per_row consecutive blocks, each holding
@@ -24,12 +31,16 @@
 namespace mtrains {
 
 constexpr char kTableMagic[8] = {'M', 'T', 'R', 'N', 'B', 'L', 'K', '1'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 constexpr uint32_t kLogBlockMagic = 0x4B4C4247;  // "GBLK"
 constexpr uint32_t kMapPageMagic = 0x5041504D;   // "MPAP"
 constexpr uint64_t kEmptySlot = ~0ull;
 constexpr uint32_t kLogFooterBytes = 24;
 constexpr uint32_t kMapFooterBytes = 16;
+constexpr uint32_t kJournalMagic = 0x4C4E524A;      // "JRNL"
+constexpr uint32_t kJournalDescMagic = 0x4353444A;  // "JDSC"
+constexpr uint32_t kJournalBlockBytes = 4096;
+constexpr uint32_t kJournalHeaderBytes = 56;
 
 enum class DType : uint32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 uint32_t DTypeBytes(DType d);
@@ -113,6 +124,7 @@ struct TableHeader {
   BlockGeometry geometry;  // rows in blocks, from (dim + state_dim) * dtype size
   uint64_t slots_per_segment = 0;
   uint64_t map_offset = 0, map_pages = 0, log_offset = 0;
+  uint64_t journal_offset = 0, journal_bytes = 0;
 
   uint64_t SegmentBytes() const { return uint64_t(segment_blocks) * block_size; }
   uint64_t LogBytes() const { return num_segments * SegmentBytes(); }
@@ -121,10 +133,10 @@ struct TableHeader {
   uint64_t SegmentsForAllRows() const {
     return (num_rows + slots_per_segment - 1) / slots_per_segment;
   }
-  // Size the main file is truncated to (sparse).
-  uint64_t MainFileBytes() const {
-    return stripe_paths.empty() ? log_offset + LogBytes() : log_offset;
-  }
+  // Size the main file is truncated to (sparse): it ends with the journal region.
+  uint64_t MainFileBytes() const { return journal_offset + journal_bytes; }
+  // Journal blocks the journal region holds after its descriptor.
+  uint64_t JournalCapacity() const { return journal_bytes / kJournalBlockBytes - 1; }
   uint64_t EntriesPerMapPage() const { return (block_size - kMapFooterBytes) / 8; }
 };
 
@@ -150,5 +162,29 @@ Status VerifyLogBlock(const uint8_t* block, uint32_t block_size, uint64_t uuid,
 void SealMapPage(uint8_t* page, uint32_t block_size, uint64_t uuid, uint64_t page_index);
 Status VerifyMapPage(const uint8_t* page, uint32_t block_size, uint64_t uuid,
                      uint64_t page_index, bool* never_written);
+
+// The fixed part of a journal block (kJournalHeaderBytes): magic u32, crc32c u32 (of the
+// block's bytes from offset 8 on), then these fields in this order, then the payload.
+struct JournalBlockHeader {
+  uint64_t uuid = 0;
+  uint64_t epoch = 0;
+  uint64_t position = 0;  // index of the block in the journal (0 = first after the descriptor)
+  uint64_t start = 0;     // position of the first block of its commit
+  uint64_t nonce = 0;     // random per commit: blocks of one commit share it
+  uint32_t last = 0;      // 1 on the last block of its commit
+  uint32_t payload = 0;   // bytes of records after the header
+};
+// Seals a journal block (kJournalBlockBytes; the payload already in place).
+void SealJournalBlock(uint8_t* block, const JournalBlockHeader& hdr);
+// Parses a journal block: Corruption when its magic, crc or uuid is wrong or its header is
+// inconsistent, with `*torn` set when the magic or crc is (what a torn write leaves);
+// `*zero` is set instead, with Ok, when the block is all zeros (never written).
+Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeader* hdr, bool* zero,
+                          bool* torn);
+// Writes / parses the descriptor block (kJournalBlockBytes) naming the journal's epoch.
+// Decoding an all-zero block gives epoch 0 (never written); anything else that is not a
+// sealed descriptor of this table is Corruption.
+void EncodeJournalDescriptor(uint8_t* block, uint64_t uuid, uint64_t epoch);
+Status DecodeJournalDescriptor(const uint8_t* block, uint64_t uuid, uint64_t* epoch);
 
 }  // namespace mtrains

@@ -176,6 +176,11 @@ Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runt
   if (st.ok() && static_cast<uint64_t>(sb.st_size) < h.MainFileBytes())
     st = Status::FormatError(path + " is truncated: " + std::to_string(sb.st_size) +
                              " bytes, the header needs " + std::to_string(h.MainFileBytes()));
+  // Create sizes the file exactly; a longer one has a header that describes another
+  // layout (the map journal, at the end, would be looked for in the wrong place).
+  if (st.ok() && static_cast<uint64_t>(sb.st_size) > h.MainFileBytes())
+    st = Status::FormatError(path + " is " + std::to_string(sb.st_size) + " bytes, but the header describes " +
+                             std::to_string(h.MainFileBytes()) + " (the header does not match the file)");
   for (size_t i = 0; st.ok() && i < h.stripe_paths.size(); ++i) {
     const std::string& s = h.stripe_paths[i];
     struct stat ss;
@@ -202,7 +207,7 @@ Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runt
 Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime) {
   FileDeviceOptions meta;
   meta.paths = {path_};
-  meta.size = h_.log_offset;
+  meta.size = h_.MainFileBytes();  // header, map pages and (after the log) the map journal
   meta.alignment = kAlignment;
   meta.direct_io = runtime.direct_io;
   meta.engine = runtime.engine;
@@ -494,7 +499,10 @@ Status BlockStore::Snapshot(const std::string& dst) {
 Status BlockStore::Close() {
   MutexLock lock(&mu_);
   if (closed_) return Status::Ok();
-  if (seg_log_) MTRAINS_RETURN_IF_ERROR(FlushLocked());
+  if (seg_log_) {
+    MTRAINS_RETURN_IF_ERROR(FlushLocked());
+    MTRAINS_RETURN_IF_ERROR(seg_log_->SealJournal().WithContext(path_));
+  }
   seg_log_.reset();
   cache_.reset();
   log_.reset();
@@ -535,7 +543,20 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   add("device_bytes_read", lc.bytes_read + mc.bytes_read);
   add("device_bytes_written", lc.bytes_written + mc.bytes_written);
   add("log_bytes_written", lc.bytes_written);
-  add("map_bytes_written", mc.bytes_written);
+  add("map_bytes_written", mc.bytes_written);  // journal, checkpoint pages, descriptors
+  add("map_journal_bytes_written", sl.map_journal_bytes_written);
+  add("map_checkpoint_bytes_written", sl.map_checkpoint_bytes_written);
+  add("map_checkpoints", sl.map_checkpoints);
+  add("map_journal_commits", sl.map_journal_commits);
+  add("map_journal_bytes", seg_log_->journal_bytes());
+  const LocationMap& lm = seg_log_->location_map();
+  add("map_dram_bytes", lm.MemoryBytes());
+  add("map_dense_chunks", lm.dense_chunks());
+  add("map_sparse_chunks", lm.sparse_chunks());
+  add("map_value_bits", lm.value_bits());
+  // Memory per logical row of everything kept per row (the location map, the rows changed
+  // since the last commit, the checkpoint bitmap, the per-segment tables); not the cache.
+  add("dram_bytes_per_row", double(seg_log_->DramBytes()) / double(h_.num_rows));
   const Device& raw = log_->inner();
   add("read_latency_p50_us", raw.read_latency().Percentile(0.50) / 1000.0);
   add("read_latency_p99_us", raw.read_latency().Percentile(0.99) / 1000.0);

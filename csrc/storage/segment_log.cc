@@ -1,6 +1,5 @@
 #include "storage/segment_log.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@ constexpr uint64_t kMinFreeSegments = 1;   // a collector's victim needs one to 
 constexpr uint64_t kMaxGcBatchSegments = 64;  // segments a collection frees beyond the need
 constexpr uint64_t kMapChunkBytes = 8 << 20;  // map bytes per batched I/O (buffer size)
 constexpr size_t kSpareBuffers = 4;
+constexpr uint64_t kJournalPerCheckpoint = 2;  // journal bytes per checkpoint byte before one
 
 }  // namespace
 
@@ -24,16 +24,12 @@ uint64_t SegmentLog::MapChunkPages(uint64_t pages) const {
 
 SegmentLog::SegmentLog(const TableHeader& header, Device* log, Device* meta)
     : h_(header), log_(log), meta_(meta), entries_per_page_(header.EntriesPerMapPage()),
-      seg_bytes_(header.SegmentBytes()) {
-  // Anonymous, unreserved memory reads as zeros and costs nothing until touched, so a
-  // table of billions of rows opens instantly.
-  void* p = mmap(nullptr, h_.num_rows * sizeof(uint64_t), PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED)
-    throw std::runtime_error("cannot reserve " + std::to_string(h_.num_rows * 8) +
-                             " bytes of address space for the location map");
-  map_ = static_cast<uint64_t*>(p);
-  map_dirty_.assign(h_.map_pages, 0);
+      seg_bytes_(header.SegmentBytes()), map_(header.num_rows, header.LogSlots()),
+      journal_(header, meta) {
+  cp_dirty_.assign((h_.map_pages + 63) / 64, 0);
+  // Journalling a row costs about 8 bytes of memory until the commit; past an eighth of the
+  // table's rows, a checkpoint is the cheaper way to persist the map anyway.
+  max_changed_ = std::max<uint64_t>(1 << 16, h_.num_rows / 8);
   live_.assign(h_.num_segments, 0);
   state_.assign(h_.num_segments, SegState::kFree);
   free_.reserve(h_.num_segments);
@@ -65,7 +61,29 @@ uint64_t SegmentLog::SegmentsInUse() const {
   return h_.num_segments - free_.size() - pending_.size();
 }
 
-SegmentLog::~SegmentLog() { munmap(map_, h_.num_rows * sizeof(uint64_t)); }
+SegmentLog::~SegmentLog() = default;
+
+void SegmentLog::MarkMapDirty(uint64_t row) {
+  const uint64_t page = row / entries_per_page_;
+  uint64_t& word = cp_dirty_[page / 64];
+  const uint64_t bit = 1ull << (page % 64);
+  if ((word & bit) == 0) {
+    word |= bit;
+    ++cp_dirty_pages_;
+  }
+  if (force_checkpoint_) return;
+  changed_.push_back(row);
+  if (changed_.size() > max_changed_) {
+    force_checkpoint_ = true;
+    std::vector<uint64_t>().swap(changed_);
+  }
+}
+
+uint64_t SegmentLog::DramBytes() const {
+  return map_.MemoryBytes() + changed_.capacity() * sizeof(uint64_t) +
+         cp_dirty_.capacity() * sizeof(uint64_t) + live_.capacity() * sizeof(uint32_t) +
+         state_.capacity() * sizeof(SegState) + (free_.capacity() + pending_.capacity()) * sizeof(uint64_t);
+}
 
 Status SegmentLog::LoadMap(int meta_fd) {
   const uint64_t B = h_.block_size;
@@ -92,9 +110,7 @@ Status SegmentLog::LoadMap(int meta_fd) {
           if (e > total_slots)
             return Status::Corruption("location-map page " + std::to_string(page) + ": row " +
                                       std::to_string(row0 + r) + " points past the log");
-          map_[row0 + r] = e;
-          ++live_[SegmentOfSlot(e - 1)];
-          ++live_rows_;
+          map_.Set(row0 + r, e);
         }
       }
       first += n;
@@ -120,6 +136,17 @@ Status SegmentLog::LoadMap(int meta_fd) {
     MTRAINS_RETURN_IF_ERROR(load_pages((lo - begin) / B, (hi - lo) / B));
     off = hi;
   }
+  MTRAINS_RETURN_IF_ERROR(journal_.Replay([this](uint64_t row, uint64_t value) {
+    map_.Set(row, value);
+    const uint64_t page = row / entries_per_page_;
+    uint64_t& word = cp_dirty_[page / 64];
+    if ((word & (1ull << (page % 64))) == 0) ++cp_dirty_pages_;
+    word |= 1ull << (page % 64);
+  }));
+  map_.ForEach([this](uint64_t, uint64_t value) {
+    ++live_[SegmentOfSlot(value - 1)];
+    ++live_rows_;
+  });
   free_.clear();
   for (uint64_t s = h_.num_segments; s-- > 0;) {
     state_[s] = live_[s] > 0 ? SegState::kSealed : SegState::kFree;
@@ -232,13 +259,13 @@ void SegmentLog::Append(uint64_t row, const uint8_t* data) {
     ++hd.next_block;
     hd.index_in_block = 0;
   }
-  const uint64_t old = map_[row];
+  const uint64_t old = map_.Get(row);
   if (old != 0) {
     DecLive(SegmentOfSlot(old - 1));
   } else {
     ++live_rows_;
   }
-  map_[row] = slot + 1;
+  map_.Set(row, slot + 1);
   ++live_[hd.seg];
   MarkMapDirty(row);
   ++counters_.rows_appended;
@@ -292,8 +319,7 @@ Status SegmentLog::Commit() {
     }
   }
   MTRAINS_RETURN_IF_ERROR(log_->Sync());  // data before the map that points to it
-  MTRAINS_RETURN_IF_ERROR(WriteDirtyMapPages());
-  MTRAINS_RETURN_IF_ERROR(meta_->Sync());
+  MTRAINS_RETURN_IF_ERROR(PersistMap());
   for (uint64_t seg : pending_) {
     state_[seg] = SegState::kFree;
     free_.push_back(seg);
@@ -304,11 +330,72 @@ Status SegmentLog::Commit() {
   return Status::Ok();
 }
 
+Status SegmentLog::PersistMap() {
+  std::sort(changed_.begin(), changed_.end());
+  changed_.erase(std::unique(changed_.begin(), changed_.end()), changed_.end());
+  bool checkpoint = force_checkpoint_;
+  uint64_t blocks = 0;
+  if (!checkpoint && !changed_.empty()) {
+    std::vector<MapRecord> records;
+    records.reserve(changed_.size());
+    for (uint64_t row : changed_) records.push_back({row, map_.Get(row)});
+    blocks = journal_.Encode(records, &journal_buf_);
+    // Checkpoint once the journal would outgrow twice what the checkpoint writes: map
+    // bytes then stay within 1.5x the journal's, itself a few bytes per changed row.
+    checkpoint = !journal_.Fits(blocks) ||
+                 journal_.bytes() + blocks * kJournalBlockBytes > kJournalPerCheckpoint * cp_dirty_pages_ * h_.block_size;
+  }
+  if (checkpoint) {
+    Status st = Checkpoint();
+    if (!st.ok()) {
+      // Until a checkpoint succeeds the descriptor on disk may already name the next epoch:
+      // journalling into the current one could be ignored, so the next commit checkpoints.
+      force_checkpoint_ = true;
+      std::vector<uint64_t>().swap(changed_);
+      return st;
+    }
+    force_checkpoint_ = false;
+  } else if (blocks > 0) {
+    MTRAINS_RETURN_IF_ERROR(journal_.Append(journal_buf_, blocks, true));
+    counters_.map_journal_bytes_written += blocks * kJournalBlockBytes;
+    ++counters_.map_journal_commits;
+    MTRAINS_RETURN_IF_ERROR(meta_->Sync());
+  } else {
+    MTRAINS_RETURN_IF_ERROR(meta_->Sync());
+  }
+  std::vector<uint64_t>().swap(changed_);  // gives the memory back (it can be large)
+  if (journal_buf_.size() > (8u << 20)) journal_buf_ = AlignedBuffer();
+  return Status::Ok();
+}
+
+Status SegmentLog::Checkpoint() {
+  MTRAINS_RETURN_IF_ERROR(WriteDirtyMapPages());
+  MTRAINS_RETURN_IF_ERROR(meta_->Sync());  // the pages before the journal that covered them goes
+  MTRAINS_RETURN_IF_ERROR(journal_.StartEpoch());
+  counters_.map_checkpoint_bytes_written += kJournalBlockBytes;
+  MTRAINS_RETURN_IF_ERROR(meta_->Sync());
+  std::fill(cp_dirty_.begin(), cp_dirty_.end(), 0);
+  cp_dirty_pages_ = 0;
+  ++counters_.map_checkpoints;
+  return Status::Ok();
+}
+
+Status SegmentLog::SealJournal() {
+  if (!journal_.last_commit_has_records()) return Status::Ok();
+  const uint64_t blocks = journal_.Encode({}, &journal_buf_);
+  if (!journal_.Fits(blocks)) return Status::Ok();  // the next open treats the end as clean anyway
+  MTRAINS_RETURN_IF_ERROR(journal_.Append(journal_buf_, blocks, false));
+  counters_.map_journal_bytes_written += blocks * kJournalBlockBytes;
+  return meta_->Sync();
+}
+
 Status SegmentLog::WriteDirtyMapPages() {
   const uint64_t B = h_.block_size;
   std::vector<uint64_t> dirty;
-  for (uint64_t p = 0; p < h_.map_pages; ++p)
-    if (map_dirty_[p]) dirty.push_back(p);
+  dirty.reserve(cp_dirty_pages_);
+  for (uint64_t w = 0; w < cp_dirty_.size(); ++w)
+    for (uint64_t bits = cp_dirty_[w]; bits != 0; bits &= bits - 1)
+      dirty.push_back(w * 64 + static_cast<uint64_t>(__builtin_ctzll(bits)));
   const size_t chunk_pages = MapChunkPages(dirty.size());
   AlignedBuffer buf(chunk_pages * B, 4096);
   for (size_t start = 0; start < dirty.size(); start += chunk_pages) {
@@ -320,7 +407,7 @@ Status SegmentLog::WriteDirtyMapPages() {
       std::memset(pg, 0, B);
       const uint64_t row0 = page * entries_per_page_;
       const uint64_t rows = std::min<uint64_t>(entries_per_page_, h_.num_rows - row0);
-      std::memcpy(pg, map_ + row0, rows * 8);
+      map_.Fill(row0, rows, reinterpret_cast<uint64_t*>(pg));
       SealMapPage(pg, h_.block_size, h_.table_uuid, page);
       const uint64_t off = h_.map_offset + page * B;
       if (!ops.empty() && ops.back().offset + ops.back().len == off &&
@@ -331,7 +418,7 @@ Status SegmentLog::WriteDirtyMapPages() {
       }
     }
     MTRAINS_RETURN_IF_ERROR(meta_->Write(ops.data(), ops.size()));
-    for (size_t i = 0; i < n; ++i) map_dirty_[dirty[start + i]] = 0;
+    counters_.map_checkpoint_bytes_written += n * B;
   }
   return Status::Ok();
 }
@@ -392,7 +479,7 @@ Status SegmentLog::MoveLiveRows(uint64_t victim) {
     for (uint32_t k = 0; k < g.IdsPerBlock(); ++k) {
       const uint64_t slot = g.SlotAt(first_block + b, k);
       const uint64_t id = RowIdAt(g, blocks, k);
-      if (id >= h_.num_rows || map_[id] != slot + 1) continue;  // empty or superseded
+      if (id >= h_.num_rows || map_.Get(id) != slot + 1) continue;  // empty or superseded
       MTRAINS_RETURN_IF_ERROR(GetRow(g, blocks, slot, id, row_buf.data()));
       --counters_.rows_appended;  // Append counts user appends; this one is the collector's
       Append(id, row_buf.data());

@@ -1,12 +1,17 @@
 // SegmentLog: the log-structured row layout under a BlockStore.
 //
 // Rows are appended to an in-memory head segment; full segments are written with large
-// sequential I/O. A location map (one u64 per row, held in memory and persisted in the main
-// file) says which log slot holds each row's latest version. Superseded slots are dead;
-// a greedy garbage collector rewrites the live rows of the emptiest segments and frees
-// them. Crash safety: a freed segment is reused only after a Commit has made a map that no
-// longer references it durable, and Commit makes log data durable before the map pages
-// that point to it. So the persisted map always names durable, intact slots.
+// sequential I/O. A location map (LocationMap in memory, sized by the rows written) says
+// which log slot holds each row's latest version. Superseded slots are dead; a greedy
+// garbage collector rewrites the live rows of the emptiest segments and frees them.
+// Persistence: each Commit appends the rows whose location changed to the map journal
+// (map_journal.h), and once the journal outgrows twice the map pages changed since the
+// last checkpoint, writes those pages in place (the checkpoint) and empties the journal
+// instead. So the map bytes a Commit writes follow the rows it wrote, not the table.
+// Crash safety: a freed segment is reused only after a Commit has made a map that no
+// longer references it durable, and Commit makes log data durable before the journal
+// records or map pages that point to it. So the persisted map always names durable,
+// intact slots.
 //
 // Not thread-safe: the owning BlockStore serialises all calls.
 #pragma once
@@ -19,6 +24,8 @@
 #include "common/status.h"
 #include "storage/block_format.h"
 #include "storage/device.h"
+#include "storage/location_map.h"
+#include "storage/map_journal.h"
 
 namespace mtrains {
 
@@ -28,6 +35,10 @@ struct SegmentLogCounters {
   uint64_t gc_segments_freed = 0;
   uint64_t commits = 0;
   uint64_t buffer_reads = 0;    // rows served from segments not yet on disk
+  uint64_t map_checkpoints = 0;            // commits that wrote map pages (and a new epoch)
+  uint64_t map_journal_commits = 0;        // commits that appended to the journal
+  uint64_t map_journal_bytes_written = 0;  // journal blocks (bytes)
+  uint64_t map_checkpoint_bytes_written = 0;  // map pages and journal descriptors (bytes)
 };
 
 class SegmentLog {
@@ -39,12 +50,13 @@ class SegmentLog {
   SegmentLog(const SegmentLog&) = delete;
   SegmentLog& operator=(const SegmentLog&) = delete;
 
-  // Reads and verifies the persisted map (skipping holes of the sparse file through
-  // `meta_fd`, a plain descriptor of the main file) and rebuilds segment liveness.
+  // Reads and verifies the map checkpoint (skipping holes of the sparse file through
+  // `meta_fd`, a plain descriptor of the main file), replays the map journal over it and
+  // rebuilds segment liveness.
   Status LoadMap(int meta_fd);
 
   // Slot of the row's latest version + 1, or 0 when the row was never written.
-  uint64_t Location(uint64_t row) const { return map_[row]; }
+  uint64_t Location(uint64_t row) const { return map_.Get(row); }
 
   // Makes the next `appends` calls of Append infallible, collecting garbage and committing
   // as needed. `appends` must not exceed MaxReserve().
@@ -62,6 +74,9 @@ class SegmentLog {
   // Persists everything appended so far and the map: after it returns ok, a reopen sees
   // every row as of this call.
   Status Commit();
+  // For a clean close, after a Commit: marks the journal's end with an empty commit, so
+  // that damage to the last commit reads as Corruption rather than as a torn tail.
+  Status SealJournal();
 
   // Copies the row at `slot` out of a segment still in memory; false if it is on disk only
   // (then read its blocks from the log device and GetRow them: block_format.h).
@@ -71,6 +86,12 @@ class SegmentLog {
   uint64_t free_segments() const { return free_.size(); }
   uint64_t gc_reserve_segments() const { return gc_reserve_; }
   uint64_t live_rows() const { return live_rows_; }
+  // Heap bytes of the per-row structures: the location map, the rows changed since the
+  // last commit, and the bitmap of map pages changed since the last checkpoint (plus the
+  // per-segment tables).
+  uint64_t DramBytes() const;
+  const LocationMap& location_map() const { return map_; }
+  uint64_t journal_bytes() const { return journal_.bytes(); }
 
  private:
   enum class SegState : uint8_t { kFree, kHead, kSealed, kPending, kQuarantined };
@@ -100,10 +121,14 @@ class SegmentLog {
   void RotateHead();              // queue the full head, take a free segment
   void SealOpenBlock();           // seal the partially filled head block
   void DecLive(uint64_t seg);
-  void MarkMapDirty(uint64_t row) { map_dirty_[row / entries_per_page_] = 1; }
+  void MarkMapDirty(uint64_t row);
   const uint8_t* BufferedSegment(uint64_t seg) const;
   Status CollectGarbage(uint64_t target_free);
   Status MoveLiveRows(uint64_t victim);
+  // Journals the rows changed since the last commit, or checkpoints (see the top).
+  Status PersistMap();
+  // Writes the map pages changed since the last checkpoint and starts a journal epoch.
+  Status Checkpoint();
   Status WriteDirtyMapPages();
   // Map pages per batched I/O: at most 8 MiB, and no more than `pages`.
   uint64_t MapChunkPages(uint64_t pages) const;
@@ -114,8 +139,14 @@ class SegmentLog {
   Device* const meta_;
   const uint64_t entries_per_page_;
   const uint64_t seg_bytes_;
-  uint64_t* map_ = nullptr;  // num_rows entries, anonymous mmap (lazily zero)
-  std::vector<uint8_t> map_dirty_;
+  LocationMap map_;
+  MapJournal journal_;
+  std::vector<uint64_t> cp_dirty_;  // bit per map page changed since the last checkpoint
+  uint64_t cp_dirty_pages_ = 0;
+  std::vector<uint64_t> changed_;   // rows appended since the last commit (repeats allowed)
+  uint64_t max_changed_ = 0;        // past this many, the next commit checkpoints instead
+  bool force_checkpoint_ = false;   // changed_ overflowed, or a checkpoint failed
+  AlignedBuffer journal_buf_;
   std::vector<uint32_t> live_;
   std::vector<SegState> state_;
   std::vector<uint64_t> free_, pending_;

@@ -93,7 +93,7 @@ class TableConfig:
         overprovision: log space beyond what all rows need, as a fraction (>= 0.1);
             more space means less garbage-collection traffic on rewrites.
         stripe_paths: spread the log over these files (e.g. one per SSD); the main file
-            then holds only the header and the location map.
+            then holds only the header, the location map and its journal.
     """
 
     num_rows: int
@@ -319,7 +319,8 @@ class BlockStore(RowStore):
 
     def stats(self) -> Dict[str, float]:
         """Counters (rows and bytes read/written, cache hits/misses, garbage collection,
-        write amplification) and device latency percentiles (microseconds)."""
+        write amplification, location-map memory as ``dram_bytes_per_row`` and map journal /
+        checkpoint bytes written) and device latency percentiles (microseconds)."""
         return dict(self._live().stats())
 
     def _inject_fault(
