@@ -63,6 +63,27 @@ def fio_limits(directory: Path, seconds: float) -> Dict[str, float]:
             "write_bytes_per_s": res["write"].bytes_per_s}
 
 
+SSD_SHARE_OF_FREE = 0.8  # of the storage directory's free space, for the SSD tier (SCM: 0.1)
+
+
+def local_profile_for(directory: Path, nproc: int, path: Path) -> Path:
+    """The ``local`` profile with the SSD and SCM capacities of ``directory``'s free space now
+    (the shipped profile's are 0.4 x the free space when it was probed, for each of the two
+    tiers that share the disk; this model's bytes go to the SSD tier). Written to ``path``."""
+    import yaml
+
+    from torchrec_mtrains.planner.hardware import topology
+
+    shipped = Path(topology.__file__).parent / "profiles" / "local.yaml"
+    doc = yaml.safe_load(shipped.read_text())
+    free = shutil.disk_usage(directory).free
+    doc["tiers"]["ssd"]["capacity"] = f"{int(SSD_SHARE_OF_FREE * free / nproc)}B"
+    doc["tiers"]["scm"]["capacity"] = f"{int(0.1 * free / nproc)}B"
+    doc["source"] = f"{doc.get('source', '')}; SSD/SCM capacities {SSD_SHARE_OF_FREE}/0.1 x free space of {directory}"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: float, timeout_s: float):
     """Runs train.py under torchrun while sampling its process tree; (metrics, samples, peaks)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -190,8 +211,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         limits = fio_limits(work, args.fio_seconds) if args.fio_seconds > 0 else {}
         store = work / "store"
+        hardware = local_profile_for(work, args.nproc, out / "hardware.yaml")
         tiered, samples, peaks = train(args.nproc, out / "tiered", work,
-                                       [*steps, *scale, "--storage-dir", str(store)], args.interval, args.timeout)
+                                       [*steps, *scale, "--storage-dir", str(store), "--hardware", str(hardware)],
+                                       args.interval, args.timeout)
         shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
         baseline = None
         if args.baseline_steps > 0:

@@ -46,12 +46,13 @@ from torchrec_mtrains.types import Tier
 __all__ = ["TieredEmbeddingBags"]
 
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(TieredConfig))
+_READ_CHUNK_ROWS = 1 << 16  # rows per store read when materialising a whole table
+_FLUSH_CHUNK_ROWS = 1 << 16  # dirty rows per store write when flushing the cache
 
 
 def _setting(name: str) -> property:
     """A read-only attribute that is the kernel config's ``name``: one home for each setting."""
     return property(lambda self: getattr(self.config, name), doc=f"``config.{name}``.")
-_READ_CHUNK_ROWS = 1 << 16  # rows per store read when materialising a whole table
 
 
 @dataclasses.dataclass
@@ -458,9 +459,13 @@ class TieredEmbeddingBags(torch.nn.Module):
             ready = slots < self._tbe_rows[t]
             rows, slots = rows[ready], slots[ready]
             with self._naming(t):
-                if rows.numel():
-                    self._stores[t].write(rows, self._codecs[t].gather(self._weights[t], self._states[t], slots))
-                    self._counters[t].rows_written_back += rows.numel()
+                # In chunks: a cache of millions of dirty rows would otherwise be copied
+                # whole (and queued whole in the store) at once.
+                for start in range(0, rows.numel(), _FLUSH_CHUNK_ROWS):
+                    chunk = slice(start, start + _FLUSH_CHUNK_ROWS)
+                    self._stores[t].write(
+                        rows[chunk], self._codecs[t].gather(self._weights[t], self._states[t], slots[chunk]))
+                    self._counters[t].rows_written_back += rows[chunk].numel()
                 self._stores[t].flush()
             fault_point("flush.table")
 
