@@ -194,7 +194,24 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--fio-seconds", type=float, default=10.0, help="seconds per fio job (0: no fio)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between memory/disk samples")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
+    p.add_argument("--report-only", action="store_true",
+                   help="no runs: recompute the figures and summary from the results already in --out")
     return p.parse_args(argv)
+
+
+def _saved_run(out: Path):
+    """(tiered metrics, samples, peaks, fio limits, baseline metrics or None) saved in ``out``."""
+    from benchmarks.lib.process_monitor import DiskCounters
+
+    saved = json.loads((out / "beyond_ram.json").read_text())
+    tiered = json.loads((out / "tiered" / "metrics.json").read_text())
+    base_path = out / "baseline" / "metrics.json"
+    baseline = json.loads(base_path.read_text()) if "baseline" in saved and base_path.exists() else None
+    samples = [Sample(s["t"], s["rss"], s["rss_anon"], s.get("rss_file", 0), s["rss_max_process"], 0,
+                      s["disk_bytes"], DiskCounters(*s.get("disk", (0, 0, 0, 0)))) for s in saved["samples"]]
+    peaks = {"rss": saved["peak_rss_bytes"], "rss_anon": saved["peak_rss_anon_bytes"],
+             "rss_max_process": saved["peak_rss_one_process_bytes"], "disk_bytes": saved["peak_disk_bytes"]}
+    return tiered, samples, peaks, saved["fio"], baseline
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -206,6 +223,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mtrains-beyond-ram-"))
     work.mkdir(parents=True, exist_ok=True)
     ram = mem_total()
+    if args.report_only:
+        tiered, samples, peaks, limits, baseline = _saved_run(out)
+        f = figures(tiered, samples, peaks, ram, limits, baseline)
+        if not any(s.disk.reads for s in samples):  # saved without the device's counters: keep its rates
+            f["device"] = json.loads((out / "beyond_ram.json").read_text())["device"]
+        return _report(out, f, samples, ram, summary)
     scale = ["--table-scale", str(args.table_scale)] if args.table_scale != 1.0 else []
     steps = ["--steps", str(args.steps)] if args.steps else []
     try:
@@ -225,11 +248,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
-    f = figures(tiered, samples, peaks, ram, limits, baseline)
+    return _report(out, figures(tiered, samples, peaks, ram, limits, baseline), samples, ram, summary)
+
+
+def _report(out: Path, f: Dict, samples: List[Sample], ram: int, summary) -> int:
     text = summary(f)
     (out / "beyond_ram.json").write_text(json.dumps(
-        {**f, "samples": [{"t": s.t, "rss": s.rss, "rss_anon": s.rss_anon, "rss_max_process": s.rss_max_process,
-                           "disk_bytes": s.disk_bytes} for s in samples]}, indent=1))
+        {**f, "samples": [{"t": s.t, "rss": s.rss, "rss_anon": s.rss_anon, "rss_file": s.rss_file,
+                           "rss_max_process": s.rss_max_process, "disk_bytes": s.disk_bytes,
+                           "disk": [s.disk.reads, s.disk.read_bytes, s.disk.writes, s.disk.write_bytes]}
+                          for s in samples]}, indent=1))
     (out / "summary.txt").write_text(text + "\n")
     plot(samples, ram, out / "memory_disk.png")
     print(text)

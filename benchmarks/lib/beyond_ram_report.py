@@ -105,7 +105,9 @@ def summary(f: Dict) -> str:
         f"write MB/s {d['write_mb_per_s_median']:.0f} / {d['write_mb_per_s_max']:.0f}")
     if fio:
         lines.append(f"fio limits (this run): 4 KiB random reads QD32 {fio['randread_iops']:,.0f} IOPS; "
-                     f"1 MiB sequential writes {fio['write_bytes_per_s'] / 1e6:,.0f} MB/s")
+                     f"1 MiB sequential writes {fio['write_bytes_per_s'] / 1e6:,.0f} MB/s; the run used "
+                     f"{s['reads_per_s'] / fio['randread_iops']:.1%} of the read IOPS and "
+                     f"{s['write_mb_per_s'] * 1e6 / fio['write_bytes_per_s']:.1%} of the write bandwidth on average")
     lines.append(f"perf model: predicted step {f['predicted_step_seconds'] * 1e3:.0f} ms vs measured "
                  f"{f['step_seconds_steady'] * 1e3:.0f} ms ({f['perf_model_error']:+.0%}) "
                  f"[{_verdict(abs(f['perf_model_error']) <= 0.25)}] goal within 25%")
