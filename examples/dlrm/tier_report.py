@@ -17,7 +17,8 @@ __all__ = ["memory_status", "tier_counters"]
 _STORE_KEYS = ("live_rows", "rows_written", "rows_read", "disk_rows_read", "lazy_init_rows", "device_reads",
                "device_writes", "device_bytes_read", "device_bytes_written", "gc_rows_moved", "write_amplification",
                "rows_materialised", "dram_bytes_per_row")
-_CACHE_KEYS = ("hits", "misses", "unique_rows", "lookups", "rows_loaded", "rows_written_back", "capacity")
+_CACHE_KEYS = ("hits", "misses", "unique_rows", "lookups", "rows_loaded", "rows_written_back", "cache_capacity_rows",
+               "plan_seconds", "tier_seconds", "prefetch_wait_seconds", "steps_prefetched")
 
 
 def memory_status() -> Dict[str, int]:
