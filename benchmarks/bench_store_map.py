@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,15 +30,13 @@ import torch  # noqa: E402
 
 from torchrec_mtrains.storage import BlockStore  # noqa: E402
 
+from benchmarks.lib.process_monitor import process_memory  # noqa: E402
+
 OLD_SCHEME = {"rss_bytes_per_row": 7.05, "map_bytes_written": 3.49e9, "map_to_row_bytes": 25.7}
 
 
 def rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmRSS in /proc/self/status")
+    return process_memory(os.getpid())[0]
 
 
 def run(rows: int, writes: int, dim: int, directory: Path) -> dict:

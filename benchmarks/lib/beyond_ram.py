@@ -33,20 +33,16 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from torchrec_mtrains.planner.hardware.probe import meminfo_bytes
+
 from benchmarks.lib.process_monitor import ProcessTreeMonitor, Sample
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "dlrm" / "train.py"
 RSS_LIMIT_SHARE = 0.5  # of RAM, for the whole run
 MATERIALISED_GOAL = 1.5  # x RAM
-
-
-def mem_total() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no MemTotal in /proc/meminfo")
+SSD_SHARE_OF_FREE = 0.8  # of the storage directory's free space, for the SSD tier...
+SCM_SHARE_OF_FREE = 0.1  # ...and for the SCM tier (the two share the disk)
 
 
 def fio_limits(directory: Path, seconds: float) -> Dict[str, float]:
@@ -63,9 +59,6 @@ def fio_limits(directory: Path, seconds: float) -> Dict[str, float]:
             "write_bytes_per_s": res["write"].bytes_per_s}
 
 
-SSD_SHARE_OF_FREE = 0.8  # of the storage directory's free space, for the SSD tier (SCM: 0.1)
-
-
 def local_profile_for(directory: Path, nproc: int, path: Path) -> Path:
     """The ``local`` profile with the SSD and SCM capacities of ``directory``'s free space now
     (the shipped profile's are 0.4 x the free space when it was probed, for each of the two
@@ -78,8 +71,9 @@ def local_profile_for(directory: Path, nproc: int, path: Path) -> Path:
     doc = yaml.safe_load(shipped.read_text())
     free = shutil.disk_usage(directory).free
     doc["tiers"]["ssd"]["capacity"] = f"{int(SSD_SHARE_OF_FREE * free / nproc)}B"
-    doc["tiers"]["scm"]["capacity"] = f"{int(0.1 * free / nproc)}B"
-    doc["source"] = f"{doc.get('source', '')}; SSD/SCM capacities {SSD_SHARE_OF_FREE}/0.1 x free space of {directory}"
+    doc["tiers"]["scm"]["capacity"] = f"{int(SCM_SHARE_OF_FREE * free / nproc)}B"
+    doc["source"] = (f"{doc.get('source', '')}; SSD/SCM capacities {SSD_SHARE_OF_FREE}/{SCM_SHARE_OF_FREE} x free "
+                     f"space of {directory}")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -222,7 +216,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mtrains-beyond-ram-"))
     work.mkdir(parents=True, exist_ok=True)
-    ram = mem_total()
+    ram = meminfo_bytes()
     if args.report_only:
         tiered, samples, peaks, limits, baseline = _saved_run(out)
         f = figures(tiered, samples, peaks, ram, limits, baseline)

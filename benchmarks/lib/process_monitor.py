@@ -9,7 +9,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["DiskCounters", "ProcessTreeMonitor", "Sample", "device_counters", "directory_bytes", "tree_pids"]
+__all__ = ["DiskCounters", "ProcessTreeMonitor", "Sample", "device_counters", "directory_bytes", "process_memory",
+           "tree_pids"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,7 @@ def tree_pids(root: int) -> List[int]:
     return out
 
 
-def _memory(pid: int) -> Tuple[int, int, int]:
+def process_memory(pid: int) -> Tuple[int, int, int]:
     """(VmRSS, RssAnon, RssFile) bytes of ``pid``; zeros if it is gone."""
     values = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
     try:
@@ -133,7 +134,7 @@ class ProcessTreeMonitor:
 
     def sample(self) -> Sample:
         pids = tree_pids(self.root_pid)
-        mem = [_memory(p) for p in pids]
+        mem = [process_memory(p) for p in pids]
         return Sample(
             t=time.monotonic() - self._t0,
             rss=sum(m[0] for m in mem), rss_anon=sum(m[1] for m in mem), rss_file=sum(m[2] for m in mem),

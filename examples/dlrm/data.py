@@ -37,6 +37,7 @@ from torchrec_mtrains.stats import (
     DLRM_DATASETS_LOOKUP_SHARES,
     SyntheticTable,
     drifted_ids,
+    drifted_positions,
     generate_dlrm_batch,
     lookups_per_unique_row,
 )
@@ -129,6 +130,18 @@ def table_locality(spec: SyntheticTableSpec, global_batch: int, steps: Optional[
     return out
 
 
+def _draw_lengths(rng: np.random.Generator, batch: int, pooling_factor: float) -> np.ndarray:
+    """Ids per sample: 1 + Poisson(pooling_factor - 1), int64 [batch]."""
+    extra = pooling_factor - 1.0
+    return (1 + (rng.poisson(extra, batch) if extra > 0 else np.zeros(batch, dtype=np.int64))).astype(np.int64)
+
+
+def _mean_per_sample(lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Mean of each sample's ``values`` (one per id, samples in order) [len(lengths)]."""
+    owner = np.repeat(np.arange(lengths.size), lengths)
+    return np.bincount(owner, values, minlength=lengths.size) / lengths
+
+
 class _TableSampler:
     """Row probabilities of one table, calibrated to the reuse histogram, row effects, and
     the drift of its ids."""
@@ -166,14 +179,11 @@ class _TableSampler:
 
     def sample(self, rng: np.random.Generator, batch: int, step: int = 0):
         """(lengths [batch], ids, summed effect per sample [batch]) of ``step``."""
-        extra = self.pooling_factor - 1.0
-        lengths = 1 + (rng.poisson(extra, batch) if extra > 0 else np.zeros(batch, dtype=np.int64))
+        lengths = _draw_lengths(rng, batch, self.pooling_factor)
         slots = np.minimum(np.searchsorted(self.cdf, rng.random(int(lengths.sum())), side="right"),
                            self.rows.size - 1)
-        owner = np.repeat(np.arange(batch), lengths)
-        mean_effect = np.bincount(owner, self.effect[slots], minlength=batch) / lengths
         ids = drifted_ids(self.pool, self.phase, self.drift, step, slots) if self.drift else self.rows[slots]
-        return lengths.astype(np.int64), ids, mean_effect
+        return lengths, ids, _mean_per_sample(lengths, self.effect[slots])
 
 
 class _LargeTableSampler:
@@ -219,20 +229,14 @@ class _LargeTableSampler:
 
     def sample(self, rng: np.random.Generator, batch: int, step: int = 0):
         """(lengths [batch], ids, summed effect per sample [batch]) of ``step``."""
-        extra = self.pooling_factor - 1.0
-        lengths = 1 + (rng.poisson(extra, batch) if extra > 0 else np.zeros(batch, dtype=np.int64))
+        lengths = _draw_lengths(rng, batch, self.pooling_factor)
         n = int(lengths.sum())
         if self.alpha is not None:
             ranks = zipf_ranks(rng, self.num_rows, n, self.alpha)
         else:
             ranks = np.minimum(np.searchsorted(self.cdf, rng.random(n), side="right"), self.ranks - 1)
-        pos = ranks
-        if self.drift:
-            gen = np.floor(step * self.drift + self.phase[ranks]).astype(np.int64)
-            pos = (gen * self.ranks + ranks) % self.num_rows
-        owner = np.repeat(np.arange(batch), lengths)
-        mean_effect = np.bincount(owner, hashed_normal(self.seed + 1, ranks), minlength=batch) / lengths
-        return lengths.astype(np.int64), self.perm(pos), mean_effect
+        pos = drifted_positions(self.phase, self.drift, step, ranks, self.num_rows) if self.drift else ranks
+        return lengths, self.perm(pos), _mean_per_sample(lengths, hashed_normal(self.seed + 1, ranks))
 
 
 def _sampler(spec: SyntheticTableSpec, seed: int, drift: float):

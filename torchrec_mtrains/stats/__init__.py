@@ -33,6 +33,7 @@ from torchrec_mtrains.stats.synthetic import (
     DLRM_DATASETS_ROW_SHARES,
     SyntheticTable,
     drifted_ids,
+    drifted_positions,
     generate_dlrm_batch,
 )
 from torchrec_mtrains.stats.types import (
@@ -66,6 +67,7 @@ __all__ = [
     "check_dlrm_batch",
     "check_reuse_shares",
     "drifted_ids",
+    "drifted_positions",
     "fit_zipf_alpha",
     "generate_dlrm_batch",
     "lfu_curve",

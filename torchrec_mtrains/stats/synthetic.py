@@ -42,6 +42,7 @@ __all__ = [
     "DLRM_DATASETS_ROW_SHARES",
     "SyntheticTable",
     "drifted_ids",
+    "drifted_positions",
     "generate_dlrm_batch",
     "zipf_ids",
 ]
@@ -102,16 +103,21 @@ class SyntheticTable:
             raise ValueError(f"drift={self.drift!r} needs reuse_histogram: a Zipf table's ranks cover all its rows")
 
 
+def drifted_positions(phase: np.ndarray, drift: float, step: int, ranks: np.ndarray, pool_size: int) -> np.ndarray:
+    """Positions in the pool of ``ranks`` at ``step``: ``(g * U + r) mod pool_size``,
+    ``g = floor(step * drift + phase[r])``, U = ``phase.size`` (see the module docstring)."""
+    gen = np.floor(step * float(drift) + phase[ranks]).astype(np.int64)
+    return (gen * phase.size + ranks) % pool_size
+
+
 def drifted_ids(pool: np.ndarray, phase: np.ndarray, drift: float, step: int,
                 ranks: Optional[np.ndarray] = None) -> np.ndarray:
     """Ids of ``ranks`` (default: all ``phase.size`` ranks) at ``step``: rank r is row
-    ``pool[(g * U + r) mod pool.size]``, ``g = floor(step * drift + phase[r])``, U =
-    ``phase.size`` (see the module docstring). ``drift`` 0 gives ``pool[r]`` at every step."""
+    ``pool[drifted_positions(...)]``. ``drift`` 0 gives ``pool[r]`` at every step."""
     r = np.arange(phase.size, dtype=np.int64) if ranks is None else np.asarray(ranks, dtype=np.int64)
     if not drift:
         return pool[r]
-    gen = np.floor(step * float(drift) + phase[r]).astype(np.int64)
-    return pool[(gen * phase.size + r) % pool.size]
+    return pool[drifted_positions(phase, drift, step, r, pool.size)]
 
 
 def _zipf_ranks(rng: np.random.Generator, num_rows: int, count: int, alpha: float) -> np.ndarray:

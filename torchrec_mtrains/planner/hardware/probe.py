@@ -40,7 +40,7 @@ from torchrec_mtrains.planner.hardware.units import format_quantity
 from torchrec_mtrains.planner.types import TieredTopology, TierSpec
 from torchrec_mtrains.types import Tier
 
-__all__ = ["ProbeConfig", "ProbeResult", "probe"]
+__all__ = ["ProbeConfig", "ProbeResult", "meminfo_bytes", "probe"]
 
 ROW_DIM = 127
 """Weights per probe row; + 1 optimizer-state value = 128 fp32 = 512 B per row."""
@@ -121,7 +121,8 @@ def timed_rate(step: Callable[[], int], seconds: float, min_reps: int = 3) -> fl
     return done / (time.perf_counter() - t0)
 
 
-def _meminfo_bytes(key: str = "MemTotal") -> int:
+def meminfo_bytes(key: str = "MemTotal") -> int:
+    """A /proc/meminfo figure (MemTotal by default) in bytes; OSError if it is missing."""
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith(key + ":"):
@@ -161,7 +162,7 @@ def probe_dram(cfg: ProbeConfig) -> tuple[TierSpec, Dict[str, str]]:
 
     torch_read = timed_rate(gather, cfg.seconds) * ROW_BYTES
     torch_write = timed_rate(scatter, cfg.seconds) * ROW_BYTES
-    mem = _meminfo_bytes()
+    mem = meminfo_bytes()
     capacity = mem * cfg.dram_fraction / cfg.ranks_per_node // 2**20 * 2**20
     what = f"random {ROW_BYTES}-B rows of a {cfg.table_bytes >> 20} MiB table, {cfg.threads} thread(s)"
     return TierSpec(capacity, _round(reads * ROW_BYTES), _round(writes * ROW_BYTES),
@@ -333,7 +334,7 @@ def probe(cfg: ProbeConfig, command: str = "", progress: Callable[[str], None] =
                           compute=compute, source=source)
     header = (f"This machine, measured by mtrains probe-hw{' --quick' if cfg.quick else ''} in "
               f"{time.perf_counter() - t0:.0f} s: {os.cpu_count()} cores, "
-              f"MemTotal {_meminfo_bytes() / 2**30:.1f} GiB, torch {torch.__version__}.\n"
+              f"MemTotal {meminfo_bytes() / 2**30:.1f} GiB, torch {torch.__version__}.\n"
               f"Figures are PER RANK: ranks_per_node = {cfg.ranks_per_node}; capacities are the node's divided by "
               f"{cfg.ranks_per_node}, and\nevery measurement ran on {cfg.threads} thread(s) "
               f"(= {os.cpu_count()} cores / {cfg.ranks_per_node} ranks), as one rank of a job would.\n"
