@@ -35,6 +35,7 @@ from torchrec_mtrains.kernels.batch import (
     split_batch,
 )
 from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
+from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
@@ -184,7 +185,8 @@ class TieredEmbeddingBags(torch.nn.Module):
         self.feature_table_map = check_feature_table_map(config.feature_table_map, len(specs))
         self.cache_rows = config.cache_sizes(num_rows)
         self._codecs = [RowCodec(config.layout(dim)) for _, dim in specs]
-        self._stores = self._create_stores(config.init_ranges(num_rows))
+        self._init_ranges = config.init_ranges(num_rows)
+        self._stores = self._create_stores(self._init_ranges)
         self._caches = [
             torch.classes.mtrains.SetAssociativeCache(n, config.cache_ways, config.cache_algorithm)
             for n in self.cache_rows
@@ -199,6 +201,9 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._broken: Optional[str] = None
         self._closed = False
         self._counters = [_TableCounters() for _ in specs]
+        # Rows written to each tier since the last clear_dirty(): what a differential
+        # checkpoint saves. Marked only after a write succeeded.
+        self._dirty = [DirtyRows(rows) for rows in num_rows]
         self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
         self._wait_seconds = 0.0
         self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
@@ -212,12 +217,20 @@ class TieredEmbeddingBags(torch.nn.Module):
                 StoreSpec(
                     name=self.table_names[t], num_rows=rows, row_width_dim=dim,
                     state_slots=self._codecs[t].layout.state_slots, dtype=self._codecs[t].dtype,
-                    init_range=ranges[t], seed=config.seed * 1_000_003 + t, storage_dir=config.storage_dir,
+                    init_range=ranges[t], seed=self.store_seed(t), storage_dir=config.storage_dir,
                     ssd_dram_cache_mb=config.ssd_dram_cache_mb,
                 ),
             )
             for t, (rows, dim) in enumerate(self.embedding_specs)
         ]
+
+    def store_seed(self, table: int) -> int:
+        """The seed of table ``table``'s initial rows on its tier (``lazy_init_rows``)."""
+        return self.config.seed * 1_000_003 + table
+
+    def init_range(self, table: int) -> Tuple[float, float]:
+        """The range of table ``table``'s initial weights."""
+        return tuple(self._init_ranges[table])  # type: ignore[return-value]
 
     # ------------------------------------------------------------ table layout ----
     @property
@@ -369,6 +382,7 @@ class TieredEmbeddingBags(torch.nn.Module):
                 m.buffer = self._take_buffer(t, n_load)
                 with self._naming(t):
                     m.rows = self._stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
+                self._dirty[t].mark(m.evict_rows)
                 m.evicted = None
             m.move_seconds = time.perf_counter() - t0
 
@@ -465,6 +479,7 @@ class TieredEmbeddingBags(torch.nn.Module):
                     chunk = slice(start, start + _FLUSH_CHUNK_ROWS)
                     self._stores[t].write(
                         rows[chunk], self._codecs[t].gather(self._weights[t], self._states[t], slots[chunk]))
+                    self._dirty[t].mark(rows[chunk])
                     self._counters[t].rows_written_back += rows[chunk].numel()
                 self._stores[t].flush()
             fault_point("flush.table")
@@ -505,6 +520,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         rows = rows.contiguous()
         self._drain()
         self._stores[table].write(ids, rows)
+        self._dirty[table].mark(ids)
         # The new row of each given id, the last occurrence winning as in the store.
         order = torch.argsort(ids, stable=True)
         sorted_ids = ids[order]
@@ -538,6 +554,57 @@ class TieredEmbeddingBags(torch.nn.Module):
         with torch.no_grad():
             out[rows[keep] - start] = codec.gather(self._weights[t], self._states[t], slots[keep])
         return out
+
+    # ------------------------------------------------- rows for checkpoints ----
+    def dirty_rows(self, table: int) -> DirtyRows:
+        """The rows of ``table`` written to its tier since the last ``clear_dirty()``; rows
+        still only in the cache are not among them until ``flush()``."""
+        return self._dirty[table]
+
+    def clear_dirty(self) -> None:
+        """Forgets which rows were written (a checkpoint now holds them)."""
+        self._drain()
+        for d in self._dirty:
+            d.clear()
+
+    def written_ids(self, table: int, start: int, stop: int) -> torch.Tensor:
+        """Ids in ``[start, stop)`` of the rows of ``table`` that may differ from their
+        initial value (``lazy_init_rows`` of ``store_seed(table)``): those the tier holds as
+        written, and those in the cache."""
+        self._drain()
+        written = self._stores[table].written_ids(start, stop)
+        cached, slots = self._caches[table].occupied()
+        cached = cached[(cached >= start) & (cached < stop)]
+        return torch.unique(torch.cat([written, cached])) if cached.numel() else written
+
+    def store_rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of ``table`` as the tier stores them (``[n, row_width]``: weights,
+        then the optimizer state's bytes), read through the tier and the cache."""
+        self._check_usable()
+        self._drain()
+        out = self._stores[table].read(ids)
+        cached, slots = self._caches[table].occupied()
+        keep = slots < self._tbe_rows[table]
+        cached, slots = cached[keep], slots[keep]
+        hit = torch.isin(ids, cached)
+        if bool(hit.any()):
+            order = torch.argsort(cached)
+            where = order[torch.searchsorted(cached[order], ids[hit])]
+            codec = self._codecs[table]
+            with torch.no_grad():
+                out[hit] = codec.gather(self._weights[table], self._states[table], slots[where])
+        return out
+
+    def set_store_rows(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Overwrites rows ``ids`` of ``table`` with rows as ``store_rows`` returns them."""
+        codec = self._codecs[table]
+        if rows.dtype != codec.dtype or tuple(rows.shape) != (ids.numel(), codec.layout.row_width):
+            raise ValueError(
+                f"table {self.table_names[table]}: rows must be {codec.dtype} of shape "
+                f"({ids.numel()}, {codec.layout.row_width}), got {rows.dtype} {tuple(rows.shape)}"
+            )
+        weights, state = codec.split(rows)
+        self.set_rows(table, ids, weights.contiguous(), state)
 
     def read_rows(self, table: int, start: int, stop: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Rows ``[start, stop)`` of ``table``: weights ``[n, dim]`` and optimizer state in

@@ -166,6 +166,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         except (ValueError, OSError) as e:
             raise ValueError(f"{where}: {e}") from None
         self._version = 0  # bumped whenever rows may have changed
+        self.state_excluded = False  # the fused optimizer then reports no tiered state
         self._optim = TieredFusedOptimizer(self, kernel_config.learning_rate)
 
     # ---------------------------------------------------------------- compute ----
@@ -283,6 +284,8 @@ class TieredFusedOptimizer(FusedOptimizer):
     def state(self) -> Dict[Any, Any]:
         if not self._ready:
             return {}
+        if self._kernel.state_excluded:
+            return {param: {} for param in self.params.values()}
         if self._cached is None or self._cached[0] != self._kernel._version:
             self._cached = (self._kernel._version, optimizer_state_of(self._kernel, self.table_of_param, self.params.values()))
         return self._cached[1]

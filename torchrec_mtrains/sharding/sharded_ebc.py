@@ -43,6 +43,9 @@ _CUSTOM = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # While set, state_dict() holds each tiered table's empty placeholder and
+        # load_state_dict() leaves the tiers alone (torchrec_mtrains.checkpoint saves them).
+        self.tiered_state_excluded = False
         self._register_state_dict_hook(ShardedTieredEmbeddingBagCollection._tiered_state_dict_hook)
         self._register_load_state_dict_pre_hook(self._tiered_load_hook, with_module=True)
 
@@ -117,6 +120,8 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def _tiered_state_dict_hook(
         module: "ShardedTieredEmbeddingBagCollection", destination: Dict[str, Any], prefix: str, _meta: Any
     ) -> None:
+        if module.tiered_state_excluded:
+            return  # a differential checkpoint saves the tiered rows itself
         local = module._local_shards()
         for name in module._tiered_tables():
             config = module._table_name_to_config[name]
@@ -137,6 +142,7 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             key = f"{prefix}embedding_bags.{name}.weight"
             if key not in state_dict:
                 continue  # reported as a missing key by load_state_dict
-            load_weights(name, state_dict[key], local[name])
+            if not module.tiered_state_excluded:
+                load_weights(name, state_dict[key], local[name])
             state_dict[key] = module.embedding_bags[name].weight  # the placeholder loads as is
 

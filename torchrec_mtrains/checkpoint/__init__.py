@@ -1,0 +1,23 @@
+"""Differential checkpoints of models with tiered tables, through torch.distributed.checkpoint.
+
+A save writes the dense state and only the tiered rows written since the previous save
+(or, every ``full_every`` saves, every row that differs from its initial value); a restore
+reads the chain's full step, then its deltas, into any world size, sharding or tier.
+``export_full_checkpoint`` turns a chain into one plain DCP checkpoint.
+"""
+
+from torchrec_mtrains.checkpoint.chain import latest_checkpoint, read_chain, remove_leftovers
+from torchrec_mtrains.checkpoint.checkpointer import DifferentialCheckpointer
+from torchrec_mtrains.checkpoint.tiered_parts import exclude_tiered_state, flush_tiers
+from torchrec_mtrains.checkpoint.types import ChainError, CheckpointRecord
+
+__all__ = [
+    "ChainError",
+    "CheckpointRecord",
+    "DifferentialCheckpointer",
+    "exclude_tiered_state",
+    "flush_tiers",
+    "latest_checkpoint",
+    "read_chain",
+    "remove_leftovers",
+]

@@ -1,0 +1,161 @@
+"""DifferentialCheckpointer: checkpoints whose size follows the rows that changed.
+
+Layout of a checkpoint directory (every ``step_*`` is a torch.distributed.checkpoint
+directory)::
+
+    step_00000100/   full: dense state + every tiered row that differs from its initial value
+    step_00000200/   delta: dense state + the tiered rows written since step 100
+    step_00000300/   delta on step 200
+      .metadata, __*_*.distcp      DCP files (dense state_dict, row chunks and their ids)
+      tiered.rank<r>.json          rank r's manifest: shards, chunks, CRC-32 of each
+      trainer.json                 the caller's state + kind, base, parent, bytes, rows
+    latest           the newest complete step ("step_00000300")
+
+A chain is a full step and the deltas after it, each naming its parent. A save is complete
+once ``latest`` names it; ``latest`` is replaced atomically, last. On the first save or
+restore, steps newer than ``latest``, steps without ``trainer.json`` and chains beyond the
+``keep_chains`` newest are removed; older chains go only once a newer one is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Dict, List, Optional, Tuple
+
+from torchrec_mtrains.checkpoint.restore import ChainStep
+from torchrec_mtrains.checkpoint.row_io import StepReader
+from torchrec_mtrains.checkpoint.types import FULL, ChainError, StepManifest
+
+__all__ = [
+    "dir_bytes", "latest_checkpoint", "read_chain", "read_trainer", "remove_leftovers", "step_name", "step_of",
+    "write_atomic",
+]
+
+_PREFIX = "step_"
+
+
+def step_name(step: int) -> str:
+    return f"{_PREFIX}{step:08d}"
+
+
+def step_of(name: str) -> Optional[int]:
+    if not name.startswith(_PREFIX) or not name[len(_PREFIX):].isdigit():
+        return None
+    return int(name[len(_PREFIX):])
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)  # the rename itself survives a power loss
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_trainer(path: str, step: Optional[int]) -> Dict[str, Any]:
+    where = os.path.join(path, "trainer.json")
+    try:
+        with open(where) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ChainError(f"checkpoint step {step} is missing: {path} has no trainer.json", path, step) from None
+    except (OSError, ValueError) as e:
+        raise ChainError(f"checkpoint {where} (step {step}) cannot be read: {e}", where, step) from None
+
+
+def latest_checkpoint(directory: str) -> Optional[str]:
+    """The newest complete checkpoint step in ``directory``, or None."""
+    try:
+        with open(os.path.join(directory, "latest")) as f:
+            name = f.read().strip()
+    except FileNotFoundError:
+        return None
+    path = os.path.join(directory, name)
+    return path if os.path.exists(os.path.join(path, "trainer.json")) else None
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+
+
+def read_chain(path: str) -> List[ChainStep]:
+    """The chain ending at checkpoint step ``path``: its full step first, then each delta.
+
+    Raises:
+        ChainError: a step of the chain (the full one included) is missing or damaged.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    steps: List[ChainStep] = []
+    here: Optional[str] = os.path.abspath(path)
+    step = step_of(os.path.basename(here))
+    child: Optional[int] = None
+    base: Optional[int] = None
+    while here is not None:
+        if not os.path.isdir(here):
+            what = "full checkpoint" if step == base else "delta checkpoint"
+            raise ChainError(
+                f"the chain is broken: {what} {here} (step {step}), which step {child} applies on, is missing",
+                here, step,
+            )
+        trainer = read_trainer(here, step)
+        base = trainer.get("base") if base is None else base
+        manifests = [_read_manifest(here, r, step) for r in range(int(trainer["world_size"]))]
+        steps.append(ChainStep(step, StepReader(here, step), manifests))
+        parent = trainer.get("parent")
+        child, step = step, parent
+        here = None if parent is None else os.path.join(directory, step_name(parent))
+    steps.reverse()
+    if steps[0].manifests and steps[0].manifests[0].kind != FULL:
+        raise ChainError(f"checkpoint {steps[0].reader.path} is not a full checkpoint", steps[0].reader.path, steps[0].step)
+    return steps
+
+
+def _read_manifest(path: str, rank: int, step: Optional[int]) -> StepManifest:
+    where = os.path.join(path, f"tiered.rank{rank}.json")
+    try:
+        with open(where) as f:
+            text = f.read()
+    except OSError as e:
+        raise ChainError(f"checkpoint manifest {where} (step {step}) cannot be read: {e.strerror}", where, step) from None
+    return StepManifest.from_json(text, where, step)
+
+
+def remove_leftovers(directory: str, keep_chains: int) -> List[str]:
+    """Removes what no restore can use: steps newer than ``latest`` or without
+    ``trainer.json`` (saves killed half-way), and chains beyond the ``keep_chains`` newest.
+    Returns the names removed. Call on one rank, while no save runs."""
+    latest = latest_checkpoint(directory)
+    latest_step = None if latest is None else step_of(os.path.basename(latest))
+    steps: Dict[int, Tuple[str, Optional[Dict[str, Any]]]] = {}
+    for name in os.listdir(directory):
+        step = step_of(name)
+        if step is None:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(os.path.join(path, "trainer.json")) as f:
+                trainer: Optional[Dict[str, Any]] = json.load(f)
+        except (OSError, ValueError):
+            trainer = None
+        steps[step] = (path, trainer)
+    gone = {s for s, (_, t) in steps.items() if t is None or latest_step is None or s > latest_step}
+    if latest_step is not None and latest_step in steps:
+        base_of = {s: int(t.get("base", s)) for s, (_, t) in steps.items() if s not in gone}
+        current = base_of[latest_step]
+        older = sorted({b for b in base_of.values() if b < current}, reverse=True)
+        keep = {current, *older[: max(0, keep_chains - 1)]}
+        # The current chain stays even if damaged: its restore says what is wrong.
+        gone |= {s for s, b in base_of.items() if b != current and (b not in keep or b not in steps)}
+    removed = []
+    for step in sorted(gone):
+        shutil.rmtree(steps[step][0], ignore_errors=True)
+        removed.append(os.path.basename(steps[step][0]))
+    return removed

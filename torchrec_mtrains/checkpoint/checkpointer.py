@@ -1,0 +1,362 @@
+"""DifferentialCheckpointer: saves and restores a TorchRec model with tiered tables.
+
+    ckpt = DifferentialCheckpointer("/ckpt", full_every=4)
+    trainer = ckpt.restore(model, dense_optimizer) if ckpt.latest() else {}
+    ...
+    record = ckpt.save(step, model, dense_optimizer, {"losses": losses})
+
+Each save writes the dense state (everything but the tiered tables' rows, through DCP as
+usual) and, of the tiered tables, only the rows written since the previous save (a delta)
+or every row that differs from its initial value (a full step). The chain rules and the
+layout on disk are in ``chain.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import time
+import zlib
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from torchrec_mtrains.checkpoint import chain as chain_dir
+from torchrec_mtrains.checkpoint.restore import ChainStep, check_rows, apply_rows
+from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
+from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece, clear_dirty, exclude_tiered_state, flush_tiers, local_pieces
+from torchrec_mtrains.checkpoint.types import DELTA, FULL, ChainError, CheckpointRecord, PieceRecord, StepManifest
+from torchrec_mtrains.testing.faults import fault_point
+
+__all__ = ["DifferentialCheckpointer"]
+
+_FULL_BYTES = 1 << 20  # a failed save with less free space than this is reported as ENOSPC
+
+
+@dataclasses.dataclass
+class _Chain:
+    """The chain this process continues: saved or restored last, with this layout."""
+
+    base: int
+    last: int
+    steps: int
+    base_bytes: int
+    delta_bytes: int
+    layout: Tuple
+
+
+def _file_crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+class DifferentialCheckpointer:
+    """Differential checkpoints of a model with tiered tables in ``directory``.
+
+    Args:
+        directory: where the steps and ``latest`` live (shared by every rank).
+        full_every: a chain is one full step and up to ``full_every - 1`` deltas.
+        max_chain_fraction: a full step is written instead of a delta once the chain's
+            deltas would exceed this fraction of its full step's bytes.
+        keep_chains: complete chains kept (the newest; older ones are removed once a
+            newer one is complete).
+        chunk_mb: tiered rows per DCP tensor, in MiB (what a save holds in memory).
+    """
+
+    def __init__(self, directory: str, full_every: int = 4, max_chain_fraction: float = 1.0,
+                 keep_chains: int = 1, chunk_mb: float = 32.0) -> None:
+        if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
+            raise ValueError(f"full_every={full_every!r} must be an integer >= 1")
+        if not max_chain_fraction > 0:
+            raise ValueError(f"max_chain_fraction={max_chain_fraction!r} must be > 0")
+        if isinstance(keep_chains, bool) or not isinstance(keep_chains, int) or keep_chains < 1:
+            raise ValueError(f"keep_chains={keep_chains!r} must be an integer >= 1")
+        if not 0 < chunk_mb <= 1024:
+            raise ValueError(f"chunk_mb={chunk_mb!r} must be in (0, 1024]")
+        self.directory = directory
+        self.full_every, self.max_chain_fraction, self.keep_chains = full_every, max_chain_fraction, keep_chains
+        self.chunk_bytes = int(chunk_mb * 2**20)
+        self._chain: Optional[_Chain] = None
+        self._started = False
+
+    def latest(self) -> Optional[str]:
+        """The newest complete step, or None."""
+        return chain_dir.latest_checkpoint(self.directory)
+
+    def _start(self) -> None:
+        """Once: removes what killed saves left (rank 0) before anything else is written."""
+        if self._started:
+            return
+        if _rank() == 0:
+            os.makedirs(self.directory, exist_ok=True)
+            chain_dir.remove_leftovers(self.directory, self.keep_chains)
+        _barrier()
+        self._started = True
+
+    # ------------------------------------------------------------------- save ----
+    def save(self, step: int, model: nn.Module, dense_optimizer: Any = None,
+             trainer: Optional[Dict[str, Any]] = None) -> CheckpointRecord:
+        """Saves on every rank (collective); rank 0 writes ``trainer.json`` (``trainer``
+        plus the step's kind, chain and sizes) and switches ``latest``.
+
+        Raises:
+            OSError: the step could not be written (e.g. ENOSPC); its partial directory is
+                removed, ``latest`` still names the previous step, and the rows it would
+                have saved go into the next save.
+        """
+        t0 = time.perf_counter()
+        self._start()
+        name = chain_dir.step_name(step)
+        path = os.path.join(self.directory, name)
+        previous = self.latest()
+        if previous is not None and os.path.basename(previous) == name:
+            return self._record_of(previous, 0.0)  # already complete: nothing trained since
+        if _rank() == 0 and os.path.exists(path):
+            shutil.rmtree(path)
+        _barrier()
+        flush_tiers(model)
+        pieces = local_pieces(model)
+        layout = _layout(pieces)
+        kind = self._kind(layout, pieces)
+        chunks = self._plan(kind, pieces)
+        base = step if kind == FULL else self._chain.base
+        parent = None if kind == FULL else self._chain.last
+        planner = RowChunkPlanner(chunks)
+        writer = RowChunkWriter(path, planner.chunk_keys(), file_bytes=2 * self.chunk_bytes)
+        try:
+            with exclude_tiered_state(model):
+                dcp.save(_state(model, dense_optimizer), storage_writer=writer, planner=planner)
+            errors = _gather_errors(self._write_manifest(path, step, kind, base, parent, pieces, chunks, writer.state_files))
+            if errors:
+                raise OSError(errno.EIO, "; ".join(errors))
+            fault_point("checkpoint.saved")
+            rows = _all_sum([sum(c.count for c in chunks)])[0]
+            nbytes = 0
+            if _rank() == 0:
+                nbytes = chain_dir.dir_bytes(path)
+                chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
+                    **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
+                    "world_size": _world(), "bytes": nbytes, "rows_written": rows,
+                }))
+            nbytes = _all_sum([nbytes])[0]
+        except (CheckpointException, OSError) as e:
+            code = _errno_of(e)
+            if code == errno.EIO and shutil.disk_usage(self.directory).free < _FULL_BYTES:
+                # DCP writes tensors through torch.save's zip writer, which reports a full disk
+                # as RuntimeError("unexpected pos ..."): name the cause from the free space.
+                code = errno.ENOSPC
+            if _rank() == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {_first_line(e)}; "
+                                f"the latest complete checkpoint is still {previous}") from e
+        if _rank() == 0:
+            fault_point("checkpoint.latest")
+            chain_dir.write_atomic(os.path.join(self.directory, "latest"), name)
+            fault_point("checkpoint.cleanup")
+            chain_dir.remove_leftovers(self.directory, self.keep_chains)
+        _barrier()
+        clear_dirty(model)
+        if kind == FULL:
+            self._chain = _Chain(step, step, 1, nbytes, 0, layout)
+        else:
+            self._chain = dataclasses.replace(self._chain, last=step, steps=self._chain.steps + 1,
+                                              delta_bytes=self._chain.delta_bytes + nbytes)
+        return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0)
+
+    def _kind(self, layout: Tuple, pieces: List[LocalPiece]) -> str:
+        """FULL without a chain of this layout, after ``full_every`` steps, or when the
+        chain would outgrow its fraction of the full step; the same answer on every rank."""
+        c = self._chain
+        if c is None or c.layout != layout or c.steps >= self.full_every:
+            return FULL
+        dirty = _all_sum([sum(p.emb.dirty_rows(p.t).count() * p.spec.row_bytes for p in pieces)])[0]
+        return FULL if c.delta_bytes + dirty > self.max_chain_fraction * c.base_bytes else DELTA
+
+    def _plan(self, kind: str, pieces: List[LocalPiece]) -> List[PlannedChunk]:
+        chunks: List[PlannedChunk] = []
+        for p in pieces:
+            if kind == FULL:
+                select = (lambda lo, hi, p=p: p.emb.written_ids(p.t, lo, hi))
+            else:
+                select = (lambda lo, hi, p=p: p.emb.dirty_rows(p.t).ids(lo, hi))
+            chunks += plan_chunks(p, select, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0])
+        return chunks
+
+    def _write_manifest(self, path: str, step: int, kind: str, base: int, parent: Optional[int],
+                        pieces: List[LocalPiece], chunks: List[PlannedChunk], state_files: List[str]) -> Optional[str]:
+        """Writes this rank's manifest; returns the error that prevented it, if any."""
+        records = []
+        for p in pieces:
+            mine = [c for c in chunks if c.piece is p]
+            complete = kind == FULL and sum(c.count for c in mine) == p.spec.rows
+            records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine]))
+        try:
+            files = {f: _file_crc(os.path.join(path, f)) for f in state_files}
+            if _rank() == 0:
+                files[".metadata"] = _file_crc(os.path.join(path, ".metadata"))
+            manifest = StepManifest(step, kind, base, parent, _rank(), records, files)
+            chain_dir.write_atomic(os.path.join(path, f"tiered.rank{_rank()}.json"), manifest.to_json())
+        except OSError as e:
+            return f"rank {_rank()}: {e}"
+        return None
+
+    def _record_of(self, path: str, seconds: float) -> CheckpointRecord:
+        trainer = chain_dir.read_trainer(path, chain_dir.step_of(os.path.basename(path)))
+        return CheckpointRecord(int(trainer["step"]), trainer.get("kind", FULL), path,
+                                int(trainer.get("bytes", 0)), int(trainer.get("rows_written", 0)), seconds)
+
+    # ---------------------------------------------------------------- restore ----
+    def restore(self, model: nn.Module, dense_optimizer: Any = None, path: Optional[str] = None) -> Dict[str, Any]:
+        """Restores the chain ending at ``path`` (default: ``latest``) into ``model`` and
+        ``dense_optimizer`` (collective), whatever world size, sharding or tiers they have
+        now; returns that step's ``trainer.json``.
+
+        Raises:
+            FileNotFoundError: there is no complete checkpoint.
+            ChainError: a step of the chain is missing or damaged; nothing was restored.
+        """
+        self._start()
+        path = path or self.latest()
+        if path is None:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        step = chain_dir.step_of(os.path.basename(path))
+        trainer = chain_dir.read_trainer(path, step)
+        if "kind" not in trainer:  # a plain DCP checkpoint (an export): TorchRec's own load
+            _load_plain(path, model, dense_optimizer)
+            self._chain = None
+            return trainer
+        pieces = local_pieces(model)
+        failure: Optional[ChainError] = None
+        chain: List[ChainStep] = []
+        try:
+            chain = chain_dir.read_chain(path)
+            _check_files(chain)
+            check_rows(pieces, chain)
+        except ChainError as e:
+            failure = e
+        errors = _gather_errors(None if failure is None else str(failure))
+        if failure is not None:
+            raise failure
+        if errors:  # another rank found damage: nothing is restored anywhere
+            raise ChainError("; ".join(errors), path, step)
+        with exclude_tiered_state(model):
+            _load_state(path, model, dense_optimizer)
+        apply_rows(pieces, chain)
+        clear_dirty(model)
+        self._chain = _chain_of(chain)
+        return trainer
+
+
+def _chain_of(chain: List[ChainStep]) -> _Chain:
+    sizes = [int(chain_dir.read_trainer(s.reader.path, s.step).get("bytes", 0)) for s in chain]
+    specs = [p.spec for p in chain[-1].pieces()]
+    return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0], sum(sizes[1:]), tuple(sorted(specs, key=_spec_key)))
+
+
+def _spec_key(spec) -> str:
+    return spec.key
+
+
+def _layout(pieces: List[LocalPiece]) -> Tuple:
+    """Every rank's shard specs, sorted: a chain continues only on the same layout."""
+    local = [p.spec for p in pieces]
+    if dist.is_initialized():
+        gathered: List[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, local)
+        local = [s for part in gathered for s in part]
+    return tuple(sorted(local, key=_spec_key))
+
+
+def _check_files(chain: List[ChainStep]) -> None:
+    for s in chain:
+        for m in s.manifests:
+            for name, crc in m.files.items():
+                if name != ".metadata" and s is not chain[-1]:
+                    continue  # only the last step's dense state is loaded
+                where = os.path.join(s.reader.path, name)
+                try:
+                    ok = _file_crc(where) == crc
+                except OSError as e:
+                    raise ChainError(f"checkpoint file {where} (step {s.step}) cannot be read: {e.strerror}", where, s.step) from None
+                if not ok:
+                    raise ChainError(f"checkpoint file {where} (step {s.step}) fails its checksum", where, s.step)
+
+
+def _state(model: nn.Module, dense_optimizer: Any) -> Dict[str, Any]:
+    state: Dict[str, Any] = {"model": model.state_dict()}
+    fused = getattr(model, "fused_optimizer", None)
+    if fused is not None:
+        state["optim"] = fused.state_dict()
+    if dense_optimizer is not None:
+        state["dense_optim"] = dense_optimizer.state_dict()
+    return state
+
+
+def _load_state(path: str, model: nn.Module, dense_optimizer: Any) -> None:
+    state = _state(model, dense_optimizer)
+    dcp.load(state, checkpoint_id=path)
+    model.load_state_dict(state["model"])
+    if "optim" in state:
+        model.fused_optimizer.load_state_dict(state["optim"])
+    if dense_optimizer is not None:
+        dense_optimizer.load_state_dict(state["dense_optim"])
+
+
+def _load_plain(path: str, model: nn.Module, dense_optimizer: Any) -> None:
+    _load_state(path, model, dense_optimizer)
+    clear_dirty(model)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _all_sum(values: List[int]) -> List[int]:
+    t = torch.tensor(values, dtype=torch.int64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return [int(v) for v in t]
+
+
+def _gather_errors(error: Optional[str]) -> List[str]:
+    """Every rank's error (what failed where), so that all ranks fail together."""
+    errors: List[Optional[str]] = [error]
+    if dist.is_initialized():
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+    return [e for e in errors if e is not None]
+
+
+def _errno_of(e: BaseException) -> int:
+    if isinstance(e, OSError) and e.errno:
+        return e.errno
+    if isinstance(e, CheckpointException):
+        for exc, _ in e.failures.values():
+            if isinstance(exc, OSError) and exc.errno:
+                return exc.errno
+    return errno.EIO
+
+
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, CheckpointException):
+        return "; ".join(f"rank {r}: {type(exc).__name__}: {exc}" for r, (exc, _) in sorted(e.failures.items()))
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,179 @@
+"""Restores tiered rows from a chain: the full step, then each delta in order.
+
+A target shard takes rows from every saved shard of its table that overlaps it, whatever
+the world size, sharding type or tier it was saved from: rows are matched by their global
+row id and columns. A saved full step that lists only the written rows of a shard implies
+the initial values of the others; those are rewritten unless the target starts from the
+very same values. Every chunk is read and checked (count, CRC-32) before any row is
+written, so a damaged chain restores nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Iterator, List, Optional, Tuple
+
+import torch
+
+from torchrec_mtrains.checkpoint.row_io import StepReader, ids_dtype
+from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceSpec, StepManifest
+from torchrec_mtrains.storage.lazy_init import lazy_init_rows
+
+__all__ = ["ChainStep", "apply_rows", "check_rows", "init_rows", "read_chunk", "split_rows"]
+
+
+@dataclasses.dataclass
+class ChainStep:
+    """One step of a chain on disk: its reader and every rank's manifest."""
+
+    step: int
+    reader: StepReader
+    manifests: List[StepManifest]
+
+    def pieces(self):
+        for m in self.manifests:
+            yield from m.pieces
+
+
+def read_chunk(step: ChainStep, spec: PieceSpec, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(shard-local ids int64, rows) of a saved chunk, checked against its manifest entry."""
+    keys = [chunk.key] if chunk.dense else [f"{chunk.key}/ids", chunk.key]
+    data = step.reader.read(keys)
+    rows = data[chunk.key]
+    ids = torch.arange(chunk.row_lo, chunk.row_hi) if chunk.dense else data[f"{chunk.key}/ids"]
+    crc = 0 if chunk.dense else zlib.crc32(ids.to(ids_dtype(spec.rows)).numpy().view("uint8"))
+    crc = zlib.crc32(rows.view(torch.uint8).numpy(), crc)
+    bad = None
+    if tuple(rows.shape) != (chunk.count, spec.row_width) or ids.numel() != chunk.count:
+        bad = f"holds {ids.numel()} ids and rows of shape {tuple(rows.shape)}, expected {chunk.count} x {spec.row_width}"
+    elif crc != chunk.crc32:
+        bad = f"fails its checksum (CRC-32 {crc:#010x}, recorded {chunk.crc32:#010x})"
+    elif chunk.count and (int(ids[0]) < chunk.row_lo or int(ids[-1]) >= chunk.row_hi):
+        bad = f"has ids outside [{chunk.row_lo}, {chunk.row_hi})"
+    if bad is not None:
+        where = step.reader.file_of(chunk.key)
+        raise ChainError(f"checkpoint file {where} (step {step.step}): chunk {chunk.key} {bad}", where, step.step)
+    return ids.to(torch.int64), rows
+
+
+def split_rows(spec: PieceSpec, rows: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(weights ``[n, cols]``, fp32 optimizer state ``[n, state_values]`` or None)."""
+    weights = rows[:, : spec.cols]
+    if spec.state_values == 0:
+        return weights, None
+    return weights, rows[:, spec.cols :].contiguous().view(torch.float32)
+
+
+def init_rows(spec: PieceSpec, ids: torch.Tensor) -> torch.Tensor:
+    """The initial rows of shard-local ``ids`` of a saved shard."""
+    return lazy_init_rows(ids, spec.cols, spec.state_slots, tuple(spec.init_range), spec.seed, spec.torch_dtype)
+
+
+def _overlap(a: PieceSpec, b: PieceSpec) -> bool:
+    return (
+        a.table == b.table and a.module == b.module
+        and a.row_offset < b.row_offset + b.rows and b.row_offset < a.row_offset + a.rows
+        and a.col_offset < b.col_offset + b.cols and b.col_offset < a.col_offset + a.cols
+    )
+
+
+def _target_rows(target: PieceSpec, source: PieceSpec) -> Tuple[int, int]:
+    """The source-local row range that falls inside the target shard."""
+    lo = max(target.row_offset, source.row_offset) - source.row_offset
+    hi = min(target.row_offset + target.rows, source.row_offset + source.rows) - source.row_offset
+    return lo, hi
+
+
+def _apply(piece: LocalPiece, source: PieceSpec, ids: torch.Tensor, rows: torch.Tensor) -> int:
+    """Writes source rows (source-local ``ids``) that fall inside the target shard."""
+    target = piece.spec
+    global_ids = ids + source.row_offset
+    keep = (global_ids >= target.row_offset) & (global_ids < target.row_offset + target.rows)
+    if not bool(keep.all()):
+        global_ids, rows = global_ids[keep], rows[keep]
+    local = global_ids - target.row_offset
+    if local.numel() == 0:
+        return 0
+    same_layout = (source.col_offset, source.cols, source.dtype, source.state_values) == (
+        target.col_offset, target.cols, target.dtype, target.state_values)
+    if same_layout:
+        piece.emb.set_store_rows(piece.t, local, rows.contiguous())
+        return int(local.numel())
+    if (source.state_values == 1) != (target.state_values == 1) or (source.state_values == 0) != (target.state_values == 0):
+        raise ValueError(
+            f"table {target.table}: cannot restore optimizer state of {source.state_values} values per row "
+            f"into a table with {target.state_values} (another optimizer)"
+        )
+    weights, state = split_rows(target, piece.emb.store_rows(piece.t, local))
+    src_w, src_s = split_rows(source, rows)
+    a, b = max(source.col_offset, target.col_offset), min(source.col_offset + source.cols, target.col_offset + target.cols)
+    weights = weights.clone()
+    weights[:, a - target.col_offset : b - target.col_offset] = src_w[:, a - source.col_offset : b - source.col_offset].to(weights.dtype)
+    if state is not None:
+        state = state.clone()
+        if target.state_values == 1:  # row-wise: the shard holding the target's first column gives it
+            if source.col_offset <= target.col_offset < source.col_offset + source.cols:
+                state = src_s.clone()
+        else:
+            state[:, a - target.col_offset : b - target.col_offset] = src_s[:, a - source.col_offset : b - source.col_offset]
+        state = state.reshape(-1) if target.state_values == 1 else state
+    piece.emb.set_rows(piece.t, local, weights.contiguous(), state)
+    return int(local.numel())
+
+
+def _work(pieces: List[LocalPiece], chain: List[ChainStep]) -> Iterator[Tuple[str, LocalPiece, ChainStep, object, object]]:
+    """In restore order: ("fill", piece, step, source, None) and ("chunk", ..., chunk)."""
+    for piece in pieces:
+        for n, step in enumerate(chain):
+            for record in step.pieces():
+                source = record.spec
+                if not _overlap(piece.spec, source):
+                    continue
+                if n == 0 and not record.complete:
+                    yield "fill", piece, step, source, None
+                lo, hi = _target_rows(piece.spec, source)
+                for chunk in record.chunks:
+                    if chunk.row_lo < hi and chunk.row_hi > lo:
+                        yield "chunk", piece, step, source, chunk
+
+
+def _fill(piece: LocalPiece, source: PieceSpec, block_rows: int) -> None:
+    """Rewrites the target rows a sparse full step implies to be initial values."""
+    lo, hi = _target_rows(piece.spec, source)
+    same = piece.spec == source
+    for start in range(lo, hi, block_rows):
+        stop = min(hi, start + block_rows)
+        if same:  # only rows the target may hold as written differ from the same initial values
+            ids = piece.emb.written_ids(piece.t, start, stop)
+        else:
+            ids = torch.arange(start, stop)
+        if ids.numel():
+            _apply(piece, source, ids, init_rows(source, ids))
+
+
+def check_rows(pieces: List[LocalPiece], chain: List[ChainStep]) -> None:
+    """Reads and checks every chunk the restore of ``pieces`` needs.
+
+    Raises:
+        ChainError: a chunk is missing or damaged.
+    """
+    seen = set()
+    for kind, _, step, source, chunk in _work(pieces, chain):
+        if kind == "chunk" and (step.step, chunk.key) not in seen:
+            read_chunk(step, source, chunk)
+            seen.add((step.step, chunk.key))
+
+
+def apply_rows(pieces: List[LocalPiece], chain: List[ChainStep], block_rows: int = 1 << 16) -> int:
+    """Writes the chain's rows into this rank's tiered shards (after ``check_rows``);
+    returns the rows written."""
+    written = 0
+    for kind, piece, step, source, chunk in _work(pieces, chain):
+        if kind == "fill":
+            _fill(piece, source, block_rows)
+        else:
+            ids, rows = read_chunk(step, source, chunk)
+            written += _apply(piece, source, ids, rows)
+    return written

@@ -1,0 +1,91 @@
+"""The tiered table shards of a model, as a checkpoint sees them, and the switch that keeps
+them out of the model's own state_dict while a differential checkpoint saves them itself."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, List
+
+from torch import nn
+
+from torchrec_mtrains.checkpoint.types import PieceSpec
+from torchrec_mtrains.kernels import TieredEmbeddingBags
+from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+from torchrec_mtrains.sharding.kernel import shard_offsets
+
+__all__ = ["LocalPiece", "clear_dirty", "exclude_tiered_state", "flush_tiers", "local_pieces"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalPiece:
+    """A tiered table shard of this rank: table ``t`` of kernel ``emb``."""
+
+    emb: TieredEmbeddingBags
+    t: int
+    spec: PieceSpec
+
+
+def _collections(model: nn.Module) -> Iterator[tuple]:
+    for fqn, m in model.named_modules():
+        if isinstance(m, ShardedTieredEmbeddingBagCollection):
+            yield (f"{fqn}." if fqn else ""), m
+
+
+def _state_dict_prefix(fqn: str) -> str:
+    # DistributedModelParallel's state_dict() drops the "module." its wrapper adds.
+    return fqn[len("module."):] if fqn.startswith("module.") else fqn
+
+
+def local_pieces(model: nn.Module) -> List[LocalPiece]:
+    """Every tiered table shard this rank holds, in a stable order."""
+    out = []
+    for fqn, collection in _collections(model):
+        for kernel in collection.tiered_kernels():
+            emb = kernel.emb_module
+            for t, table in kernel.shards():
+                row, col = shard_offsets(table)
+                layout = emb.layouts[t]
+                lo, hi = emb.init_range(t)
+                spec = PieceSpec(
+                    table=table.name, module=_state_dict_prefix(fqn), row_offset=int(row), col_offset=int(col),
+                    rows=int(table.local_rows), cols=int(table.local_cols),
+                    table_rows=int(table.num_embeddings), table_cols=int(table.embedding_dim),
+                    dtype=layout.torch_dtype_name, state_values=int(layout.state_values),
+                    seed=int(emb.store_seed(t)), init_range=[float(lo), float(hi)],
+                )
+                out.append(LocalPiece(emb, t, spec))
+    return sorted(out, key=lambda p: p.spec.key)
+
+
+def flush_tiers(model: nn.Module) -> None:
+    """Writes every tiered table's dirty cached rows to its tier (and makes them durable)."""
+    for _, collection in _collections(model):
+        for kernel in collection.tiered_kernels():
+            kernel.flush()
+
+
+def clear_dirty(model: nn.Module) -> None:
+    """Forgets which tiered rows changed: a checkpoint now holds every one of them."""
+    for _, collection in _collections(model):
+        for kernel in collection.tiered_kernels():
+            kernel.emb_module.clear_dirty()
+
+
+@contextlib.contextmanager
+def exclude_tiered_state(model: nn.Module) -> Iterator[None]:
+    """Within: ``model.state_dict()`` and the fused optimizer's state leave out the rows
+    and optimizer state of tiered tables, and loading them leaves the tiers untouched."""
+    collections = [m for _, m in _collections(model)]
+    kernels = [k for m in collections for k in m.tiered_kernels()]
+    for m in collections:
+        m.tiered_state_excluded = True
+    for k in kernels:
+        k.state_excluded = True
+    try:
+        yield
+    finally:
+        for m in collections:
+            m.tiered_state_excluded = False
+        for k in kernels:
+            k.state_excluded = False

@@ -1,0 +1,157 @@
+"""Value types of differential checkpoints: what a step saved of each tiered table shard."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from typing import Any, Dict, List, Optional
+
+import torch
+
+__all__ = [
+    "ChainError",
+    "CheckpointRecord",
+    "ChunkSpec",
+    "PieceRecord",
+    "PieceSpec",
+    "StepManifest",
+    "FULL",
+    "DELTA",
+]
+
+FULL, DELTA = "full", "delta"
+
+
+class ChainError(ValueError):
+    """A checkpoint chain cannot be restored: a step is missing, damaged or of another chain.
+
+    Attributes:
+        path: the file or directory at fault.
+        step: the training step of the checkpoint it belongs to (None if unknown).
+    """
+
+    def __init__(self, message: str, path: str, step: Optional[int]) -> None:
+        super().__init__(message)
+        self.path, self.step = path, step
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceSpec:
+    """One tiered table shard as saved: where it sits in its table and how its rows are
+    laid out (``cols`` weights of ``dtype``, then ``state_values`` fp32 optimizer values
+    in the bytes of ``state_slots`` more elements), and how its never-written rows start
+    (``lazy_init_rows`` of the shard-local row id, ``seed`` and ``init_range``)."""
+
+    table: str
+    module: str  # state_dict prefix of the sharded collection, e.g. "sparse.ebc."
+    row_offset: int
+    col_offset: int
+    rows: int
+    cols: int
+    table_rows: int
+    table_cols: int
+    dtype: str  # torch dtype name: "float32", "float16"
+    state_values: int
+    seed: int
+    init_range: List[float]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def element_bytes(self) -> int:
+        return torch.empty(0, dtype=self.torch_dtype).element_size()
+
+    @property
+    def state_slots(self) -> int:
+        return self.state_values * 4 // self.element_bytes
+
+    @property
+    def row_width(self) -> int:
+        return self.cols + self.state_slots
+
+    @property
+    def row_bytes(self) -> int:
+        return self.row_width * self.element_bytes
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}{self.table}/r{self.row_offset}_c{self.col_offset}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkSpec:
+    """Rows of one piece saved as one DCP tensor ``key`` (``[count, row_width]``) with the
+    shard-local ids at ``key + "/ids"`` (absent when the chunk is every row of
+    ``[row_lo, row_hi)``); ``crc32`` covers the ids' bytes, then the rows'."""
+
+    key: str
+    row_lo: int
+    row_hi: int
+    count: int
+    crc32: int
+
+    @property
+    def dense(self) -> bool:
+        return self.count == self.row_hi - self.row_lo
+
+
+@dataclasses.dataclass
+class PieceRecord:
+    spec: PieceSpec
+    complete: bool  # every row of the piece is in this step (no initial values implied)
+    chunks: List[ChunkSpec]
+
+    @property
+    def rows_saved(self) -> int:
+        return sum(c.count for c in self.chunks)
+
+
+@dataclasses.dataclass
+class StepManifest:
+    """What one rank saved of its tiered shards in one checkpoint step."""
+
+    step: int
+    kind: str  # FULL or DELTA
+    base: int  # step of the chain's full checkpoint
+    parent: Optional[int]  # the step this delta applies on; None for a full one
+    rank: int
+    pieces: List[PieceRecord]
+    files: Dict[str, int] = dataclasses.field(default_factory=dict)  # file -> CRC-32, besides chunks
+
+    def to_json(self) -> str:
+        body = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps({"crc32": zlib.crc32(body.encode()), "manifest": body})
+
+    @staticmethod
+    def from_json(text: str, path: str, step: Optional[int]) -> "StepManifest":
+        try:
+            outer = json.loads(text)
+            body = outer["manifest"]
+            if zlib.crc32(body.encode()) != outer["crc32"]:
+                raise ValueError("checksum mismatch")
+            raw: Dict[str, Any] = json.loads(body)
+            pieces = [
+                PieceRecord(PieceSpec(**p["spec"]), p["complete"], [ChunkSpec(**c) for c in p["chunks"]])
+                for p in raw.pop("pieces")
+            ]
+            return StepManifest(pieces=pieces, **raw)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ChainError(f"checkpoint manifest {path} (step {step}) is damaged: {e}", path, step) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRecord:
+    """One save: the row of ``metrics.json``'s ``"checkpoints"`` list."""
+
+    step: int
+    kind: str
+    path: str
+    bytes: int  # bytes of the step's files, every rank's
+    rows_written: int  # tiered rows saved, every rank's
+    seconds: float
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
