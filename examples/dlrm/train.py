@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from checkpoint import flush_tiers, latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from checkpoint import checkpointer_of, flush_tiers, latest_checkpoint  # noqa: E402
 from data import (  # noqa: E402
     DEFAULT_TABLES,
     DENSE_FEATURES,
@@ -98,7 +98,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="where SCM/SSD table files go when the profile names no path (default: a temp dir)")
     p.add_argument("--data-dir", default=None, help="Criteo in TorchRec's npy form (default: synthetic data)")
     p.add_argument("--checkpoint-dir", default=None, help="DCP checkpoints go here")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: never)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="save every N steps (0: never): a delta of the tiered rows written since the last save")
+    p.add_argument("--full-every", type=int, default=4,
+                   help="every K-th save is a full one (all tiered rows that left their initial value)")
+    p.add_argument("--keep-chains", type=int, default=1, help="keep the N newest checkpoint chains")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per rank for the final AUC")
     p.add_argument("--log-every", type=int, default=10, help="progress-bar / AUC-curve update interval (steps)")
@@ -124,6 +128,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.checkpoint_every < 0 or args.eval_batches < 0:
         p.error("--checkpoint-every and --eval-batches must be >= 0")
+    if args.full_every < 1 or args.keep_chains < 1:
+        p.error("--full-every and --keep-chains must be >= 1")
     if not 0 <= args.drift < 1:
         p.error(f"--drift must be in [0, 1), got {args.drift}")
     if not 0 < args.table_scale <= 1:
@@ -268,6 +274,8 @@ class Trainer:
         self.args, self.dmp, self.dense_opt, self.rank, self.world = args, dmp, dense_opt, rank, world
         self.placement = placement
         self.pipeline = TieredTrainPipeline(dmp, optimizer, torch.device("cpu"))
+        self.checkpointer = checkpointer_of(args) if args.checkpoint_dir else None
+        self.checkpoints: List[Dict] = []  # this run's saves, for metrics.json
         self.state: Dict = {"losses": [], "auc_curve": [], "seed": args.seed}
         self.window: List[Tuple[np.ndarray, np.ndarray]] = []
         self.step_times: List[float] = []
@@ -306,7 +314,8 @@ class Trainer:
             if step == last_quarter < self.args.steps:  # every rank reaches it: a collective is safe
                 self.warm_from, self.warm_from_step = global_cache_counts(self.dmp, self.placement), step
             if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
-                save_checkpoint(self.args.checkpoint_dir, step, self.dmp, self.dense_opt, self.state)
+                record = self.checkpointer.save(step, self.dmp, self.dense_opt, self.state)
+                self.checkpoints.append(record.as_dict())
 
     def _log(self, bar, step: int) -> None:
         scores = np.concatenate([w[0] for w in self.window])
@@ -413,7 +422,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     trainer = Trainer(args, dmp, dense_opt, optimizer, tiered, rank, world)
     start = 0
     if args.resume:
-        trainer.state = load_checkpoint(latest_checkpoint(args.checkpoint_dir), dmp, dense_opt)
+        trainer.state = trainer.checkpointer.restore(dmp, dense_opt)
         start = trainer.state.pop("step")
         if trainer.state.get("seed") != args.seed:
             print(f"train.py: warning: checkpoint seed {trainer.state.get('seed')} != --seed {args.seed}",
@@ -454,7 +463,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "predicted_step_seconds": (args.batch_size * world / planner.last_placement.predicted_qps
                                    if planner.last_placement.predicted_qps > 0 else float("nan")),
         "tiers": tiers, "table_rows": {t.name: t.num_embeddings for t in tables},
-        "embedding_dim": args.embedding_dim,
+        "embedding_dim": args.embedding_dim, "checkpoints": trainer.checkpoints,
     }
     if rank == 0:
         finish(args, metrics, rows)

@@ -37,6 +37,7 @@ from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = ["DifferentialCheckpointer"]
 
+_OWN_KEYS = ("kind", "base", "parent", "world_size", "bytes", "rows_written")  # trainer.json keys of ours
 _FULL_BYTES = 1 << 20  # a failed save with less free space than this is reported as ENOSPC
 
 
@@ -235,6 +236,7 @@ class DifferentialCheckpointer:
             _load_plain(path, model, dense_optimizer)
             self._chain = None
             return trainer
+        caller = {k: v for k, v in trainer.items() if k not in _OWN_KEYS}
         pieces = local_pieces(model)
         failure: Optional[ChainError] = None
         chain: List[ChainStep] = []
@@ -254,7 +256,7 @@ class DifferentialCheckpointer:
         apply_rows(pieces, chain)
         clear_dirty(model)
         self._chain = _chain_of(chain)
-        return trainer
+        return caller
 
 
 def _chain_of(chain: List[ChainStep]) -> _Chain:

@@ -569,13 +569,10 @@ class TieredEmbeddingBags(torch.nn.Module):
 
     def written_ids(self, table: int, start: int, stop: int) -> torch.Tensor:
         """Ids in ``[start, stop)`` of the rows of ``table`` that may differ from their
-        initial value (``lazy_init_rows`` of ``store_seed(table)``): those the tier holds as
-        written, and those in the cache."""
+        initial value (``lazy_init_rows`` of ``store_seed(table)``) once ``flush()`` wrote
+        the cache's changes to the tier: those the tier holds as written."""
         self._drain()
-        written = self._stores[table].written_ids(start, stop)
-        cached, slots = self._caches[table].occupied()
-        cached = cached[(cached >= start) & (cached < stop)]
-        return torch.unique(torch.cat([written, cached])) if cached.numel() else written
+        return self._stores[table].written_ids(start, stop)
 
     def store_rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of ``table`` as the tier stores them (``[n, row_width]``: weights,
