@@ -11,6 +11,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -200,6 +201,19 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     return ToTuple(st);
   }
 
+  // The rows of [first, first + count) that may differ from their initial value, as an
+  // ascending int64 tensor (BlockStore::WrittenRows): (status, ids), ids empty on error.
+  std::tuple<StatusTuple, at::Tensor> written_rows(int64_t first, int64_t count) {
+    std::vector<int64_t> rows;
+    Status st = first >= 0 && count >= 0
+                    ? store().WrittenRows(static_cast<uint64_t>(first), static_cast<uint64_t>(count), &rows)
+                    : Status::OutOfRange(store().path() + ": row range from " + std::to_string(first) +
+                                         " of " + std::to_string(count) + " rows is negative");
+    at::Tensor ids = at::empty({static_cast<int64_t>(rows.size())}, at::TensorOptions().dtype(at::kLong));
+    if (!rows.empty()) std::memcpy(ids.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
+    return {ToTuple(st), ids};
+  }
+
   StatusTuple flush() { return ToTuple(store().Flush()); }
   StatusTuple snapshot(const std::string& dst) { return ToTuple(store().Snapshot(dst)); }
   StatusTuple close() { return ToTuple(store().Close()); }
@@ -319,6 +333,9 @@ TORCH_LIBRARY(mtrains, m) {
       .def("exchange", &BlockStoreHandle::exchange,
            "Writes rows (write_ids, write_rows), then reads read_ids into out, the device "
            "writes overlapping the reads -> status.")
+      .def("written_rows", &BlockStoreHandle::written_rows,
+           "Rows of [first, first + count) that may differ from their initial value: "
+           "(first, count) -> (status, ascending int64 ids).")
       .def("flush", &BlockStoreHandle::flush, "Persists all dirty rows and fsyncs -> status.")
       .def("snapshot", &BlockStoreHandle::snapshot,
            "Writes a point-in-time copy of the table to a path -> status.")

@@ -513,6 +513,34 @@ Status BlockStore::Close() {
   return Status::Ok();
 }
 
+Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64_t>* out) {
+  out->clear();
+  MutexLock lock(&mu_);
+  if (closed_) return Status::Closed(path_ + " is closed");
+  if (first > h_.num_rows || count > h_.num_rows - first) {
+    const std::string stop = count > ~first ? "2^64 or more" : std::to_string(first + count);
+    return Status::OutOfRange(path_ + ": row range [" + std::to_string(first) + ", " + stop +
+                              ") is outside [0, " + std::to_string(h_.num_rows) + ")");
+  }
+  // The map's values a window at a time: the scratch stays small however wide the range.
+  constexpr uint64_t kWindowRows = 16 * LocationMap::kChunkRows;
+  const LocationMap& map = seg_log_->location_map();
+  std::vector<uint64_t> loc(std::min(count, kWindowRows));
+  for (uint64_t lo = first, end = first + count; lo < end; lo += kWindowRows) {
+    const uint64_t n = std::min(kWindowRows, end - lo);
+    map.Fill(lo, n, loc.data());
+    for (uint64_t i = 0; i < n; ++i)
+      if (loc[i] != 0) out->push_back(static_cast<int64_t>(lo + i));
+  }
+  // Dirty cached rows: first writes not yet appended, or rewrites of rows already listed.
+  const size_t in_map = out->size();
+  cache_->DirtyRowsIn(first, count, out);
+  std::sort(out->begin() + in_map, out->end());
+  std::inplace_merge(out->begin(), out->begin() + in_map, out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
+  return Status::Ok();
+}
+
 void BlockStore::ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno,
                           bool on_map) {
   MutexLock lock(&mu_);

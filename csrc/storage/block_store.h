@@ -91,6 +91,13 @@ class BlockStore {
   // Flushes and releases the files; further calls return Closed.
   Status Close() EXCLUDES(mu_);
 
+  // Sets `out` to the rows in [first, first + count), ascending, that may differ from their
+  // initial value: rows the location map points into the log (appended since the table
+  // was created, durable or not yet) and rows dirty in the DRAM cache that never reached
+  // the log. Every other row reads as LazyInitRow. Memory is O(count), whatever the
+  // table's size. A range past num_rows returns OutOfRange.
+  Status WrittenRows(uint64_t first, uint64_t count, std::vector<int64_t>* out) EXCLUDES(mu_);
+
   // Counters and latency percentiles (name, value).
   std::vector<std::pair<std::string, double>> Stats() EXCLUDES(mu_);
   // Scripts a device fault (tests): on the log device, or the map device when `on_map`.

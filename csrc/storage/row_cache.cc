@@ -106,6 +106,22 @@ RowCache::Reservation RowCache::Insert(uint64_t row) {
   return r;
 }
 
+void RowCache::DirtyRowsIn(uint64_t first, uint64_t count, std::vector<int64_t>* out) const {
+  if (dirty_count_ == 0 || count == 0) return;
+  if (count < size_) {  // a short range: probe the index for each of its rows
+    for (uint64_t row = first; row < first + count; ++row) {
+      const uint64_t idx = FindIndex(row);
+      if (idx != kNone && dirty_[table_[idx].slot]) out->push_back(static_cast<int64_t>(row));
+    }
+    return;
+  }
+  // Slots [0, size_) are the filled ones (slots are taken in order and never freed).
+  for (uint64_t s = 0; s < size_; ++s) {
+    const uint64_t row = slot_row_[s];
+    if (dirty_[s] && row >= first && row - first < count) out->push_back(static_cast<int64_t>(row));
+  }
+}
+
 void RowCache::MarkDirty(uint64_t row) {
   const uint64_t idx = FindIndex(row);
   if (idx == kNone) return;

@@ -42,6 +42,9 @@ class RowCache {
   template <typename Fn>
   uint64_t DrainDirty(uint64_t max_rows, Fn fn);
   uint64_t dirty_count() const { return dirty_count_; }
+  // Appends to `out`, in no particular order, the dirty rows in [first, first + count).
+  // Costs min(count, size()) probes or slot visits; changes no state (not even CLOCK bits).
+  void DirtyRowsIn(uint64_t first, uint64_t count, std::vector<int64_t>* out) const;
 
  private:
   uint64_t FindIndex(uint64_t row) const;  // index in table_ or kNone

@@ -20,6 +20,8 @@
 #include "storage/block_format.h"
 #include "storage/block_store.h"
 #include "storage/device.h"
+#include "storage/lazy_init.h"
+#include "storage/location_map.h"
 #include "storage/segment_log.h"
 #include "tests/check.h"
 
@@ -567,6 +569,81 @@ void TestStoreConcurrent(IoEngineKind engine) {
   RemoveTable(path);
 }
 
+// WrittenRows lists exactly the rows written (in the location map, dirty in the cache, or
+// both), ascending, over ranges crossing the map's chunk boundaries; the rows it leaves out
+// read as their initial values.
+void CheckWrittenRows(BlockStore* s, const Model& m, uint64_t rows, const char* when) {
+  constexpr uint64_t C = LocationMap::kChunkRows;
+  const std::pair<uint64_t, uint64_t> ranges[] = {
+      {0, 0}, {rows, rows}, {0, rows}, {C - 1, C + 1}, {C - 5, 2 * C + 5}, {2 * C, 3 * C}, {rows - 3, rows}};
+  std::vector<int64_t> got;
+  for (const auto& [lo, hi] : ranges) {
+    CHECK_OK(s->WrittenRows(lo, hi - lo, &got));
+    std::vector<int64_t> want;
+    for (auto it = m.version.lower_bound(lo); it != m.version.end() && it->first < hi; ++it)
+      want.push_back(static_cast<int64_t>(it->first));
+    CHECK(got == want) << when << ": [" << lo << ", " << hi << ") lists " << got.size() << " rows, want "
+                       << want.size();
+  }
+  CHECK_OK(s->WrittenRows(0, rows, &got));
+  std::vector<int64_t> fresh;
+  for (uint64_t r = 0, k = 0; r < rows; ++r) {
+    if (k < got.size() && uint64_t(got[k]) == r) {
+      ++k;
+    } else {
+      fresh.push_back(static_cast<int64_t>(r));
+    }
+  }
+  std::vector<uint8_t> out(fresh.size() * kRowBytes), init(kRowBytes);
+  CHECK_OK(s->Read(fresh.data(), fresh.size(), out.data()));
+  const TableHeader& h = s->header();
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    LazyInitRow(h.seed, fresh[i], h.init_lo, h.init_hi, h.dim, h.state_dim, h.dtype, init.data());
+    CHECK(std::memcmp(init.data(), out.data() + i * kRowBytes, kRowBytes) == 0)
+        << when << ": unlisted row " << fresh[i] << " does not read as its initial value";
+  }
+}
+
+// `cache_mb`: 0 (rows only in the map), small (both), large (only in the cache until the
+// flush). A range past the table is OutOfRange; a closed store, Closed.
+void TestWrittenRows(double cache_mb) {
+  const std::string path = Path("written_" + std::to_string(static_cast<int>(cache_mb * 100)));
+  RemoveTable(path);
+  constexpr uint64_t kRows = 3 * LocationMap::kChunkRows + 500;
+  StoreRuntimeOptions rt;
+  rt.dram_cache_mb = cache_mb;
+  rt.io_threads = 2;
+  std::unique_ptr<BlockStore> s;
+  CHECK_OK(BlockStore::Create(path, SmallTable(kRows), rt, false, &s));
+  Model m;
+  CheckWrittenRows(s.get(), m, kRows, "new table");
+  std::mt19937_64 rng(5);
+  auto write_some = [&](size_t n) {
+    std::vector<int64_t> ids(n);
+    for (auto& id : ids) id = static_cast<int64_t>(rng() % kRows);
+    ids.insert(ids.end(), {0, int64_t(LocationMap::kChunkRows), int64_t(kRows - 1), ids[0], ids[1]});
+    WriteRows(s.get(), ids, &m);
+  };
+  write_some(1500);
+  CHECK((Stat(s.get(), "cache_dirty_rows") > 0) == (cache_mb > 0));
+  CheckWrittenRows(s.get(), m, kRows, "written");
+  CHECK_OK(s->Flush());
+  CheckWrittenRows(s.get(), m, kRows, "flushed");
+  write_some(800);
+  CheckWrittenRows(s.get(), m, kRows, "rewritten");
+  std::vector<int64_t> got;
+  CHECK_CODE(s->WrittenRows(kRows - 2, 3, &got), kOutOfRange);
+  CHECK_CODE(s->WrittenRows(kRows + 1, 0, &got), kOutOfRange);
+  CHECK_CODE(s->WrittenRows(5, ~uint64_t(0), &got), kOutOfRange);
+  CHECK_OK(s->Close());
+  CHECK_CODE(s->WrittenRows(0, 1, &got), kClosed);
+  s.reset();
+  CHECK_OK(BlockStore::Open(path, rt, &s));
+  CheckWrittenRows(s.get(), m, kRows, "reopened");
+  s.reset();
+  RemoveTable(path);
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -577,6 +654,9 @@ int main(int argc, char** argv) {
   Run("devices: memory + fault injection", TestMemoryAndFaultDevice);
   Run("segment log on memory devices (GC)", TestSegmentLogOnMemoryDevice);
   Run("map journal: torn tail, damage, checkpoint", TestMapJournal);
+  Run("written rows, no cache", [] { TestWrittenRows(0); });
+  Run("written rows, small cache", [] { TestWrittenRows(0.05); });
+  Run("written rows, large cache", [] { TestWrittenRows(4); });
   for (IoEngineKind e : {IoEngineKind::kUring, IoEngineKind::kThreads}) {
     const char* name = e == IoEngineKind::kUring ? "io_uring" : "threads";
     std::fprintf(stderr, "--- engine %s\n", name);

@@ -39,6 +39,19 @@ def check_id_range(table: str, ids: torch.Tensor, num_rows: int) -> None:
         )
 
 
+def check_row_range(table: str, start: object, stop: object, num_rows: int) -> None:
+    """Raises ValueError unless ``start`` and ``stop`` are integers, IndexError naming the
+    table and the range unless ``0 <= start <= stop <= num_rows``."""
+    for name, value in (("start", start), ("stop", stop)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{table}: {name}={value!r} must be an integer")
+    if not 0 <= start <= stop <= num_rows:
+        raise IndexError(
+            f"{table}: row range [{start}, {stop}) is not a range of the table's rows "
+            f"[0, {num_rows}) (needs 0 <= start <= stop <= {num_rows})"
+        )
+
+
 @contextlib.contextmanager
 def id_range_checked_by_op(table: str, ids: torch.Tensor, num_rows: int) -> Iterator[None]:
     """For a C++ op that checks every id before it touches a row (CheckSlots): its

@@ -23,6 +23,7 @@ from torchrec_mtrains.storage._validation import (
     check_int,
     check_number,
     check_path,
+    check_row_range,
     check_rows,
 )
 from torchrec_mtrains.storage.types import CorruptionError, RowStore
@@ -295,6 +296,17 @@ class BlockStore(RowStore):
                 raise ValueError("out must be contiguous")
         _raise_for(self._live().exchange(write_ids, write_rows.contiguous(), read_ids, out))
         return out
+
+    def written_ids(self, start: int, stop: int) -> torch.Tensor:
+        """The ids in ``[start, stop)`` of rows that may differ from their initial value,
+        ascending int64: rows in the location map (written to the log, flushed or not, and
+        after ``open`` the rows of the reopened map) and rows dirty in the DRAM cache. The
+        others read as their lazy initial value. Memory is O(stop - start)."""
+        handle = self._live()
+        check_row_range(self.path, start, stop, self.num_rows)
+        status, ids = handle.written_rows(start, stop - start)
+        _raise_for(status)
+        return ids
 
     def flush(self) -> None:
         """Writes every dirty row and the location map, then fsyncs."""

@@ -45,6 +45,7 @@ from torchrec_mtrains.storage._validation import (
     check_init_range,
     check_int,
     check_path,
+    check_row_range,
     check_rows,
     id_range_checked_by_op,
 )
@@ -183,6 +184,15 @@ class ScmStore(RowStore):
         with id_range_checked_by_op(self.path, ids, self.num_rows):  # checked before any row is written
             scatter(rows.contiguous(), ids, self.data, self._tail)
         self._rows_written += ids.numel()
+
+    def written_ids(self, start: int, stop: int) -> torch.Tensor:
+        """The ids in ``[start, stop)`` of rows ever written (a nonzero checksum or written
+        flag in the row's tail mark), ascending int64; the others read as their lazy initial
+        value. Scans the range's 4-byte marks (1-byte in first-format files) only."""
+        if getattr(self, "_rows_mm", None) is None:
+            raise ValueError(f"{self.path} is closed")
+        check_row_range(self.path, start, stop, self.num_rows)
+        return torch.nonzero(self._tail[start:stop]).view(-1).add_(start)
 
     def flush(self) -> None:
         """msyncs the mapping (on PMem/CXL DAX mounts this persists the stores)."""

@@ -7,6 +7,8 @@ from typing import Dict, Optional, Self
 
 import torch
 
+from torchrec_mtrains.storage._validation import check_row_range
+
 __all__ = ["RowStore", "CorruptionError"]
 
 
@@ -53,6 +55,38 @@ class RowStore(abc.ABC):
         read reads its new value."""
         self.write(write_ids, write_rows)
         return self.read(read_ids, out)
+
+    def written_ids(self, start: int, stop: int) -> torch.Tensor:
+        """The ids in ``[start, stop)`` of rows that may differ from their initial value
+        (rows written since the table was created); every row not listed reads as its lazy
+        initial value (``lazy_init_rows`` of the table's seed and the id). Lets a checkpoint
+        save only the rows that hold data.
+
+        This default lists every row (conservative: right for a store that does not track
+        writes); stores that do track them override it. Memory is O(stop - start), whatever
+        the table's size, so callers walk a large table in ranges.
+
+        Args:
+            start: first row id of the range.
+            stop: one past its last row id; ``0 <= start <= stop <= num_rows``.
+
+        Returns:
+            An ascending 1-D int64 tensor of row ids.
+
+        Raises:
+            ValueError: ``start`` or ``stop`` is not an integer.
+            IndexError: the range is not within ``[0, num_rows]``.
+        """
+        check_row_range(self._table_label(), start, stop, self.num_rows)
+        return torch.arange(start, stop, dtype=torch.int64)
+
+    def _table_label(self) -> str:
+        """What error messages call this table: its file, else its name, else its class."""
+        for attr in ("path", "name"):
+            label = getattr(self, attr, None)
+            if isinstance(label, str) and label:
+                return label
+        return type(self).__name__
 
     @abc.abstractmethod
     def flush(self) -> None:
