@@ -37,13 +37,14 @@ from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = ["DifferentialCheckpointer"]
 
-_OWN_KEYS = ("kind", "base", "parent", "world_size", "bytes", "rows_written")  # trainer.json keys of ours
+_OWN_KEYS = ("kind", "base", "parent", "world_size", "bytes", "rows_written", "tiered_bytes")  # trainer.json keys of ours
 _FULL_BYTES = 1 << 20  # a failed save with less free space than this is reported as ENOSPC
 
 
 @dataclasses.dataclass
 class _Chain:
-    """The chain this process continues: saved or restored last, with this layout."""
+    """The chain this process continues: saved or restored last, with this layout; its
+    full step's and deltas' bytes of tiered rows."""
 
     base: int
     last: int
@@ -141,13 +142,13 @@ class DifferentialCheckpointer:
             if errors:
                 raise OSError(errno.EIO, "; ".join(errors))
             fault_point("checkpoint.saved")
-            rows = _all_sum([sum(c.count for c in chunks)])[0]
+            rows, tiered = _all_sum([sum(c.count for c in chunks), sum(c.nbytes for c in chunks)])
             nbytes = 0
             if _rank() == 0:
                 nbytes = chain_dir.dir_bytes(path)
                 chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
                     **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
-                    "world_size": _world(), "bytes": nbytes, "rows_written": rows,
+                    "world_size": _world(), "bytes": nbytes, "rows_written": rows, "tiered_bytes": tiered,
                 }))
             nbytes = _all_sum([nbytes])[0]
         except (CheckpointException, OSError) as e:
@@ -168,15 +169,16 @@ class DifferentialCheckpointer:
         _barrier()
         clear_dirty(model)
         if kind == FULL:
-            self._chain = _Chain(step, step, 1, nbytes, 0, layout)
+            self._chain = _Chain(step, step, 1, tiered, 0, layout)
         else:
             self._chain = dataclasses.replace(self._chain, last=step, steps=self._chain.steps + 1,
-                                              delta_bytes=self._chain.delta_bytes + nbytes)
+                                              delta_bytes=self._chain.delta_bytes + tiered)
         return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0)
 
     def _kind(self, layout: Tuple, pieces: List[LocalPiece]) -> str:
         """FULL without a chain of this layout, after ``full_every`` steps, or when the
-        chain would outgrow its fraction of the full step; the same answer on every rank."""
+        chain's tiered rows would outgrow their fraction of the full step's (the dense
+        state, written whole by every step, does not count); the same answer on every rank."""
         c = self._chain
         if c is None or c.layout != layout or c.steps >= self.full_every:
             return FULL
@@ -260,7 +262,7 @@ class DifferentialCheckpointer:
 
 
 def _chain_of(chain: List[ChainStep]) -> _Chain:
-    sizes = [int(chain_dir.read_trainer(s.reader.path, s.step).get("bytes", 0)) for s in chain]
+    sizes = [int(chain_dir.read_trainer(s.reader.path, s.step).get("tiered_bytes", 0)) for s in chain]
     specs = [p.spec for p in chain[-1].pieces()]
     return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0], sum(sizes[1:]), tuple(sorted(specs, key=_spec_key)))
 

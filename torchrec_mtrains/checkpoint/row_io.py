@@ -58,6 +58,13 @@ class PlannedChunk:
     def dense(self) -> bool:
         return self.count == self.row_hi - self.row_lo
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the chunk's rows and ids."""
+        spec = self.piece.spec
+        ids = 0 if self.dense else self.count * torch.empty(0, dtype=ids_dtype(spec.rows)).element_size()
+        return self.count * spec.row_bytes + ids
+
     def spec(self) -> ChunkSpec:
         return ChunkSpec(self.key, self.row_lo, self.row_hi, self.count, self.crc32)
 
