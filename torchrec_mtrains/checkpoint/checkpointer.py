@@ -37,7 +37,8 @@ from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = ["DifferentialCheckpointer"]
 
-_OWN_KEYS = ("kind", "base", "parent", "world_size", "bytes", "rows_written", "tiered_bytes")  # trainer.json keys of ours
+_OWN_KEYS = ("kind", "base", "parent", "world_size", "bytes", "rows_written", "tiered_bytes", "row_bytes",
+             "dense_bytes")  # trainer.json keys of ours
 _FULL_BYTES = 1 << 20  # a failed save with less free space than this is reported as ENOSPC
 
 
@@ -142,13 +143,18 @@ class DifferentialCheckpointer:
             if errors:
                 raise OSError(errno.EIO, "; ".join(errors))
             fault_point("checkpoint.saved")
-            rows, tiered = _all_sum([sum(c.count for c in chunks), sum(c.nbytes for c in chunks)])
+            rows, tiered, row_bytes, dense = _all_sum([
+                sum(c.count for c in chunks), sum(c.nbytes for c in chunks),
+                sum(c.count * c.piece.spec.row_bytes for c in chunks),
+                sum(os.path.getsize(os.path.join(path, f)) for f in writer.state_files),
+            ])
             nbytes = 0
             if _rank() == 0:
                 nbytes = chain_dir.dir_bytes(path)
                 chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
                     **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
                     "world_size": _world(), "bytes": nbytes, "rows_written": rows, "tiered_bytes": tiered,
+                    "row_bytes": row_bytes, "dense_bytes": dense,
                 }))
             nbytes = _all_sum([nbytes])[0]
         except (CheckpointException, OSError) as e:
@@ -173,7 +179,7 @@ class DifferentialCheckpointer:
         else:
             self._chain = dataclasses.replace(self._chain, last=step, steps=self._chain.steps + 1,
                                               delta_bytes=self._chain.delta_bytes + tiered)
-        return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0)
+        return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0, row_bytes, dense)
 
     def _kind(self, layout: Tuple, pieces: List[LocalPiece]) -> str:
         """FULL without a chain of this layout, after ``full_every`` steps, or when the
@@ -216,7 +222,8 @@ class DifferentialCheckpointer:
     def _record_of(self, path: str, seconds: float) -> CheckpointRecord:
         trainer = chain_dir.read_trainer(path, chain_dir.step_of(os.path.basename(path)))
         return CheckpointRecord(int(trainer["step"]), trainer.get("kind", FULL), path,
-                                int(trainer.get("bytes", 0)), int(trainer.get("rows_written", 0)), seconds)
+                                int(trainer.get("bytes", 0)), int(trainer.get("rows_written", 0)), seconds,
+                                int(trainer.get("row_bytes", 0)), int(trainer.get("dense_bytes", 0)))
 
     # ---------------------------------------------------------------- restore ----
     def restore(self, model: nn.Module, dense_optimizer: Any = None, path: Optional[str] = None) -> Dict[str, Any]:

@@ -151,7 +151,9 @@ class CheckpointRecord:
     path: str
     bytes: int  # bytes of the step's files, every rank's
     rows_written: int  # tiered rows saved, every rank's
-    seconds: float
+    seconds: float  # flush of the tiers to ``latest`` switched
+    row_bytes: int = 0  # bytes of those rows (weights + optimizer state), ids not counted
+    dense_bytes: int = 0  # bytes of the files of the dense state (everything not tiered)
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
