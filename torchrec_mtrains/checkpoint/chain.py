@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from torchrec_mtrains.checkpoint.restore import ChainStep
 from torchrec_mtrains.checkpoint.row_io import StepReader
@@ -105,11 +105,17 @@ def read_chain(path: str) -> List[ChainStep]:
                 f"the chain is broken: {what} {here} (step {step}), which step {child} applies on, is missing",
                 here, step,
             )
-        trainer = read_trainer(here, step)
-        base = trainer.get("base") if base is None else base
-        manifests = [_read_manifest(here, r, step) for r in range(int(trainer["world_size"]))]
+        read_trainer(here, step)  # the mark of a complete step; the manifests are what counts
+        first = _read_manifest(here, 0, step)
+        manifests = [first] + [_read_manifest(here, r, step) for r in range(1, first.world_size)]
+        for m in manifests:
+            if (m.step, m.base, m.parent) != (step, first.base, first.parent):
+                where = os.path.join(here, f"tiered.rank{m.rank}.json")
+                raise ChainError(f"checkpoint manifest {where} (step {step}) belongs to step {m.step} of the chain "
+                                 f"based on step {m.base}, not to this one", where, step)
+        base = first.base if base is None else base
         steps.append(ChainStep(step, StepReader(here, step), manifests))
-        parent = trainer.get("parent")
+        parent = first.parent
         child, step = step, parent
         here = None if parent is None else os.path.join(directory, step_name(parent))
     steps.reverse()
@@ -129,33 +135,32 @@ def _read_manifest(path: str, rank: int, step: Optional[int]) -> StepManifest:
 
 
 def remove_leftovers(directory: str, keep_chains: int) -> List[str]:
-    """Removes what no restore can use: steps newer than ``latest`` or without
-    ``trainer.json`` (saves killed half-way), and chains beyond the ``keep_chains`` newest.
-    Returns the names removed. Call on one rank, while no save runs."""
+    """Removes what no restore can use: steps newer than ``latest`` (saves killed half-way:
+    ``latest`` only moves forward, so every such save is newer), everything when there is no
+    ``latest``, and chains older than the ``keep_chains`` newest. The chain of ``latest``
+    stays even if damaged, for its restore to say what is wrong; so does a step whose chain
+    cannot be told. Returns the names removed. Call on one rank, while no save runs."""
     latest = latest_checkpoint(directory)
     latest_step = None if latest is None else step_of(os.path.basename(latest))
-    steps: Dict[int, Tuple[str, Optional[Dict[str, Any]]]] = {}
-    for name in os.listdir(directory):
-        step = step_of(name)
-        if step is None:
-            continue
-        path = os.path.join(directory, name)
-        try:
-            with open(os.path.join(path, "trainer.json")) as f:
-                trainer: Optional[Dict[str, Any]] = json.load(f)
-        except (OSError, ValueError):
-            trainer = None
-        steps[step] = (path, trainer)
-    gone = {s for s, (_, t) in steps.items() if t is None or latest_step is None or s > latest_step}
-    if latest_step is not None and latest_step in steps:
-        base_of = {s: int(t.get("base", s)) for s, (_, t) in steps.items() if s not in gone}
-        current = base_of[latest_step]
-        older = sorted({b for b in base_of.values() if b < current}, reverse=True)
+    steps = {s: os.path.join(directory, n) for n in os.listdir(directory) if (s := step_of(n)) is not None}
+    gone = {s for s in steps if latest_step is None or s > latest_step}
+    base_of = {s: _base_of(steps[s], s) for s in steps if s not in gone}
+    current = base_of.get(latest_step)
+    if current is not None:
+        older = sorted({b for b in base_of.values() if b is not None and b < current}, reverse=True)
         keep = {current, *older[: max(0, keep_chains - 1)]}
-        # The current chain stays even if damaged: its restore says what is wrong.
-        gone |= {s for s, b in base_of.items() if b != current and (b not in keep or b not in steps)}
+        gone |= {s for s, b in base_of.items() if b is not None and b < current and b not in keep}
     removed = []
     for step in sorted(gone):
-        shutil.rmtree(steps[step][0], ignore_errors=True)
-        removed.append(os.path.basename(steps[step][0]))
+        shutil.rmtree(steps[step], ignore_errors=True)
+        removed.append(os.path.basename(steps[step]))
     return removed
+
+
+def _base_of(path: str, step: int) -> Optional[int]:
+    """The full step of the chain of step ``path``, or None if its trainer.json is unreadable."""
+    try:
+        with open(os.path.join(path, "trainer.json")) as f:
+            return int(json.load(f).get("base", step))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None

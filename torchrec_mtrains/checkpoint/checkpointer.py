@@ -37,8 +37,6 @@ from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = ["DifferentialCheckpointer"]
 
-_OWN_KEYS = ("kind", "base", "parent", "world_size", "bytes", "rows_written", "tiered_bytes", "row_bytes",
-             "dense_bytes")  # trainer.json keys of ours
 _FULL_BYTES = 1 << 20  # a failed save with less free space than this is reported as ENOSPC
 
 
@@ -139,7 +137,8 @@ class DifferentialCheckpointer:
         try:
             with exclude_tiered_state(model):
                 dcp.save(_state(model, dense_optimizer), storage_writer=writer, planner=planner)
-            errors = _gather_errors(self._write_manifest(path, step, kind, base, parent, pieces, chunks, writer.state_files))
+            errors = _gather_errors(self._write_manifest(path, step, kind, base, parent, pieces, chunks,
+                                                         writer.state_files, trainer or {}))
             if errors:
                 raise OSError(errno.EIO, "; ".join(errors))
             fault_point("checkpoint.saved")
@@ -202,7 +201,8 @@ class DifferentialCheckpointer:
         return chunks
 
     def _write_manifest(self, path: str, step: int, kind: str, base: int, parent: Optional[int],
-                        pieces: List[LocalPiece], chunks: List[PlannedChunk], state_files: List[str]) -> Optional[str]:
+                        pieces: List[LocalPiece], chunks: List[PlannedChunk], state_files: List[str],
+                        trainer: Dict[str, Any]) -> Optional[str]:
         """Writes this rank's manifest; returns the error that prevented it, if any."""
         records = []
         for p in pieces:
@@ -213,7 +213,8 @@ class DifferentialCheckpointer:
             files = {f: _file_crc(os.path.join(path, f)) for f in state_files}
             if _rank() == 0:
                 files[".metadata"] = _file_crc(os.path.join(path, ".metadata"))
-            manifest = StepManifest(step, kind, base, parent, _rank(), records, files)
+            manifest = StepManifest(step, kind, base, parent, _rank(), _world(), records, files,
+                                    {**trainer, "step": step} if _rank() == 0 else {})
             chain_dir.write_atomic(os.path.join(path, f"tiered.rank{_rank()}.json"), manifest.to_json())
         except OSError as e:
             return f"rank {_rank()}: {e}"
@@ -245,7 +246,6 @@ class DifferentialCheckpointer:
             _load_plain(path, model, dense_optimizer)
             self._chain = None
             return trainer
-        caller = {k: v for k, v in trainer.items() if k not in _OWN_KEYS}
         pieces = local_pieces(model)
         failure: Optional[ChainError] = None
         chain: List[ChainStep] = []
@@ -265,11 +265,11 @@ class DifferentialCheckpointer:
         apply_rows(pieces, chain)
         clear_dirty(model)
         self._chain = _chain_of(chain)
-        return caller
+        return dict(chain[-1].manifests[0].trainer)
 
 
 def _chain_of(chain: List[ChainStep]) -> _Chain:
-    sizes = [int(chain_dir.read_trainer(s.reader.path, s.step).get("tiered_bytes", 0)) for s in chain]
+    sizes = [sum(m.tiered_bytes for m in s.manifests) for s in chain]
     specs = [p.spec for p in chain[-1].pieces()]
     return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0], sum(sizes[1:]), tuple(sorted(specs, key=_spec_key)))
 

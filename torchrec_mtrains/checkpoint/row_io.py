@@ -39,6 +39,7 @@ IdSelector = Callable[[int, int], torch.Tensor]  # (start, stop) -> shard-local 
 
 
 def ids_dtype(rows: int) -> torch.dtype:
+    """The dtype of a shard's saved row ids (``PieceSpec.id_bytes``)."""
     return torch.int32 if rows < 2**31 else torch.int64
 
 
@@ -62,8 +63,7 @@ class PlannedChunk:
     def nbytes(self) -> int:
         """Bytes of the chunk's rows and ids."""
         spec = self.piece.spec
-        ids = 0 if self.dense else self.count * torch.empty(0, dtype=ids_dtype(spec.rows)).element_size()
-        return self.count * spec.row_bytes + ids
+        return self.count * (spec.row_bytes + (0 if self.dense else spec.id_bytes))
 
     def spec(self) -> ChunkSpec:
         return ChunkSpec(self.key, self.row_lo, self.row_hi, self.count, self.crc32)

@@ -58,11 +58,12 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
     return sorted(out, key=lambda p: p.spec.key)
 
 
-def flush_tiers(model: nn.Module) -> None:
-    """Writes every tiered table's dirty cached rows to its tier (and makes them durable)."""
+def flush_tiers(model: nn.Module, steps_done: bool = True) -> None:
+    """Writes every tiered table's dirty cached rows to its tier (and makes them durable);
+    ``steps_done``: called between training steps (see ``TieredEmbeddingBags.flush``)."""
     for _, collection in _collections(model):
         for kernel in collection.tiered_kernels():
-            kernel.flush()
+            kernel.flush(steps_done=steps_done)
 
 
 def clear_dirty(model: nn.Module) -> None:

@@ -77,6 +77,11 @@ class PieceSpec:
         return self.row_width * self.element_bytes
 
     @property
+    def id_bytes(self) -> int:
+        """Bytes of a saved shard-local row id."""
+        return 4 if self.rows < 2**31 else 8
+
+    @property
     def key(self) -> str:
         return f"{self.module}{self.table}/r{self.row_offset}_c{self.col_offset}"
 
@@ -118,8 +123,16 @@ class StepManifest:
     base: int  # step of the chain's full checkpoint
     parent: Optional[int]  # the step this delta applies on; None for a full one
     rank: int
+    world_size: int
     pieces: List[PieceRecord]
     files: Dict[str, int] = dataclasses.field(default_factory=dict)  # file -> CRC-32, besides chunks
+    trainer: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the caller's state (rank 0)
+
+    @property
+    def tiered_bytes(self) -> int:
+        """Bytes of the rows (and ids) this rank saved."""
+        return sum(p.spec.row_bytes * c.count + (0 if c.dense else c.count * p.spec.id_bytes)
+                   for p in self.pieces for c in p.chunks)
 
     def to_json(self) -> str:
         body = json.dumps(dataclasses.asdict(self), sort_keys=True)

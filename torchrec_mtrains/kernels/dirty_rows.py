@@ -1,8 +1,8 @@
-"""DirtyRows: which rows of a table were written to its tier since a point in time.
+"""DirtyRows: which rows of a table changed since a point in time.
 
 One bit per row (a ``uint8`` bitmap), so a 1e9-row table costs 125 MB. The kernel marks
-rows as it writes them back to the tier; a differential checkpoint saves the marked rows
-and clears the marks once the checkpoint is complete.
+the rows each training step looks up (the only rows its update touches); a differential
+checkpoint saves the marked rows and clears the marks once the checkpoint is complete.
 """
 
 from __future__ import annotations

@@ -201,8 +201,9 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._broken: Optional[str] = None
         self._closed = False
         self._counters = [_TableCounters() for _ in specs]
-        # Rows written to each tier since the last clear_dirty(): what a differential
-        # checkpoint saves. Marked only after a write succeeded.
+        # Rows trained (or set) since the last clear_dirty(): what a differential checkpoint
+        # saves. Marked as a training forward looks them up, so rows a prefetch loaded for
+        # a step not yet computed are not among them.
         self._dirty = [DirtyRows(rows) for rows in num_rows]
         self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
         self._wait_seconds = 0.0
@@ -329,6 +330,9 @@ class TieredEmbeddingBags(torch.nn.Module):
             # Planned in eval mode, computed in train mode: its rows are about to change.
             for t, cache in enumerate(self._caches):
                 cache.mark_dirty(job.slots[t])
+        if self.training:  # the rows this step trains may change: the next delta saves them
+            for t, part in enumerate(job.batch.per_table):
+                self._dirty[t].mark(part)
         self._last_forward_step = job.step
         fault_point("forward")
         return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
@@ -382,7 +386,6 @@ class TieredEmbeddingBags(torch.nn.Module):
                 m.buffer = self._take_buffer(t, n_load)
                 with self._naming(t):
                     m.rows = self._stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
-                self._dirty[t].mark(m.evict_rows)
                 m.evicted = None
             m.move_seconds = time.perf_counter() - t0
 
@@ -462,12 +465,18 @@ class TieredEmbeddingBags(torch.nn.Module):
             )
 
     # ------------------------------------------------------- whole-table access ----
-    def flush(self) -> None:
+    def flush(self, *, steps_done: bool = False) -> None:
         """Writes every dirty cached row (weights + optimizer state) to its tier and makes
-        the tier durable (fsync / msync)."""
+        the tier durable (fsync / msync).
+
+        Args:
+            steps_done: the backward of every step computed so far has run (the caller is
+                between training steps), so the rows of the last one are clean once
+                written; otherwise they stay dirty, as its update may still come.
+        """
         self._check_usable()
         self._drain()
-        live = max(0, self._last_forward_step)
+        live = max(0, self._last_forward_step + (1 if steps_done else 0))
         for t, cache in enumerate(self._caches):
             rows, slots = cache.take_dirty(live)
             ready = slots < self._tbe_rows[t]
@@ -479,7 +488,6 @@ class TieredEmbeddingBags(torch.nn.Module):
                     chunk = slice(start, start + _FLUSH_CHUNK_ROWS)
                     self._stores[t].write(
                         rows[chunk], self._codecs[t].gather(self._weights[t], self._states[t], slots[chunk]))
-                    self._dirty[t].mark(rows[chunk])
                     self._counters[t].rows_written_back += rows[chunk].numel()
                 self._stores[t].flush()
             fault_point("flush.table")
@@ -557,8 +565,9 @@ class TieredEmbeddingBags(torch.nn.Module):
 
     # ------------------------------------------------- rows for checkpoints ----
     def dirty_rows(self, table: int) -> DirtyRows:
-        """The rows of ``table`` written to its tier since the last ``clear_dirty()``; rows
-        still only in the cache are not among them until ``flush()``."""
+        """The rows of ``table`` that training forwards looked up (so may have changed) or
+        ``set_rows`` wrote since the last ``clear_dirty()``; after ``flush()`` their values
+        are on the tier."""
         return self._dirty[table]
 
     def clear_dirty(self) -> None:

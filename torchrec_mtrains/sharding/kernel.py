@@ -178,8 +178,8 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         """Starts loading the rows of ``features`` (the next batch this kernel computes)."""
         self._emb.prefetch(features.values(), features.offsets())
 
-    def flush(self) -> None:
-        self._emb.flush()
+    def flush(self, *, steps_done: bool = False) -> None:
+        self._emb.flush(steps_done=steps_done)
 
     def purge(self) -> None:
         pass
