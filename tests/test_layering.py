@@ -3,8 +3,9 @@ down, never up, and no benchmark ships in the package.
 
 Layers, bottom up: ``_ops``, ``types``, ``storage``, ``stats``, ``testing`` (fault points
 the kernels and the example call) and ``elastic`` (a process-group helper of the example);
-``kernels``; ``sharding``; ``planner`` (``hardware`` and ``model`` below its TorchRec
-``adapters`` and ``planner.planner``); ``commands`` and ``cli`` on top.
+``kernels``; ``sharding``; ``checkpoint`` (differential checkpoints of sharded models);
+``planner`` (``hardware`` and ``model`` below its TorchRec ``adapters`` and
+``planner.planner``); ``commands`` and ``cli`` on top.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ def _p(*names: str) -> Tuple[str, ...]:
     return tuple(f"{PKG}.{n}" for n in names)
 
 
-_ABOVE_SHARDING = ("planner", "commands", "cli")
+_ABOVE_SHARDING = ("checkpoint", "planner", "commands", "cli")
 RULES = [
     Rule(_p("storage", "stats", "_ops", "types", "testing", "elastic"), _p("kernels", "sharding", *_ABOVE_SHARDING)),
     Rule(_p("kernels"), _p("sharding", *_ABOVE_SHARDING)),
     Rule(_p("sharding"), _p(*_ABOVE_SHARDING)),
+    Rule(_p("checkpoint"), _p("planner", "commands", "cli")),
     # The planner package's __init__ loads the adapters: model and hardware name their modules.
     Rule(_p("planner.model", "planner.hardware"), _p("planner.adapters", "planner.planner", "commands", "cli"),
          _p("planner")),
