@@ -1,7 +1,9 @@
 """export_full_checkpoint: a differential chain (a full step and two deltas) of a model with
 tiered tables, trained in this process, becomes one plain DCP checkpoint that loads with
 ``dcp.load`` into a model whose tables are all TorchRec's own (FUSED) and with
-``DifferentialCheckpointer.restore`` into a tiered one, to the trained state exactly."""
+``DifferentialCheckpointer.restore`` into a tiered one, to the trained state exactly; of a
+chain saved by two ranks (row- and column-wise shards), it equals what the checkpoints before
+differential ones saved of the same model."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
 import _dmp_harness as h
+from _ports import file_init_method
 from torchrec_mtrains.checkpoint import (
     ChainError,
     DifferentialCheckpointer,
@@ -25,7 +28,9 @@ from torchrec_mtrains.checkpoint import (
     read_chain,
 )
 
-TIERED = {"ssd_a": "ssd", "ssd_b": "ssd", "scm_c": "scm", "plain_d": None}
+# The SSD/SCM tables start from lazy initial values (a full step lists only their written
+# rows); the DRAM table's rows are all written at start (its full step lists every row).
+TIERED = {"ssd_a": "ssd", "ssd_b": "dram", "scm_c": "scm", "plain_d": None}
 BLOCK_ROWS = 64  # below every table's 300-700 rows: each shard is written in several blocks
 SAVE_AT = (3, 6, 9)
 CALLER = {"losses": [0.5, 0.25]}
@@ -102,9 +107,7 @@ def trained(process_group, tmp_path_factory):
     assert kinds == ["full", "delta", "delta"]
     last = ckpt.latest()
     chain = read_chain(last)
-    # The tiered tables start from their lazy initial values and few rows are trained: the
-    # full step lists only the written rows, so the export rebuilds the others.
-    assert any(not r.complete for r in chain[0].pieces())
+    assert sorted({r.complete for r in chain[0].pieces()}) == [False, True]
     assert any(c.count for s in chain[1:] for r in s.pieces() for c in r.chunks)
     return root, last, _snapshot(dmp, dense)
 
@@ -158,7 +161,7 @@ def test_plain_dcp_load_into_fused_tables(trained, exported):
 
 def test_restore_into_tiered_tables(trained, exported):
     root, _, reference = trained
-    dmp, dense = _build(root / "tiered", {"ssd_a": "dram", "ssd_b": "scm", "scm_c": "ssd", "plain_d": None})
+    dmp, dense = _build(root / "tiered", {"ssd_a": "dram", "ssd_b": "ssd", "scm_c": "ssd", "plain_d": None})
     dense.init_state()
     assert _differ(_snapshot(dmp, dense), reference)
     trainer = DifferentialCheckpointer(str(root / "ck_restore")).restore(dmp, dense, path=exported)
@@ -210,3 +213,62 @@ def test_bad_arguments(trained, exported):
         export_full_checkpoint(last, exported + "_x", block_rows=0)
     with pytest.raises(FileExistsError, match="exists"):
         export_full_checkpoint(last, exported)
+
+
+def _train_two_ranks(rank: int, root: str, sharding_type: str, init_method: str) -> None:
+    """One rank of a two-rank run: three differential saves, then one as before them."""
+    import torch.distributed as dist
+
+    from torchrec_mtrains.sharding import TieredTrainPipeline
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+    spec = h.RunSpec(world_size=2, steps=0, out_dir=root, storage_dir=os.path.join(root, f"storage{rank}"),
+                     tiers=TIERED, sharding_type=sharding_type)
+    dmp, optimizer = h._build(spec, rank)
+    pipeline = TieredTrainPipeline(dmp, optimizer, torch.device("cpu"))
+    batches = iter([h.local_batch(s, rank, 2) for s in range(SAVE_AT[-1])])
+    ckpt = DifferentialCheckpointer(os.path.join(root, "ck"), full_every=5, max_chain_fraction=100.0)
+    for step in range(1, SAVE_AT[-1] + 1):
+        pipeline.progress(batches)
+        if step in SAVE_AT:
+            ckpt.save(step, dmp)
+    dcp.save(h._state(dmp, optimizer), checkpoint_id=os.path.join(root, "old"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _whole(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    md = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
+               if isinstance(m, TensorStorageMetadata)}
+    dcp.load(tensors, checkpoint_id=path, no_dist=True)
+    return tensors, md
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding_type", ["row_wise", "column_wise"])
+def test_two_rank_chain_exports_as_the_old_save(tmp_path, sharding_type):
+    import multiprocessing
+
+    root = str(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    init = file_init_method(os.path.join(root, "rendezvous"))
+    procs = [ctx.Process(target=_train_two_ranks, args=(r, root, sharding_type, init)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert [p.exitcode for p in procs] == [0, 0]
+    last = os.path.join(root, "ck", "step_%08d" % SAVE_AT[-1])
+    chain = read_chain(last)
+    assert [len(s.manifests) for s in chain] == [2, 2, 2]
+    assert max(sum(1 for r in chain[0].pieces() if r.spec.table == t) for t in TIERED) == 2  # split tables
+    export_full_checkpoint(last, os.path.join(root, "exported"), block_rows=BLOCK_ROWS)
+    want, want_md = _whole(os.path.join(root, "old"))
+    got, got_md = _whole(os.path.join(root, "exported"))
+    assert sorted(got_md) == sorted(want_md)
+    assert _differ(got, want) == []
