@@ -8,6 +8,7 @@ reads the chain's full step, then its deltas, into any world size, sharding or t
 
 from torchrec_mtrains.checkpoint.chain import latest_checkpoint, read_chain, remove_leftovers
 from torchrec_mtrains.checkpoint.checkpointer import DifferentialCheckpointer
+from torchrec_mtrains.checkpoint.export import export_full_checkpoint
 from torchrec_mtrains.checkpoint.tiered_parts import exclude_tiered_state, flush_tiers
 from torchrec_mtrains.checkpoint.types import ChainError, CheckpointRecord
 
@@ -16,6 +17,7 @@ __all__ = [
     "CheckpointRecord",
     "DifferentialCheckpointer",
     "exclude_tiered_state",
+    "export_full_checkpoint",
     "flush_tiers",
     "latest_checkpoint",
     "read_chain",

@@ -1,0 +1,449 @@
+"""One plain torch.distributed.checkpoint (DCP) checkpoint from a differential chain.
+
+``export_full_checkpoint`` writes what ``dcp.save({"model": model.state_dict(), "optim":
+model.fused_optimizer.state_dict(), "dense_optim": dense_optimizer.state_dict()})`` of the
+trained model writes when its tiered tables are laid out as TorchRec's FUSED kernel lays
+out its own (``torchrec_mtrains.sharding.checkpoint``):
+
+* ``model.<module>embedding_bags.<table>.weight``: ``[table_rows, table_cols]`` of the
+  table's dtype;
+* ``optim.state.<module>embedding_bags.<table>.weight.<table>.momentum1``: fp32, one value
+  per row of each shard for a row-wise optimizer (column-wise shards stacked), or
+  ``[table_rows, table_cols]`` for an element-wise one; absent for SGD;
+* every other item of the chain's last step (dense parameters, FUSED tables, the fused
+  and dense optimizers' remaining state) as that step saved it.
+
+Each saved shard is written as chunks of at most ``block_rows`` rows, each built when DCP's
+writer asks for it: the initial rows a sparse full step implies, then the full step's rows,
+then each delta's rows. A file holds whole blocks, up to the bytes of ``block_rows`` rows of
+the widest table, since DCP's writer keeps a file's tensors until the file is closed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import os
+import queue
+import shutil
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
+from torch.distributed._shard.sharded_tensor import TensorProperties as ShardProperties
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+from torchrec_mtrains.checkpoint import chain as chain_dir
+from torchrec_mtrains.checkpoint.checkpointer import _OWN_KEYS, _check_files
+from torchrec_mtrains.checkpoint.restore import ChainStep, init_rows, read_chunk, split_rows
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
+from torchrec_mtrains.sharding.checkpoint import _rowwise_metadata
+
+__all__ = ["export_full_checkpoint"]
+
+_PARTIAL = ".export-partial"  # suffix of the directory an export is written to, then renamed
+Offsets = Tuple[int, ...]
+_UNREAD = object()  # a non-tensor item DCP has not loaded yet
+
+
+def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 1 << 16) -> None:
+    """Writes the chain ending at step directory ``checkpoint`` as one plain DCP checkpoint.
+
+    The result loads with ``dcp.load`` into a model whose tables are all TorchRec's own
+    (FUSED), or tiered, of any world size and sharding, and with
+    ``DifferentialCheckpointer.restore(model, path=destination)``. Runs in this process
+    alone (no process group needed) and holds about ``block_rows`` rows of a table at a time,
+    plus the saved chunk each step of the chain is read from.
+
+    Args:
+        checkpoint: a step directory of a differential checkpoint (``.../step_00000300``).
+        destination: the directory to create (must not exist); it gets the DCP files and
+            the step's ``trainer.json`` without the chain's own keys.
+        block_rows: rows of a table per written chunk (>= 1).
+
+    Raises:
+        ValueError: ``block_rows`` is not a positive integer.
+        FileExistsError: ``destination`` exists.
+        ChainError: a step of the chain is missing or damaged; no destination is left.
+    """
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+        raise ValueError(f"block_rows={block_rows!r} must be an integer >= 1")
+    if os.path.lexists(destination):
+        raise FileExistsError(f"export destination {destination} exists")
+    chain = chain_dir.read_chain(checkpoint)
+    _check_files(chain)
+    last = chain[-1]
+    trainer = chain_dir.read_trainer(last.reader.path, last.step)
+    pieces = _export_pieces(chain)
+    dense, mappings = _read_dense(last, pieces)
+    partial = os.path.abspath(destination) + _PARTIAL
+    shutil.rmtree(partial, ignore_errors=True)  # what an export killed half-way left
+    try:
+        planner = _ExportPlanner(chain, pieces, block_rows, mappings)
+        writer = _BlockWriter(partial, planner.file_group, _file_bytes(pieces, block_rows))
+        try:
+            dcp.save(dense, storage_writer=writer, planner=planner, no_dist=True)
+        except CheckpointException as e:
+            error = _chain_error_in(e)
+            if error is None:
+                raise
+            raise error from None
+        caller = {k: v for k, v in trainer.items() if k not in _OWN_KEYS}
+        chain_dir.write_atomic(os.path.join(partial, "trainer.json"), json.dumps(caller))
+        os.rename(partial, destination)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    _fsync_dir(os.path.dirname(os.path.abspath(destination)))
+
+
+# ------------------------------------------------------------------ the tiered items ----
+def _state_dict_prefix(module: str) -> str:
+    """The state_dict prefix of a collection from its module path: DistributedModelParallel
+    drops its ``_dmp_wrapped_module.`` and the ``module.`` of the DDP wrapper under it."""
+    parts = [p for p in module.split(".") if p]
+    out: List[str] = []
+    i = 0
+    while i < len(parts):
+        if parts[i] == "_dmp_wrapped_module":
+            i += 2 if i + 1 < len(parts) and parts[i + 1] == "module" else 1
+            continue
+        out.append(parts[i])
+        i += 1
+    return "".join(f"{p}." for p in out)
+
+
+@dataclasses.dataclass
+class _ExportPiece:
+    """A saved shard: its record in each step of the chain (None where a step has none) and
+    where its rows go in the export."""
+
+    spec: PieceSpec
+    records: List[Optional[PieceRecord]]
+    param: str  # the table's weight in the model's state_dict: "<module>embedding_bags.<table>.weight"
+    state_offsets: Offsets  # offsets of the shard's optimizer state in its tensor
+    state_size: Tuple[int, ...]  # of that tensor: 1 dimension (row-wise) or 2 (element-wise)
+
+    @property
+    def rowwise(self) -> bool:
+        return len(self.state_size) == 1
+
+    @property
+    def weight_fqn(self) -> str:
+        return f"model.{self.param}"
+
+    @property
+    def state_fqn(self) -> Optional[str]:
+        """The DCP key of the optimizer state; None without one (SGD)."""
+        return f"optim.state.{self.param}.{self.spec.table}.momentum1" if self.spec.state_values else None
+
+    def mappings(self) -> Dict[str, Tuple[str, ...]]:
+        """How DCP unflattens the piece's items into the state_dict of the old layout."""
+        out = {self.weight_fqn: ("model", self.param)}
+        if self.state_fqn is not None:
+            out[self.state_fqn] = ("optim", "state", self.param, f"{self.spec.table}.momentum1")
+        return out
+
+
+def _export_pieces(chain: List[ChainStep]) -> List[_ExportPiece]:
+    """The chain's shards, checked: every step saved the layout of its full step, and each
+    table's shards cover it."""
+    full = chain[0]
+    by_key: Dict[str, List[Optional[PieceRecord]]] = {}
+    specs: Dict[str, PieceSpec] = {}
+    for n, step in enumerate(chain):
+        for record in step.pieces():
+            key = record.spec.key
+            if n == 0 and key in specs:
+                raise _layout_error(full, f"saves shard {key} twice")
+            if specs.get(key, record.spec if n == 0 else None) != record.spec:
+                raise _layout_error(step, f"saves shard {key}, which its chain's full step {full.step} does not")
+            specs[key] = record.spec
+            by_key.setdefault(key, [None] * len(chain))[n] = record
+    tables: Dict[Tuple[str, str], List[PieceSpec]] = {}
+    for spec in specs.values():
+        tables.setdefault((spec.module, spec.table), []).append(spec)
+    out = []
+    for table_specs in tables.values():
+        _check_cover(full, table_specs)
+        out += _table_pieces(table_specs, by_key)
+    return sorted(out, key=lambda p: p.spec.key)
+
+
+def _layout_error(step: ChainStep, what: str) -> ChainError:
+    return ChainError(f"checkpoint {step.reader.path} (step {step.step}) {what}", step.reader.path, step.step)
+
+
+def _check_cover(full: ChainStep, specs: List[PieceSpec]) -> None:
+    first = specs[0]
+    area = 0
+    for s in specs:
+        inside = s.row_offset >= 0 and s.col_offset >= 0 and s.row_offset + s.rows <= s.table_rows \
+            and s.col_offset + s.cols <= s.table_cols
+        if (s.table_rows, s.table_cols, s.dtype, s.state_values) != (
+                first.table_rows, first.table_cols, first.dtype, first.state_values) or not inside:
+            raise _layout_error(full, f"saves shards of table {first.module}{first.table} that do not fit together")
+        area += s.rows * s.cols
+    if area != first.table_rows * first.table_cols:
+        raise _layout_error(
+            full, f"saves {area} of the {first.table_rows * first.table_cols} values of table {first.module}{first.table}"
+        )
+
+
+def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[PieceRecord]]]) -> List[_ExportPiece]:
+    """One table's shards with the keys and optimizer-state layout of TorchRec's FUSED kernel."""
+    first = specs[0]
+    param = f"{_state_dict_prefix(first.module)}embedding_bags.{first.table}.weight"
+    rowwise: Dict[Offsets, ShardMetadata] = {}
+    size: Tuple[int, ...] = (first.table_rows, first.table_cols)
+    if first.state_values == 1:
+        weights = ShardedTensorMetadata(
+            shards_metadata=[ShardMetadata([s.row_offset, s.col_offset], [s.rows, s.cols], "rank:0/cpu") for s in specs],
+            size=torch.Size([first.table_rows, first.table_cols]),
+            tensor_properties=ShardProperties(dtype=first.torch_dtype),
+        )
+        rowwise, meta = _rowwise_metadata(weights)
+        size = tuple(meta.size)
+    out = []
+    for s in specs:
+        offsets = (s.row_offset, s.col_offset)
+        state_offsets = tuple(rowwise[offsets].shard_offsets) if rowwise else offsets
+        out.append(_ExportPiece(s, records[s.key], param, state_offsets, size))
+    return out
+
+
+def _item(fqn: str, size: Tuple[int, ...], offsets: Offsets, sizes: Tuple[int, ...], dtype: torch.dtype) -> WriteItem:
+    return WriteItem(
+        index=MetadataIndex(fqn, torch.Size(offsets)),
+        type=WriteItemType.SHARD,
+        tensor_data=TensorWriteData(
+            chunk=ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)),
+            properties=TensorProperties(dtype=dtype),
+            size=torch.Size(size),
+        ),
+    )
+
+
+# ----------------------------------------------------------------------- the blocks ----
+class _BlockSource:
+    """Builds blocks of a shard's rows from the chain, keeping the chunk each step is read
+    from until a block past it is asked for."""
+
+    def __init__(self, chain: List[ChainStep]) -> None:
+        self.chain = chain
+        self._cached: Dict[int, Tuple[str, torch.Tensor, torch.Tensor]] = {}  # step index -> (key, ids, rows)
+        self._ends: Dict[Tuple[str, int], List[int]] = {}  # (shard, step index) -> its chunks' row_hi
+        self._piece: Optional[str] = None  # the shard whose chunks are cached
+
+    def rows(self, piece: _ExportPiece, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``[lo, hi)`` (shard-local) of a shard in the store's row layout."""
+        spec = piece.spec
+        if self._piece != spec.key:
+            self._cached.clear()
+            self._piece = spec.key
+        full = piece.records[0]
+        if full is None or not full.complete:
+            out = init_rows(spec, torch.arange(lo, hi))
+        else:
+            out = torch.empty(hi - lo, spec.row_width, dtype=spec.torch_dtype)
+        for n, record in enumerate(piece.records):
+            if record is None:
+                continue
+            chunks = record.chunks  # ascending, disjoint row ranges
+            ends = self._ends.setdefault((spec.key, n), [c.row_hi for c in chunks])
+            first = bisect.bisect_right(ends, lo)
+            for chunk in chunks[first:]:
+                if chunk.row_lo >= hi:
+                    break
+                ids, rows = self._chunk(n, spec, chunk)
+                keep = (ids >= lo) & (ids < hi)
+                out[ids[keep] - lo] = rows[keep]
+        return out
+
+    def _chunk(self, n: int, spec: PieceSpec, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
+        cached = self._cached.get(n)
+        if cached is None or cached[0] != chunk.key:
+            self._cached.pop(n, None)  # frees the previous chunk before the next is read
+            ids, rows = read_chunk(self.chain[n], spec, chunk)
+            cached = (chunk.key, ids, rows)
+            self._cached[n] = cached
+        return cached[1], cached[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    piece: _ExportPiece
+    lo: int
+    hi: int
+    state: bool  # the optimizer-state item of the block (else the weights')
+
+
+class _ExportPlanner(DefaultSavePlanner):
+    """DCP's default planner for the dense items (read from the last step, flat, keyed as
+    it saved them) plus one item per block of each shard's weights and optimizer state."""
+
+    def __init__(self, chain: List[ChainStep], pieces: List[_ExportPiece], block_rows: int,
+                 mappings: Dict[str, Tuple]) -> None:
+        super().__init__()
+        self._pieces, self._block_rows, self._dense_mappings = pieces, block_rows, mappings
+        self._source = _BlockSource(chain)
+        self._blocks: Dict[Tuple[str, Offsets], _Block] = {}
+        self._last: Optional[Tuple[_Block, torch.Tensor]] = None
+
+    def set_up_planner(self, state_dict, storage_meta=None, is_coordinator: bool = False) -> None:
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
+        # The dense items are flat already: keep the unflattening the last step recorded.
+        self.mappings = {k: self._dense_mappings.get(k, v) for k, v in self.mappings.items()}
+
+    def create_local_plan(self):
+        plan = super().create_local_plan()
+        items = list(plan.items)
+        mappings = dict(plan.planner_data)
+        for p in self._pieces:
+            s = p.spec
+            for lo in range(0, s.rows, self._block_rows):
+                hi = min(s.rows, lo + self._block_rows)
+                offsets = (s.row_offset + lo, s.col_offset)
+                items.append(self._add(_Block(p, lo, hi, False), p.weight_fqn, (s.table_rows, s.table_cols),
+                                       offsets, (hi - lo, s.cols), s.torch_dtype))
+                if p.state_fqn is not None:
+                    if p.rowwise:
+                        state_offsets, sizes = (p.state_offsets[0] + lo,), (hi - lo,)
+                    else:
+                        state_offsets, sizes = (p.state_offsets[0] + lo, p.state_offsets[1]), (hi - lo, s.cols)
+                    items.append(self._add(_Block(p, lo, hi, True), p.state_fqn, p.state_size,
+                                           state_offsets, sizes, torch.float32))
+            mappings.update(p.mappings())
+        self.plan = dataclasses.replace(plan, items=items, planner_data=mappings)
+        return self.plan
+
+    def _add(self, block: _Block, fqn: str, size, offsets: Offsets, sizes, dtype: torch.dtype) -> WriteItem:
+        self._blocks[(fqn, tuple(offsets))] = block
+        return _item(fqn, size, offsets, sizes, dtype)
+
+    def _block_of(self, item: WriteItem) -> Optional[_Block]:
+        if item.type != WriteItemType.SHARD:
+            return None  # a dense item (whole tensors and bytes)
+        return self._blocks.get((item.index.fqn, tuple(item.index.offset)))
+
+    def file_group(self, item: WriteItem) -> Optional[Tuple[str, int, int]]:
+        """(shard, first row, bytes) of a block's item; None for a dense item."""
+        block = self._block_of(item)
+        if block is None:
+            return None
+        s = block.piece.spec
+        width = s.cols * s.element_bytes if not block.state else s.state_values * 4
+        return s.key, block.lo, (block.hi - block.lo) * width
+
+    def resolve_data(self, write_item: WriteItem):
+        block = self._block_of(write_item)
+        if block is None:
+            return super().resolve_data(write_item)
+        key = (block.piece.spec.key, block.lo)
+        if self._last is None or (self._last[0].piece.spec.key, self._last[0].lo) != key:
+            self._last = None
+            self._last = (block, self._source.rows(block.piece, block.lo, block.hi))
+        weights, state = split_rows(block.piece.spec, self._last[1])
+        if not block.state:
+            return weights.contiguous()
+        return state.reshape(-1) if block.piece.rowwise else state.contiguous()
+
+
+class _BlockWriter(FileSystemWriter):
+    """DCP's file writer, single-threaded: the dense items in one file, then the blocks in
+    order, a block's weights and optimizer state together, in files of about
+    ``file_bytes`` (DCP's writer keeps a file's tensors until the file is closed)."""
+
+    def __init__(self, path: str, group_of, file_bytes: int) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+        self._group_of, self._file_bytes = group_of, file_bytes
+
+    def write_data(self, plan, planner):
+        files: List[List[WriteItem]] = [[]]
+        size, last = 0, None
+        for item in plan.items:
+            group = self._group_of(item)
+            if group is None:
+                files[0].append(item)
+                continue
+            if len(files) == 1 or (group[:2] != last and size + group[2] > self._file_bytes):
+                files.append([])
+                size = 0
+            files[-1].append(item)
+            size += group[2]
+            last = group[:2]
+        file_queue: queue.Queue = queue.Queue()
+        prefix = plan.storage_data.prefix
+        for n, items in enumerate(f for f in files if f):
+            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            file_queue.put((self.fs.concat_path(self.path, name), name, items))
+        future = self._write_data(planner, file_queue)
+        future.wait()
+        return future
+
+
+def _file_bytes(pieces: List[_ExportPiece], block_rows: int) -> int:
+    widest = max((p.spec.cols * p.spec.element_bytes + p.spec.state_values * 4 for p in pieces), default=0)
+    return block_rows * widest
+
+
+# ---------------------------------------------------------------------- dense items ----
+def _read_dense(last: ChainStep, pieces: List[_ExportPiece]) -> Tuple[Dict[str, Any], Dict[str, Tuple]]:
+    """Every item of the last step but its row chunks and the tiered tables' placeholders:
+    (flat values, their unflattening as that step recorded it)."""
+    metadata = last.reader.metadata
+    skip = {f"{c.key}{end}" for m in last.manifests for r in m.pieces for c in r.chunks for end in ("", "/ids")}
+    placeholders = {p.weight_fqn for p in pieces}
+    for fqn in sorted(placeholders):
+        if fqn not in metadata.state_dict_metadata:
+            where = os.path.join(last.reader.path, ".metadata")
+            raise ChainError(f"checkpoint {where} (step {last.step}) has no placeholder {fqn!r} of a tiered table",
+                             where, last.step)
+    exported = placeholders | {p.state_fqn for p in pieces if p.state_fqn is not None}
+    dense: Dict[str, Any] = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if fqn in skip or fqn in exported:
+            continue
+        dense[fqn] = torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else _UNREAD
+    # Flat and unflattened as it is, so that DCP loads the bytes items into this very dict.
+    planner = DefaultLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+    try:
+        dcp.load(dense, storage_reader=FileSystemReader(last.reader.path), planner=planner, no_dist=True)
+        unread = sorted(k for k, v in dense.items() if v is _UNREAD)
+        if unread:
+            raise ValueError(f"items {unread} were not read")
+    except Exception as e:  # a damaged file fails inside torch.load with any error type
+        raise ChainError(f"checkpoint {last.reader.path} (step {last.step}): its dense state cannot be read: "
+                         f"{type(e).__name__}: {e}", last.reader.path, last.step) from None
+    planner_data = metadata.planner_data or {}
+    return dense, {k: tuple(planner_data[k]) for k in dense if k in planner_data}
+
+
+# -------------------------------------------------------------------------- helpers ----
+def _chain_error_in(e: CheckpointException) -> Optional[ChainError]:
+    """The ChainError a rank failed with inside DCP (DCP wraps every rank's failure)."""
+    for failure in e.failures.values():
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(exc, ChainError):
+            return exc
+    return None
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
