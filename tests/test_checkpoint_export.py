@@ -247,7 +247,9 @@ def _whole(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding_type", ["row_wise", "column_wise"])
+# Column-wise only (CI time): its shards split columns and stack the row-wise momentum, the
+# layout most unlike a shard's own; row-wise shards are plain row ranges, as world size 1's.
+@pytest.mark.parametrize("sharding_type", ["column_wise"])
 def test_two_rank_chain_exports_as_the_old_save(tmp_path, sharding_type):
     import multiprocessing
 

@@ -251,7 +251,7 @@ class DifferentialCheckpointer:
         chain: List[ChainStep] = []
         try:
             chain = chain_dir.read_chain(path)
-            _check_files(chain)
+            check_files(chain)
             check_rows(pieces, chain)
         except ChainError as e:
             failure = e
@@ -288,7 +288,13 @@ def _layout(pieces: List[LocalPiece]) -> Tuple:
     return tuple(sorted(local, key=_spec_key))
 
 
-def _check_files(chain: List[ChainStep]) -> None:
+def check_files(chain: List[ChainStep]) -> None:
+    """Checks the CRC-32 of each step's ``.metadata`` and of the last step's dense-state
+    files (what a restore loads besides the row chunks).
+
+    Raises:
+        ChainError: a file is missing or damaged.
+    """
     for s in chain:
         for m in s.manifests:
             for name, crc in m.files.items():

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from torchrec_mtrains.checkpoint import chain as chain_dir
-from torchrec_mtrains.checkpoint.checkpointer import _OWN_KEYS, _check_files
+from torchrec_mtrains.checkpoint.checkpointer import check_files
 from torchrec_mtrains.checkpoint.restore import ChainStep, init_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
 from torchrec_mtrains.sharding.checkpoint import _rowwise_metadata
@@ -83,9 +83,9 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
     if os.path.lexists(destination):
         raise FileExistsError(f"export destination {destination} exists")
     chain = chain_dir.read_chain(checkpoint)
-    _check_files(chain)
+    check_files(chain)
     last = chain[-1]
-    trainer = chain_dir.read_trainer(last.reader.path, last.step)
+    chain_dir.read_trainer(last.reader.path, last.step)  # the step is complete
     pieces = _export_pieces(chain)
     dense, mappings = _read_dense(last, pieces)
     partial = os.path.abspath(destination) + _PARTIAL
@@ -100,8 +100,9 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
             if error is None:
                 raise
             raise error from None
-        caller = {k: v for k, v in trainer.items() if k not in _OWN_KEYS}
-        chain_dir.write_atomic(os.path.join(partial, "trainer.json"), json.dumps(caller))
+        # The caller's state as it was saved (rank 0's manifest, checksummed): a plain
+        # checkpoint's trainer.json.
+        chain_dir.write_atomic(os.path.join(partial, "trainer.json"), json.dumps(last.manifests[0].trainer))
         os.rename(partial, destination)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

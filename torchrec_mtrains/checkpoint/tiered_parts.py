@@ -33,8 +33,12 @@ def _collections(model: nn.Module) -> Iterator[tuple]:
 
 
 def _state_dict_prefix(fqn: str) -> str:
-    # DistributedModelParallel's state_dict() drops the "module." its wrapper adds.
-    return fqn[len("module."):] if fqn.startswith("module.") else fqn
+    """The collection's prefix in ``model.state_dict()``: DistributedModelParallel leaves out
+    its ``_dmp_wrapped_module.`` and the ``module.`` of the DDP wrapper under it."""
+    for wrapper in ("_dmp_wrapped_module.", "module."):
+        if fqn.startswith(wrapper):
+            fqn = fqn[len(wrapper):]
+    return fqn
 
 
 def local_pieces(model: nn.Module) -> List[LocalPiece]:
