@@ -20,10 +20,10 @@ import subprocess
 from typing import Dict, List, Tuple
 
 import pytest
-
 from _crash_helpers import (EVERY, STEPS, assert_same_tensors, checkpoint_tensors, env, fault_trace, metrics, run,
                             torchrun_cmd, torchrun_env, train_cmd)
 from checkpoint import latest_checkpoint
+from torchrec_mtrains.checkpoint import export_full_checkpoint
 from torchrec_mtrains.testing import PHASES
 
 # Each entry kills one attempt at the n-th time (counted in that process) it reaches a
@@ -133,10 +133,17 @@ def test_kills_at_every_phase_resume_bit_identically(tmp_path) -> None:
     got = metrics(final)
     assert got["losses"] == reference["losses"], log  # bit-identical, every step
     assert got["auc"] == reference["auc"]
-    # Only the final checkpoint is left: killed saves were cleaned up by later ones.
-    assert sorted(os.listdir(ckpt)) == ["latest", f"step_{STEPS:08d}"], log
-    assert_same_tensors(checkpoint_tensors(os.path.join(ckpt, f"step_{STEPS:08d}"), str(tmp_path / "dcp")),
-                        checkpoint_tensors(os.path.join(ref_ckpt, f"step_{STEPS:08d}"), str(tmp_path / "dcp")))
+    # Only the final checkpoint's chain is left: killed saves were cleaned up by later starts,
+    # older chains once a newer one was complete.
+    with open(os.path.join(ckpt, f"step_{STEPS:08d}", "trainer.json")) as f:
+        base = json.load(f)["base"]
+    assert sorted(os.listdir(ckpt)) == ["latest"] + [f"step_{s:08d}" for s in range(base, STEPS + 1, EVERY)], log
+    # Both chains restore to the same tensors (exported whole: their deltas differ in
+    # where their full steps fall).
+    for name, chain in (("got", ckpt), ("ref", ref_ckpt)):
+        export_full_checkpoint(os.path.join(chain, f"step_{STEPS:08d}"), str(tmp_path / f"export_{name}"))
+    assert_same_tensors(checkpoint_tensors(str(tmp_path / "export_got"), str(tmp_path / "dcp")),
+                        checkpoint_tensors(str(tmp_path / "export_ref"), str(tmp_path / "dcp")))
     print("\n".join(log + [f"{len(FAULTS)} attempts, each killed where it was aimed"]))
 
 
