@@ -6,8 +6,8 @@
     record = ckpt.save(step, model, dense_optimizer, {"losses": losses})
 
 Each save writes the dense state (everything but the tiered tables' rows, through DCP as
-usual) and, of the tiered tables, only the rows written since the previous save (a delta)
-or every row that differs from its initial value (a full step). The chain rules and the
+usual) and, of the tiered tables, only the rows trained since the previous save (a delta)
+or every row that may differ from its initial value (a full step). The chain rules and the
 layout on disk are in ``chain.py``.
 """
 
@@ -230,7 +230,8 @@ class DifferentialCheckpointer:
     def restore(self, model: nn.Module, dense_optimizer: Any = None, path: Optional[str] = None) -> Dict[str, Any]:
         """Restores the chain ending at ``path`` (default: ``latest``) into ``model`` and
         ``dense_optimizer`` (collective), whatever world size, sharding or tiers they have
-        now; returns that step's ``trainer.json``.
+        now; returns what ``save`` was given as ``trainer``, with ``"step"`` (for a plain
+        DCP checkpoint, such as an export: its ``trainer.json``).
 
         Raises:
             FileNotFoundError: there is no complete checkpoint.
