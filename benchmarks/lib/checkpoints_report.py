@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from benchmarks.lib.report import Target
 
-__all__ = ["GOALS", "evaluate", "keep_chains_replay", "summary"]
+__all__ = ["GOALS", "evaluate", "keep_chains_replay", "run_figures", "save_figures", "save_table", "summary", "targets"]
 
 GOALS = {
     "delta_bytes_x_rows": 1.2,  # (bytes - dense) / row_bytes
@@ -81,7 +81,8 @@ def _accounting(run: Dict, config: Dict, kept: List[int]) -> Dict:
     sizes = {s["step"]: s["bytes"] for s in run["checkpoints"]}
     return {
         "expected_saves": len(expected), "recorded_saves": len(recorded),
-        "missing_saves": sorted(set(expected) - set(recorded)), "unexpected_saves": sorted(set(recorded) - set(expected)),
+        "missing_saves": sorted(set(expected) - set(recorded)),
+        "unexpected_saves": sorted(set(recorded) - set(expected)),
         "kept_by_rule": kept, "on_disk_at_end": sorted(on_disk),
         "size_mismatches": {k: [sizes.get(k), v] for k, v in on_disk.items() if sizes.get(k) != v},
     }
@@ -254,7 +255,8 @@ def summary(raw: Dict, f: Dict, targets_: List[Target]) -> str:
         lines.append(f"{name}: {r['fulls']} full + {r['deltas']} delta saves, {r['total_bytes'] / MB:,.1f} MB written "
                      f"({r['total_row_bytes'] / MB:,.1f} MB of rows, {r['total_dense_bytes'] / MB:,.1f} MB dense), "
                      f"{r['checkpoint_seconds']:.1f} s saving of {r['wall_seconds']:.1f} s wall; peak on disk "
-                     f"{r['peak_disk_bytes_by_rule'] / MB:,.1f} MB by the rule, {r['peak_disk_bytes_sampled'] / MB:,.1f} "
+                     f"{r['peak_disk_bytes_by_rule'] / MB:,.1f} MB by the rule, "
+                     f"{r['peak_disk_bytes_sampled'] / MB:,.1f} "
                      f"MB sampled")
     lines += ["", "targets:"]
     lines += [f"  [{t.status}] {t.name}: {t.detail}" for t in targets_]
