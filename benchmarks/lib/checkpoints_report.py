@@ -221,13 +221,13 @@ def _fmt(x: Optional[float], spec: str) -> str:
 
 
 def save_table(runs: Dict) -> List[str]:
-    head = (f"{'run':<9}{'step':>6} {'kind':<6}{'MB':>8}{'rows':>9}{'row MB':>8}{'dense MB':>9}{'s':>7}"
+    head = (f"{'run':<9}{'step':>6} {'kind':<6}{'MB':>8}{'rows':>11}{'row MB':>8}{'dense MB':>9}{'s':>7}"
             f"{'(B-d)/rows':>11}{'B/budget':>9}{'s/(B/w)':>9}{'s/(rows/min)':>13}")
     lines = [head, "-" * len(head)]
     for name, r in runs.items():
         for s in r["saves"]:
             lines.append(
-                f"{name:<9}{s['step']:>6} {s['kind']:<6}{s['bytes'] / MB:>8.1f}{s['rows_written']:>9,}"
+                f"{name:<9}{s['step']:>6} {s['kind']:<6}{s['bytes'] / MB:>8.1f}{s['rows_written']:>11,}"
                 f"{s['row_bytes'] / MB:>8.1f}{s['dense_bytes'] / MB:>9.1f}{s['seconds']:>7.2f}"
                 f"{_fmt(s['bytes_x_rows'], '.3f'):>11}{_fmt(s['bytes_x_budget'], '.3f'):>9}"
                 f"{_fmt(s['seconds_x_write'], '.1f'):>9}{_fmt(s['seconds_x_rows_min_bw'], '.1f'):>13}")
