@@ -1,0 +1,163 @@
+"""Differential checkpoints, end to end: the example DLRM (examples/dlrm/train.py, torchrun,
+2 ranks) trained twice on the same seed -- so the same training -- saving every
+``--checkpoint-every`` steps with ``--keep-chains 1``:
+
+- the baseline, ``--full-every 1``: every save a full checkpoint;
+- the measured run, ``--full-every K``: chains of a full save and deltas;
+
+with the sequential write and read bandwidth of the checkpoint directory's filesystem
+measured first, in the same run (fio, or a Python loop without it). The checkpoint
+directory's disk use is sampled during each run. Figures, targets and their reading:
+``checkpoints_report.py``.
+
+    .venv/bin/python benchmarks/bench_checkpoint.py [--steps 400] [--checkpoint-every 50] [--full-every 8]
+
+Results: ``--out`` (JSON: the raw figures of both runs, the figures and the targets); the
+runs' own metrics.json under ``--workdir``, removed after the run unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from benchmarks.lib.process_monitor import ProcessTreeMonitor
+
+__all__ = ["RUNS", "main", "parse_args", "run_example", "saved_steps"]
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "dlrm" / "train.py"
+KEEP_CHAINS = 1  # both runs: the disk-use figures compare one kept chain against one kept full save
+RUNS = ("baseline", "measured")  # --full-every 1, --full-every K
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=400, help="training steps of each run")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between saves")
+    p.add_argument("--full-every", type=int, default=8, help="the measured run's --full-every (saves per chain)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks")
+    p.add_argument("--workdir", default=None,
+                   help="checkpoints, tier files and the runs' outputs (default: a temp dir); its checkpoint "
+                        "and storage directories are removed after the run unless --keep")
+    p.add_argument("--keep", action="store_true", help="keep the checkpoints and tier files under --workdir")
+    p.add_argument("--example-args", default="",
+                   help="more train.py flags for both runs, one string (e.g. \"--table-scale 0.1\")")
+    p.add_argument("--disk-method", choices=("auto", "fio", "python"), default="auto",
+                   help="how sequential bandwidth is measured: fio (io_uring, O_DIRECT), a Python loop, or fio "
+                        "when it runs here")
+    p.add_argument("--disk-mb", type=int, default=1024, help="size of the bandwidth test file, MiB")
+    p.add_argument("--fio-seconds", type=float, default=5.0, help="seconds per fio job")
+    p.add_argument("--interval", type=float, default=0.2, help="seconds between samples of the checkpoint dir's size")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
+    p.add_argument("--out", default="build/bench-checkpoint.json", help="results JSON")
+    p.add_argument("--report-only", metavar="RESULTS.json", default=None,
+                   help="no runs: recompute and print the figures and targets of a results file")
+    args = p.parse_args(argv)
+    for name in ("steps", "checkpoint_every", "full_every", "nproc", "disk_mb"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.steps < 2 * args.checkpoint_every:
+        p.error(f"--steps {args.steps} gives fewer than 2 saves at --checkpoint-every {args.checkpoint_every}")
+    if not args.fio_seconds > 0 or not args.interval > 0:
+        p.error("--fio-seconds and --interval must be > 0")
+    banned = {"--checkpoint-dir", "--checkpoint-every", "--full-every", "--keep-chains", "--steps", "--out",
+              "--storage-dir", "--resume"}
+    args.example = shlex.split(args.example_args)
+    clash = sorted(banned & {a.split("=")[0] for a in args.example})
+    if clash:
+        p.error(f"--example-args must not set {', '.join(clash)}: the bench sets them")
+    return args
+
+
+def saved_steps(directory: Path) -> Dict[int, int]:
+    """Checkpoint steps in ``directory`` -> bytes of their files (``trainer.json`` not counted,
+    as in the saves' own ``bytes``)."""
+    from torchrec_mtrains.checkpoint.chain import step_of
+
+    out: Dict[int, int] = {}
+    for name in sorted(os.listdir(directory)) if directory.is_dir() else []:
+        step = step_of(name)
+        if step is not None:
+            files = [f for f in (directory / name).iterdir() if f.name != "trainer.json"]
+            out[step] = sum(f.stat().st_size for f in files)
+    return out
+
+
+def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path, outputs: Path) -> Dict:
+    """Trains one run under torchrun while sampling its checkpoint directory; its raw figures:
+    the saves, wall seconds, losses, sampled disk use and the steps left on disk."""
+    ckpt, store, out = work / name / "ckpt", work / name / "store", outputs / name
+    for d in (ckpt, store):
+        shutil.rmtree(d, ignore_errors=True)
+    ckpt.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+           str(TRAIN), *args.example, "--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every),
+           "--checkpoint-dir", str(ckpt), "--full-every", str(full_every), "--keep-chains", str(KEEP_CHAINS),
+           "--storage-dir", str(store), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    print(f"bench_checkpoint: {name} run: {shlex.join(cmd)}", flush=True)
+    with open(outputs / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            with ProcessTreeMonitor(proc.pid, str(ckpt), args.interval) as monitor:
+                code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            raise SystemExit(f"bench_checkpoint: the {name} run ran past {args.timeout:.0f} s: killed") from None
+    if code != 0:
+        tail = (outputs / f"{name}.log").read_text()[-3000:]
+        raise SystemExit(f"bench_checkpoint: the {name} run failed (exit {code}):\n{tail}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    samples = monitor.samples
+    return {
+        "full_every": full_every, "keep_chains": KEEP_CHAINS, "command": shlex.join(cmd),
+        "checkpoints": metrics["checkpoints"], "wall_seconds": metrics["wall_seconds"],
+        "losses": metrics["losses"], "placement": metrics["placement"],
+        "peak_sampled_disk_bytes": max((s.disk_bytes for s in samples), default=0),
+        "disk_samples": len(samples),
+        "on_disk_at_end": {str(k): v for k, v in saved_steps(ckpt).items()},
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from benchmarks.lib.checkpoints_report import evaluate, summary
+    from benchmarks.lib.seq_bandwidth import measure
+
+    args = parse_args(argv)
+    if args.report_only:
+        raw = json.loads(Path(args.report_only).read_text())["raw"]
+        print(summary(raw, *evaluate(raw)))
+        return 0
+    out = Path(args.out) if os.path.isabs(args.out) else ROOT / args.out
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="mtrains-bench-ckpt-"))
+    work.mkdir(parents=True, exist_ok=True)
+    raw: Dict = {"config": {k: v for k, v in vars(args).items() if k not in ("example", "report_only")},
+                 "checkpoint_fs": str(work)}
+    try:
+        raw["disk"] = measure(work, args.disk_method, args.disk_mb, args.fio_seconds).as_dict()
+        raw["runs"] = {name: run_example(args, name, k, work, work / "outputs")
+                       for name, k in zip(RUNS, (1, args.full_every))}
+    finally:
+        for name in RUNS if not args.keep else ():
+            for sub in ("ckpt", "store"):
+                shutil.rmtree(work / name / sub, ignore_errors=True)
+        if not args.workdir and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    figures, targets = evaluate(raw)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"raw": raw, "figures": figures, "targets": [t.__dict__ for t in targets]},
+                              indent=1) + "\n")
+    print(summary(raw, figures, targets))
+    print(f"results in {out}")
+    return 0
