@@ -205,6 +205,9 @@ class TieredEmbeddingBags(torch.nn.Module):
         # saves. Marked as a training forward looks them up, so rows a prefetch loaded for
         # a step not yet computed are not among them.
         self._dirty = [DirtyRows(rows) for rows in num_rows]
+        # False once a flush left the tiers holding every row as the cache has it; any
+        # training step, write-back or set_rows makes it True again.
+        self._unflushed = True
         self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
         self._wait_seconds = 0.0
         self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
@@ -331,6 +334,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             for t, cache in enumerate(self._caches):
                 cache.mark_dirty(job.slots[t])
         if self.training:  # the rows this step trains may change: the next delta saves them
+            self._unflushed = True
             for t, part in enumerate(job.batch.per_table):
                 self._dirty[t].mark(part)
         self._last_forward_step = job.step
@@ -385,6 +389,8 @@ class TieredEmbeddingBags(torch.nn.Module):
             if n_load or m.evict_rows.numel():
                 m.buffer = self._take_buffer(t, n_load)
                 with self._naming(t):
+                    if m.evict_rows.numel():
+                        self._unflushed = True
                     m.rows = self._stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
                 m.evicted = None
             m.move_seconds = time.perf_counter() - t0
@@ -476,6 +482,8 @@ class TieredEmbeddingBags(torch.nn.Module):
         """
         self._check_usable()
         self._drain()
+        if not self._unflushed:
+            return  # nothing changed since a flush that left every row on the tier
         live = max(0, self._last_forward_step + (1 if steps_done else 0))
         for t, cache in enumerate(self._caches):
             rows, slots = cache.take_dirty(live)
@@ -491,6 +499,7 @@ class TieredEmbeddingBags(torch.nn.Module):
                     self._counters[t].rows_written_back += rows[chunk].numel()
                 self._stores[t].flush()
             fault_point("flush.table")
+        self._unflushed = not steps_done  # else rows of a step still running stay dirty
 
     def set_rows(
         self,
@@ -527,6 +536,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         )
         rows = rows.contiguous()
         self._drain()
+        self._unflushed = True
         self._stores[table].write(ids, rows)
         self._dirty[table].mark(ids)
         # The new row of each given id, the last occurrence winning as in the store.
@@ -589,6 +599,8 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._check_usable()
         self._drain()
         out = self._stores[table].read(ids)
+        if not self._unflushed:
+            return out  # the tier holds every row as the cache does
         cached, slots = self._caches[table].occupied()
         keep = slots < self._tbe_rows[table]
         cached, slots = cached[keep], slots[keep]
