@@ -46,6 +46,12 @@ def _name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def _kill_listing(step: int) -> List[str]:
+    """The kill runs' checkpoint directory after the save at ``step``: the newest chain only."""
+    base = step - (step - K_EVERY) % (K_EVERY * K_FULL_EVERY)
+    return ["latest"] + [_name(s) for s in range(base, step + 1, K_EVERY)]
+
+
 def _kill_cases() -> List[tuple]:
     return [(kind, stage) for kind in KILLED_SAVE for stage in STAGES]
 
@@ -205,6 +211,12 @@ def test_restore_into_column_wise_is_exact(runs: Runs) -> None:
     _assert_equal_state(ref, restored, "column_wise")
 
 
+def test_kill_reference_keeps_the_newest_chain_only(runs: Runs) -> None:
+    saves = _diff_saves(runs.out["kill_ref"])
+    assert [(s["step"], s["kind"]) for s in saves] == [(2, "full"), (4, "delta"), (6, "full"), (8, "delta")]
+    assert [s["listing"] for s in saves] == [_kill_listing(s) for s in (2, 4, 6, 8)]
+
+
 @pytest.mark.parametrize("kind,stage", _kill_cases(), ids=[_case_id(*c) for c in _kill_cases()])
 def test_kill_inside_a_save_then_restart_is_bit_identical(runs: Runs, kind: str, stage: str) -> None:
     case = _case_id(kind, stage)
@@ -229,7 +241,7 @@ def test_kill_inside_a_save_then_restart_is_bit_identical(runs: Runs, kind: str,
     # Its first save leaves what the uninterrupted run had after the same save.
     first = next(s for s in ref_saves if s["step"] == saves[0]["step"])
     assert saves[0]["step"] == start + K_EVERY and saves[0]["kind"] == first["kind"]
-    assert saves[0]["listing"] == first["listing"]
+    assert saves[0]["listing"] == first["listing"] == _kill_listing(saves[0]["step"])
     ckpt = str(runs.workdir / f"chain_{case}")
     ref_ckpt = str(runs.workdir / "kill_ref_chain")
     assert sorted(os.listdir(ckpt)) == sorted(os.listdir(ref_ckpt))
