@@ -61,7 +61,8 @@ def _case_id(kind: str, stage: str) -> str:
 
 
 class Runs:
-    """Every run of the module, made on first use: out_dir of each by name."""
+    """Every run of the module (made when the fixture is first used): out_dir of each by name,
+    and what each killed run left (``after_kill``: ``latest`` and each step's files)."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -69,7 +70,7 @@ class Runs:
         torch.save(harness.initial_weights(), self.init)
         self.chain = str(workdir / "chain")  # the world-2 reference's checkpoints
         self.out: Dict[str, str] = {}
-        self._specs: Dict[str, harness.RunSpec] = {}
+        self.after_kill: Dict[str, dict] = {}
         self._make()
 
     def spec(self, name: str, **kwargs) -> harness.RunSpec:
@@ -77,7 +78,7 @@ class Runs:
         out.mkdir()
         kwargs.setdefault("storage_dir", str(self.workdir / f"storage_{name}"))
         spec = harness.RunSpec(out_dir=str(out), **kwargs)
-        self.out[name], self._specs[name] = str(out), spec
+        self.out[name] = str(out)
         return spec
 
     def _batch(self, specs: List[harness.RunSpec]) -> None:
@@ -120,19 +121,17 @@ class Runs:
                                fault=f"{stage}:{KILLED_SAVE[kind][0]}", fault_trace=trace, **kill)
             codes = harness.launch(killed)
             assert codes == [-signal.SIGKILL], f"killed run {case}: exit codes {codes}"
-            self.after_kill(case, ckpt)
+            self.after_kill[case] = _leftovers(ckpt)
             # The restart: same checkpoint and storage directories, restores the latest step.
             world1.append(self.spec(f"restart_{case}", diff_dir=ckpt, storage_dir=storage, restore_diff=True, **kill))
         self._batch(world1)
 
-    def after_kill(self, case: str, ckpt: str) -> None:
-        """Keeps what a killed run left: its checkpoint directory's listing and ``latest``."""
-        latest = Path(ckpt, "latest").read_text().strip() if os.path.exists(os.path.join(ckpt, "latest")) else None
-        listing = {n: sorted(os.listdir(os.path.join(ckpt, n))) for n in os.listdir(ckpt) if n.startswith("step_")}
-        Path(self.workdir, f"after_kill_{case}.json").write_text(json.dumps({"latest": latest, "listing": listing}))
 
-    def read_after_kill(self, case: str) -> dict:
-        return json.loads(Path(self.workdir, f"after_kill_{case}.json").read_text())
+def _leftovers(ckpt: str) -> dict:
+    """A checkpoint directory as a killed run left it: ``latest`` and each step's files."""
+    latest = Path(ckpt, "latest").read_text().strip() if os.path.exists(os.path.join(ckpt, "latest")) else None
+    listing = {n: sorted(os.listdir(os.path.join(ckpt, n))) for n in os.listdir(ckpt) if n.startswith("step_")}
+    return {"latest": latest, "listing": listing}
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +144,8 @@ def _assert_equal_state(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], 
     assert any(".momentum1" in k for k in a)  # optimizer state is compared too
     for key in a:
         assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, f"{what}: {key}"
-        diff = (a[key].double() - b[key].double()).abs().max().item() if a[key].numel() else 0.0
-        assert torch.equal(a[key], b[key]), f"{what}: {key} differs (max |diff| {diff})"
+        if not torch.equal(a[key], b[key]):
+            pytest.fail(f"{what}: {key} differs (max |diff| {(a[key].double() - b[key].double()).abs().max()})")
 
 
 def _diff_saves(out: str) -> List[dict]:
@@ -225,7 +224,7 @@ def test_kill_inside_a_save_then_restart_is_bit_identical(runs: Runs, kind: str,
     assert fault_trace(str(runs.workdir / f"trace_{case}"))[-1] == (stage, str(count), "SIGKILL")
 
     # `latest` names a complete step: the killed one once switched, else the one before.
-    after = runs.read_after_kill(case)
+    after = runs.after_kill[case]
     switched = stage == "checkpoint.cleanup"
     expected = _name(step if switched else step - K_EVERY)
     assert after["latest"] == expected
