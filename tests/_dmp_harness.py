@@ -4,7 +4,10 @@ One run: a small model (an EBC of four tables + a linear layer) trained with
 DistributedModelParallel and the TieredTrainPipeline on gloo, from fixed initial weights
 and a fixed global batch per step (each rank takes its slice). A run can restore a DCP
 checkpoint first, save one after some step, kill itself after saving (SIGKILL, as a crash),
-and always writes its losses and a final DCP checkpoint.
+and always writes its losses and a final DCP checkpoint. With a DifferentialCheckpointer
+directory it can also restore a chain, save a full or delta step every few steps, and arm
+a fault point (``torchrec_mtrains.testing.faults``) that SIGKILLs it inside a save;
+``launch_many`` runs several specs one after the other in the same processes (one spawn).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import dataclasses
 import json
 import os
 import signal
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -40,6 +43,7 @@ class RunSpec:
     storage_dir: str
     tiers: Dict[str, Optional[str]]  # table -> "ssd" / "scm" / "dram", or None for FUSED
     sharding_type: str = "table_wise"
+    table_sharding: Dict[str, str] = dataclasses.field(default_factory=dict)  # table -> its own sharding_type
     cache_load_factor: float = 0.05
     restore_from: Optional[str] = None  # DCP checkpoint to start from
     start_step: int = 0
@@ -48,6 +52,16 @@ class RunSpec:
     kill_after_save: bool = False
     init_file: Optional[str] = None  # full initial weights (torch.save of a dict)
     init_method: str = ""  # the group's rendezvous; launch() sets a file:// one in out_dir
+    snapshot_at: List[int] = dataclasses.field(default_factory=list)  # plain DCP saves to out_dir/snap_<step>
+    # Differential checkpoints (torchrec_mtrains.checkpoint.DifferentialCheckpointer):
+    diff_dir: Optional[str] = None  # the checkpointer's directory
+    diff_every: int = 0  # save a full or delta step every this many steps (0: never)
+    full_every: int = 4
+    max_chain_fraction: float = 1.0
+    restore_diff: bool = False  # restore from diff_dir first (then start_step is the saved step)
+    restore_path: Optional[str] = None  # the chain's last step; None: diff_dir's latest, if any
+    fault: Optional[str] = None  # MTRAINS_FAULT of the run's processes, e.g. "checkpoint.write:2"
+    fault_trace: Optional[str] = None  # MTRAINS_FAULT_TRACE of the run's processes
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -145,6 +159,8 @@ def _build(spec: RunSpec, rank: int):
         for t, tier in spec.tiers.items()
     }
     plan = tiered_sharding_plan(model.ebc, tables, spec.world_size, sharding_type=spec.sharding_type)
+    for table, sharding_type in spec.table_sharding.items():
+        plan[table] = tiered_sharding_plan(model.ebc, tables, spec.world_size, sharding_type=sharding_type)[table]
     dmp = DistributedModelParallel(
         model, plan=ShardingPlan({"ebc": plan}), sharders=[TieredEmbeddingBagCollectionSharder()],
         device=torch.device("cpu"),
@@ -176,11 +192,67 @@ def _state(dmp, opt) -> dict:
     return {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
 
 
+def _arm_faults(spec: RunSpec, rank: int) -> None:
+    """Sets the fault hook's environment (its ``<rank>`` is env RANK); the hook reads it
+    when torchrec_mtrains first imports it, which in a freshly spawned process is later."""
+    for name, value in (("MTRAINS_FAULT", spec.fault), ("MTRAINS_FAULT_TRACE", spec.fault_trace)):
+        if value:
+            os.environ[name] = value
+            os.environ["RANK"] = str(rank)
+        else:
+            os.environ.pop(name, None)
+
+
+def _checkpointer(spec: RunSpec):
+    from torchrec_mtrains.checkpoint import DifferentialCheckpointer
+
+    return DifferentialCheckpointer(spec.diff_dir, full_every=spec.full_every,
+                                    max_chain_fraction=spec.max_chain_fraction)
+
+
+def _restore_diff(spec: RunSpec, ckpt, dmp) -> Tuple[int, List[float]]:
+    """Restores the chain ending at ``spec.restore_path`` (or the latest); returns the step
+    to start from and the losses of the steps before it (``spec.start_step`` and none when
+    there is no complete step yet)."""
+    if spec.restore_path is None and ckpt.latest() is None:
+        return spec.start_step, []
+    trainer = ckpt.restore(dmp, None, path=spec.restore_path)  # the dense SGD has no state
+    return int(trainer["step"]), list(trainer["losses"])
+
+
+def _diff_save(spec: RunSpec, ckpt, dmp, step: int, losses: List[float], rank: int) -> None:
+    """A differential save (its trainer.json holds every loss since step 0); rank 0 appends
+    its record and the directory's listing right after it to out_dir/diff_saves.json."""
+    record = ckpt.save(step, dmp, None, {"losses": losses})
+    if rank == 0:
+        path = os.path.join(spec.out_dir, "diff_saves.json")
+        saves = json.load(open(path)) if os.path.exists(path) else []
+        saves.append({**record.as_dict(), "listing": sorted(os.listdir(spec.diff_dir))})
+        with open(path, "w") as f:
+            json.dump(saves, f)
+
+
 def run(rank: int, spec_json: str) -> None:
+    spec = RunSpec(**json.loads(spec_json))
+    _arm_faults(spec, rank)
+    dist.init_process_group("gloo", init_method=spec.init_method, rank=rank, world_size=spec.world_size)
+    _run(spec, rank)
+    dist.destroy_process_group()
+
+
+def run_many(rank: int, specs_json: List[str], init_method: str) -> None:
+    """Runs specs of one world size (without faults) one after the other in one group."""
+    specs = [RunSpec(**json.loads(s)) for s in specs_json]
+    _arm_faults(specs[0], rank)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=specs[0].world_size)
+    for spec in specs:
+        _run(spec, rank)
+    dist.destroy_process_group()
+
+
+def _run(spec: RunSpec, rank: int) -> None:
     from torchrec_mtrains.sharding import TieredTrainPipeline
 
-    spec = RunSpec(**json.loads(spec_json))
-    dist.init_process_group("gloo", init_method=spec.init_method, rank=rank, world_size=spec.world_size)
     torch.manual_seed(0)
     dmp, opt = _build(spec, rank)
     if spec.init_file:
@@ -190,10 +262,14 @@ def run(rank: int, spec_json: str) -> None:
         dcp.load(state, checkpoint_id=spec.restore_from)
         dmp.load_state_dict(state["model"])
         dmp.fused_optimizer.load_state_dict(state["optim"])
+    if (spec.restore_diff or spec.diff_every) and not spec.diff_dir:
+        raise ValueError("restore_diff and diff_every need diff_dir")
+    ckpt = _checkpointer(spec) if spec.diff_dir else None
+    start, history = _restore_diff(spec, ckpt, dmp) if spec.restore_diff else (spec.start_step, [])
     pipeline = TieredTrainPipeline(dmp, opt, torch.device("cpu"))
-    batches = iter([local_batch(s, rank, spec.world_size) for s in range(spec.start_step, spec.steps)])
+    batches = iter([local_batch(s, rank, spec.world_size) for s in range(start, spec.steps)])
     losses = []
-    step = spec.start_step
+    step = start
     while True:
         try:
             loss = pipeline.progress(batches)
@@ -208,13 +284,16 @@ def run(rank: int, spec_json: str) -> None:
             dist.barrier()
             if spec.kill_after_save:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if step in spec.snapshot_at:
+            dcp.save(_state(dmp, opt), checkpoint_id=os.path.join(spec.out_dir, f"snap_{step}"))
+        if spec.diff_every and step % spec.diff_every == 0:
+            _diff_save(spec, ckpt, dmp, step, history + losses, rank)
     dcp.save(_state(dmp, opt), checkpoint_id=os.path.join(spec.out_dir, "final"))
     _write_prefetch_counts(dmp, os.path.join(spec.out_dir, f"prefetched_rank{rank}.json"))
     if rank == 0:
         with open(os.path.join(spec.out_dir, "losses.json"), "w") as f:
             json.dump(losses, f)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def _write_prefetch_counts(dmp, path: str) -> None:
@@ -240,12 +319,28 @@ def read_prefetch_counts(out_dir: str, world_size: int) -> List[float]:
 
 def launch(spec: RunSpec, timeout: float = 300.0) -> List[int]:
     """Runs ``spec`` in ``world_size`` fresh processes; returns their exit codes."""
-    import multiprocessing
-
     if not spec.init_method:
         spec = dataclasses.replace(spec, init_method=file_init_method(os.path.join(spec.out_dir, "rendezvous")))
+    return _spawn(run, [(r, spec.to_json()) for r in range(spec.world_size)], timeout)
+
+
+def launch_many(specs: List[RunSpec], timeout: float = 300.0) -> List[int]:
+    """Runs ``specs`` (one world size, no faults) one after the other in ``world_size``
+    fresh processes (one spawn for all); returns their exit codes."""
+    world = specs[0].world_size
+    if any(s.world_size != world or s.fault or s.kill_after_save for s in specs):
+        raise ValueError("launch_many: the specs must share one world size and kill no process")
+    init = file_init_method(os.path.join(specs[0].out_dir, "rendezvous"))
+    args = [s.to_json() for s in specs]
+    return _spawn(run_many, [(r, args, init) for r in range(world)], timeout)
+
+
+def _spawn(target, args: List[tuple], timeout: float) -> List[int]:
+    """Runs ``target(*a)`` for each ``a`` in a spawned process; returns their exit codes."""
+    import multiprocessing
+
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=run, args=(r, spec.to_json())) for r in range(spec.world_size)]
+    procs = [ctx.Process(target=target, args=a) for a in args]
     for p in procs:
         p.start()
     for p in procs:
@@ -259,12 +354,12 @@ def launch(spec: RunSpec, timeout: float = 300.0) -> List[int]:
     return codes
 
 
-def read_final(out_dir: str) -> Dict[str, torch.Tensor]:
-    """The final checkpoint of a run as full tensors (flattened keys)."""
+def read_final(out_dir: str, name: str = "final") -> Dict[str, torch.Tensor]:
+    """A run's final checkpoint (or its ``snap_<step>``) as full tensors (flattened keys)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    path = os.path.join(out_dir, "final.pt")
-    dcp_to_torch_save(os.path.join(out_dir, "final"), path)
+    path = os.path.join(out_dir, f"{name}.pt")
+    dcp_to_torch_save(os.path.join(out_dir, name), path)
     state = torch.load(path, weights_only=False)
     flat: Dict[str, torch.Tensor] = {}
 

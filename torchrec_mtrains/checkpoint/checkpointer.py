@@ -322,12 +322,30 @@ def _state(model: nn.Module, dense_optimizer: Any) -> Dict[str, Any]:
 
 def _load_state(path: str, model: nn.Module, dense_optimizer: Any) -> None:
     state = _state(model, dense_optimizer)
+    # When this rank lacks keys the checkpoint has (another rank's table), DCP's load falls
+    # back to its pre-2.4 key format, in which a subtree without tensors (the optimizer
+    # state of a tiered table, kept out: {}) is a key of its own that no checkpoint holds.
+    emptied = _pop_empty(state)
     dcp.load(state, checkpoint_id=path)
+    for parent, key, value in reversed(emptied):
+        parent[key] = value
     model.load_state_dict(state["model"])
     if "optim" in state:
         model.fused_optimizer.load_state_dict(state["optim"])
     if dense_optimizer is not None:
         dense_optimizer.load_state_dict(state["dense_optim"])
+
+
+def _pop_empty(tree: Dict[str, Any]) -> List[Tuple[Dict[str, Any], str, Any]]:
+    """Removes the dicts of ``tree`` that hold no value at any depth; returns (parent, key,
+    dict) of each, in removal order (put back in reverse order to restore ``tree``)."""
+    removed: List[Tuple[Dict[str, Any], str, Any]] = []
+    for key, value in list(tree.items()):
+        if isinstance(value, dict):
+            removed += _pop_empty(value)
+            if not value:
+                removed.append((tree, key, tree.pop(key)))
+    return removed
 
 
 def _load_plain(path: str, model: nn.Module, dense_optimizer: Any) -> None:
