@@ -32,11 +32,9 @@ from torchrec_mtrains.testing import PHASES
 # prefetch jobs and 2 forwards per step, 3 flush.table points per checkpoint (TorchRec flushes
 # again before its state_dict; that flush finds nothing to write).
 FAULTS = [
-    "prefetch.before:3", "forward:9", "checkpoint.write:1", "flush.table:2", "step:6",
-    "checkpoint.saved:1", "prefetch.after:11", "checkpoint.latest:1", "random", "forward:2",
-    "flush.table:4", "checkpoint.cleanup:1", "random", "prefetch.before:17", "step:3",
-    "random", "prefetch.after:5", "checkpoint.saved:2", "flush.table:1",
-    "random", "checkpoint.latest:2", "forward:14",
+    "prefetch.before:3", "checkpoint.write:1", "flush.table:2", "checkpoint.saved:1", "forward:9",
+    "checkpoint.latest:1", "random", "checkpoint.cleanup:1", "prefetch.after:5", "checkpoint.saved:2",
+    "random", "checkpoint.latest:2",
 ]
 
 
