@@ -123,6 +123,16 @@ def test_restore_gives_the_state_of_each_step(chain, upto: int) -> None:
     assert_equal(full_state(dmp), states[upto])
 
 
+def test_restore_moves_tables_between_tiered_and_fused(chain) -> None:
+    tmp, _, records, states, _ = chain
+    # SSD -> FUSED (rows from the chain into TorchRec's tensors), FUSED -> SCM (rows from the
+    # saved ShardedTensors into the tier), the others as saved.
+    tiers = {"ssd_a": None, "ssd_b": "ssd", "scm_c": "scm", "plain_d": "scm"}
+    dmp, _ = build(tmp, "kinds", tiers=tiers)
+    DifferentialCheckpointer(str(tmp / "ckpt")).restore(dmp, None, path=records[6].path)
+    assert_equal(full_state(dmp), states[6])
+
+
 def _copy_chain(tmp: Path, name: str) -> Path:
     dst = tmp / name
     shutil.copytree(tmp / "ckpt", dst)

@@ -29,7 +29,15 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchrec_mtrains.checkpoint import chain as chain_dir
-from torchrec_mtrains.checkpoint.restore import ChainStep, check_rows, apply_rows
+from torchrec_mtrains.checkpoint.kind_change import (
+    ChangedTables,
+    changed_tables,
+    fused_pieces,
+    pop_changed,
+    restore_from_dense,
+    tiered_tables,
+)
+from torchrec_mtrains.checkpoint.restore import ChainStep, apply_rows, check_rows
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece, clear_dirty, exclude_tiered_state, flush_tiers, local_pieces
 from torchrec_mtrains.checkpoint.types import DELTA, FULL, ChainError, CheckpointRecord, PieceRecord, StepManifest
@@ -250,20 +258,25 @@ class DifferentialCheckpointer:
         pieces = local_pieces(model)
         failure: Optional[ChainError] = None
         chain: List[ChainStep] = []
-        try:
-            chain = chain_dir.read_chain(path)
-            check_files(chain)
-            check_rows(pieces, chain)
-        except ChainError as e:
-            failure = e
-        errors = _gather_errors(None if failure is None else str(failure))
-        if failure is not None:
-            raise failure
-        if errors:  # another rank found damage: nothing is restored anywhere
-            raise ChainError("; ".join(errors), path, step)
         with exclude_tiered_state(model):
-            _load_state(path, model, dense_optimizer)
-        apply_rows(pieces, chain)
+            state = _state(model, dense_optimizer)
+            try:
+                chain = chain_dir.read_chain(path)
+                changed = changed_tables(pieces, tiered_tables(model), chain, state["model"])
+                targets = pieces + fused_pieces(state, changed.to_fused)
+                check_files(chain)
+                check_rows(targets, chain)
+            except ChainError as e:
+                failure = e
+            errors = _gather_errors(None if failure is None else str(failure))
+            if failure is not None:
+                raise failure
+            if errors:  # another rank found damage: nothing is restored anywhere
+                raise ChainError("; ".join(errors), path, step)
+            _load_dense(path, state, changed)
+            apply_rows(targets, chain)  # FUSED-now tables: into the state's tensors
+            restore_from_dense(pieces, changed.to_tiered, chain[-1])
+            _load_state_dicts(state, model, dense_optimizer)
         clear_dirty(model)
         self._chain = _chain_of(chain)
         return dict(chain[-1].manifests[0].trainer)
@@ -320,15 +333,19 @@ def _state(model: nn.Module, dense_optimizer: Any) -> Dict[str, Any]:
     return state
 
 
-def _load_state(path: str, model: nn.Module, dense_optimizer: Any) -> None:
-    state = _state(model, dense_optimizer)
+def _load_dense(path: str, state: Dict[str, Any], changed: Optional[ChangedTables] = None) -> None:
+    """Fills ``state`` from the step's DCP files, leaving out tables that changed kind."""
+    taken = pop_changed(state, changed) if changed else []
     # When this rank lacks keys the checkpoint has (another rank's table), DCP's load falls
     # back to its pre-2.4 key format, in which a subtree without tensors (the optimizer
     # state of a tiered table, kept out: {}) is a key of its own that no checkpoint holds.
     emptied = _pop_empty(state)
     dcp.load(state, checkpoint_id=path)
-    for parent, key, value in reversed(emptied):
+    for parent, key, value in reversed(taken + emptied):
         parent[key] = value
+
+
+def _load_state_dicts(state: Dict[str, Any], model: nn.Module, dense_optimizer: Any) -> None:
     model.load_state_dict(state["model"])
     if "optim" in state:
         model.fused_optimizer.load_state_dict(state["optim"])
@@ -349,7 +366,9 @@ def _pop_empty(tree: Dict[str, Any]) -> List[Tuple[Dict[str, Any], str, Any]]:
 
 
 def _load_plain(path: str, model: nn.Module, dense_optimizer: Any) -> None:
-    _load_state(path, model, dense_optimizer)
+    state = _state(model, dense_optimizer)
+    _load_dense(path, state)
+    _load_state_dicts(state, model, dense_optimizer)
     clear_dirty(model)
 
 

@@ -14,12 +14,15 @@ from torchrec_mtrains.kernels import TieredEmbeddingBags
 from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
 from torchrec_mtrains.sharding.kernel import shard_offsets
 
-__all__ = ["LocalPiece", "clear_dirty", "exclude_tiered_state", "flush_tiers", "local_pieces"]
+__all__ = [
+    "LocalPiece", "clear_dirty", "collections_of", "exclude_tiered_state", "flush_tiers", "local_pieces",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class LocalPiece:
-    """A tiered table shard of this rank: table ``t`` of kernel ``emb``."""
+    """A table shard of this rank: table ``t`` of ``emb``, a TieredEmbeddingBags (or, for a
+    restore into a FUSED table, ``kind_change.FusedRows``: the same row interface)."""
 
     emb: TieredEmbeddingBags
     t: int
@@ -30,6 +33,12 @@ def _collections(model: nn.Module) -> Iterator[tuple]:
     for fqn, m in model.named_modules():
         if isinstance(m, ShardedTieredEmbeddingBagCollection):
             yield (f"{fqn}." if fqn else ""), m
+
+
+def collections_of(model: nn.Module) -> Iterator[tuple]:
+    """(state_dict prefix, collection) of every sharded collection with tiered tables."""
+    for fqn, m in _collections(model):
+        yield _state_dict_prefix(fqn), m
 
 
 def _state_dict_prefix(fqn: str) -> str:

@@ -95,6 +95,10 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 out.extend(lookup.tiered_kernels())
         return out
 
+    def tiered_table_names(self) -> List[str]:
+        """The tables of this collection that the plan puts on the tiered kernel."""
+        return self._tiered_tables()
+
     def _tiered_tables(self) -> List[str]:
         return [name for name, ps in self.module_sharding_plan.items() if ps.compute_kernel == _CUSTOM]
 

@@ -1,0 +1,200 @@
+"""Tables that changed kind between a save and a restore: tiered then, TorchRec's own FUSED
+kernel now, or the reverse.
+
+A tiered table's rows are in the chain's row chunks and its dense-state entry is an empty
+placeholder; a FUSED table's rows are in the dense state, a ShardedTensor of weights and
+one of optimizer state. So the dense load leaves both kinds of changed tables out, and:
+
+- tiered then, FUSED now: the FUSED shards take their rows from the chain like a tiered
+  shard would (``FusedRows`` gives their weights and state the tiers' row interface);
+- FUSED then, tiered now: the tiered shards read their rows from the saved ShardedTensors
+  in blocks (``read_block``), never the whole table at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from torchrec_mtrains.checkpoint.restore import ChainStep, split_rows
+from torchrec_mtrains.checkpoint.row_io import StepReader
+from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
+from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
+
+__all__ = [
+    "ChangedTables", "FusedRows", "changed_tables", "fused_pieces", "pop_changed", "read_block", "restore_from_dense",
+    "tiered_tables",
+]
+
+Table = Tuple[str, str]  # (state_dict prefix of the collection, table name)
+
+
+def weight_key(table: Table) -> str:
+    return f"{table[0]}embedding_bags.{table[1]}.weight"
+
+
+def state_key(table: Table) -> str:
+    return f"{table[1]}.momentum1"
+
+
+@dataclasses.dataclass
+class ChangedTables:
+    to_fused: Set[Table]  # saved tiered, FUSED now
+    to_tiered: Set[Table]  # saved FUSED (in the dense state), tiered now
+
+    def __bool__(self) -> bool:
+        return bool(self.to_fused or self.to_tiered)
+
+
+def changed_tables(pieces: List[LocalPiece], tiered_now: Set[Table], chain: List[ChainStep],
+                   model_state: Dict[str, Any]) -> ChangedTables:
+    """Which tables changed kind (the same answer on every rank: from the plan and the chain)."""
+    saved_tiered = {(p.spec.module, p.spec.table) for p in chain[-1].pieces()}
+    fused_now = {t for t in saved_tiered if isinstance(model_state.get(weight_key(t)), ShardedTensor)}
+    return ChangedTables(fused_now - tiered_now, tiered_now - saved_tiered)
+
+
+def pop_changed(state: Dict[str, Any], changed: ChangedTables) -> List[Tuple[Dict[str, Any], str, Any]]:
+    """Takes the changed tables' entries out of a state (``{"model": ..., "optim": ...}``)
+    for the dense load; returns (parent, key, value) of each, to put back."""
+    removed = []
+    optim_state = state.get("optim", {}).get("state", {})
+    for table in changed.to_fused | changed.to_tiered:
+        key = weight_key(table)
+        if key in state["model"]:
+            removed.append((state["model"], key, state["model"].pop(key)))
+        if key in optim_state:
+            removed.append((optim_state, key, optim_state.pop(key)))
+    return removed
+
+
+class FusedRows:
+    """A FUSED shard's weights ``[rows, cols]`` and optimizer state (``[rows]`` row-wise,
+    ``[rows, cols]`` per element, or None) with the row interface restore writes through."""
+
+    def __init__(self, weights: torch.Tensor, state: Optional[torch.Tensor]) -> None:
+        self.weights, self.state = weights, state
+
+    def spec(self, table: Table, offsets: List[int], size: torch.Size) -> PieceSpec:
+        values = 0 if self.state is None else (1 if self.state.dim() == 1 else self.weights.shape[1])
+        return PieceSpec(
+            table=table[1], module=table[0], row_offset=int(offsets[0]), col_offset=int(offsets[1]),
+            rows=int(self.weights.shape[0]), cols=int(self.weights.shape[1]), table_rows=int(size[0]),
+            table_cols=int(size[1]), dtype=str(self.weights.dtype).replace("torch.", ""), state_values=values,
+            seed=0, init_range=[0.0, 0.0],
+        )
+
+    def written_ids(self, t: int, start: int, stop: int) -> torch.Tensor:
+        return torch.arange(start, stop)  # every row is in memory, none initial by construction
+
+    def store_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
+        w = self.weights[ids]
+        if self.state is None:
+            return w
+        s = self.state[ids].reshape(ids.numel(), -1).to(torch.float32).contiguous().view(w.dtype)
+        return torch.cat([w, s], dim=1)
+
+    def set_rows(self, t: int, ids: torch.Tensor, weights: torch.Tensor, state: Optional[torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.weights[ids] = weights.to(self.weights.dtype)
+            if self.state is not None and state is not None:
+                self.state[ids] = state.reshape(self.state[ids].shape).to(self.state.dtype)
+
+    def set_store_rows(self, t: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        cols = self.weights.shape[1]
+        state = None if self.state is None else rows[:, cols:].contiguous().view(torch.float32)
+        self.set_rows(t, ids, rows[:, :cols], state)
+
+
+def fused_pieces(state: Dict[str, Any], tables: Set[Table]) -> List[LocalPiece]:
+    """This rank's shards of ``tables``, FUSED now, as pieces over the state's tensors."""
+    out = []
+    optim_state = state.get("optim", {}).get("state", {})
+    for table in sorted(tables):
+        weights = state["model"][weight_key(table)]
+        moments = optim_state.get(weight_key(table), {}).get(state_key(table))
+        local_m = moments.local_shards() if isinstance(moments, ShardedTensor) else []
+        for n, shard in enumerate(weights.local_shards()):
+            m = local_m[n].tensor if n < len(local_m) else None
+            rows = FusedRows(shard.tensor, m)
+            out.append(LocalPiece(rows, 0, rows.spec(table, shard.metadata.shard_offsets, weights.size())))
+    return out
+
+
+class _BlockPlanner(DefaultLoadPlanner):
+    """Loads blocks ``(offsets, tensor)`` of saved tensors into the given tensors."""
+
+    def __init__(self, blocks: Dict[str, Tuple[List[int], torch.Tensor]]) -> None:
+        super().__init__()
+        self.blocks = blocks
+
+    def create_local_plan(self) -> LoadPlan:
+        items = []
+        for key, (offsets, tensor) in self.blocks.items():
+            md = self.metadata.state_dict_metadata[key]
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size())
+            items += create_read_items_for_chunk_list(key, md, [chunk])
+        return LoadPlan(items)
+
+    def resolve_tensor(self, read_item):
+        tensor = self.blocks[read_item.dest_index.fqn][1]
+        for dim, (start, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+            tensor = tensor.narrow(dim, start, length)
+        return tensor
+
+
+def read_block(step: ChainStep, key: str, offsets: List[int], shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``offsets`` + ``shape`` of the saved tensor ``key`` of a step (this rank alone)."""
+    reader: StepReader = step.reader
+    md = reader.metadata.state_dict_metadata.get(key)
+    if not isinstance(md, TensorStorageMetadata):
+        raise ChainError(f"checkpoint {reader.path} (step {step.step}) has no tensor {key!r}", reader.path, step.step)
+    out = torch.empty(shape, dtype=dtype)
+    try:
+        dcp.load({}, storage_reader=reader._reader, planner=_BlockPlanner({key: (list(offsets), out)}), no_dist=True)
+    except Exception as e:  # a damaged file fails inside torch.load with any error type
+        raise ChainError(f"checkpoint {reader.path} (step {step.step}): {key} cannot be read: {type(e).__name__}: {e}",
+                         reader.path, step.step) from None
+    return out
+
+
+def _blocks(rows: int, block_rows: int) -> Iterator[Tuple[int, int]]:
+    for lo in range(0, rows, block_rows):
+        yield lo, min(rows, lo + block_rows)
+
+
+def restore_from_dense(pieces: List[LocalPiece], tables: Set[Table], last: ChainStep, block_rows: int = 1 << 16) -> None:
+    """Writes the tiered shards of ``tables`` (FUSED when saved) from the saved ShardedTensors
+    of the chain's last step, a block of rows at a time."""
+    for piece in pieces:
+        spec = piece.spec
+        table = (spec.module, spec.table)
+        if table not in tables:
+            continue
+        wkey = f"model.{weight_key(table)}"
+        skey = f"optim.state.{weight_key(table)}.{state_key(table)}"
+        for lo, hi in _blocks(spec.rows, block_rows):
+            r0 = spec.row_offset + lo
+            weights = read_block(last, wkey, [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
+            state = None
+            if spec.state_values == 1:  # row-wise: the first column shard's values (TorchRec stacks shards)
+                state = read_block(last, skey, [r0], (hi - lo,), torch.float32)
+            elif spec.state_values > 1:
+                state = read_block(last, skey, [r0, spec.col_offset], (hi - lo, spec.cols), torch.float32)
+            piece.emb.set_rows(piece.t, torch.arange(lo, hi), weights, state)
+
+
+def tiered_tables(model: nn.Module) -> Set[Table]:
+    """The (prefix, table) of every tiered table of the model (from its sharding plans)."""
+    from torchrec_mtrains.checkpoint.tiered_parts import collections_of
+
+    return {(prefix, name) for prefix, m in collections_of(model) for name in m.tiered_table_names()}
