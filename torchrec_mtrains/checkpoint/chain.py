@@ -120,7 +120,8 @@ def read_chain(path: str) -> List[ChainStep]:
         here = None if parent is None else os.path.join(directory, step_name(parent))
     steps.reverse()
     if steps[0].manifests and steps[0].manifests[0].kind != FULL:
-        raise ChainError(f"checkpoint {steps[0].reader.path} is not a full checkpoint", steps[0].reader.path, steps[0].step)
+        first = steps[0]
+        raise ChainError(f"checkpoint {first.reader.path} is not a full checkpoint", first.reader.path, first.step)
     return steps
 
 
@@ -130,7 +131,8 @@ def _read_manifest(path: str, rank: int, step: Optional[int]) -> StepManifest:
         with open(where) as f:
             text = f.read()
     except OSError as e:
-        raise ChainError(f"checkpoint manifest {where} (step {step}) cannot be read: {e.strerror}", where, step) from None
+        message = f"checkpoint manifest {where} (step {step}) cannot be read: {e.strerror}"
+        raise ChainError(message, where, step) from None
     return StepManifest.from_json(text, where, step)
 
 

@@ -32,6 +32,7 @@ from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.kind_change import (
     ChangedTables,
     changed_tables,
+    check_dense_sources,
     fused_pieces,
     pop_changed,
     restore_from_dense,
@@ -39,7 +40,13 @@ from torchrec_mtrains.checkpoint.kind_change import (
 )
 from torchrec_mtrains.checkpoint.restore import ChainStep, apply_rows, check_rows
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
-from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece, clear_dirty, exclude_tiered_state, flush_tiers, local_pieces
+from torchrec_mtrains.checkpoint.tiered_parts import (
+    LocalPiece,
+    clear_dirty,
+    exclude_tiered_state,
+    flush_tiers,
+    local_pieces,
+)
 from torchrec_mtrains.checkpoint.types import DELTA, FULL, ChainError, CheckpointRecord, PieceRecord, StepManifest
 from torchrec_mtrains.testing.faults import fault_point
 
@@ -266,6 +273,7 @@ class DifferentialCheckpointer:
                 targets = pieces + fused_pieces(state, changed.to_fused)
                 check_files(chain)
                 check_rows(targets, chain)
+                check_dense_sources(changed.to_tiered, chain[-1])
             except ChainError as e:
                 failure = e
             errors = _gather_errors(None if failure is None else str(failure))
@@ -285,7 +293,8 @@ class DifferentialCheckpointer:
 def _chain_of(chain: List[ChainStep]) -> _Chain:
     sizes = [sum(m.tiered_bytes for m in s.manifests) for s in chain]
     specs = [p.spec for p in chain[-1].pieces()]
-    return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0], sum(sizes[1:]), tuple(sorted(specs, key=_spec_key)))
+    layout = tuple(sorted(specs, key=_spec_key))
+    return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0], sum(sizes[1:]), layout)
 
 
 def _spec_key(spec) -> str:
@@ -318,7 +327,8 @@ def check_files(chain: List[ChainStep]) -> None:
                 try:
                     ok = _file_crc(where) == crc
                 except OSError as e:
-                    raise ChainError(f"checkpoint file {where} (step {s.step}) cannot be read: {e.strerror}", where, s.step) from None
+                    message = f"checkpoint file {where} (step {s.step}) cannot be read: {e.strerror}"
+                    raise ChainError(message, where, s.step) from None
                 if not ok:
                     raise ChainError(f"checkpoint file {where} (step {s.step}) fails its checksum", where, s.step)
 

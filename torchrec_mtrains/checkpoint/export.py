@@ -199,7 +199,8 @@ def _check_cover(full: ChainStep, specs: List[PieceSpec]) -> None:
         area += s.rows * s.cols
     if area != first.table_rows * first.table_cols:
         raise _layout_error(
-            full, f"saves {area} of the {first.table_rows * first.table_cols} values of table {first.module}{first.table}"
+            full,
+            f"saves {area} of the {first.table_rows * first.table_cols} values of table {first.module}{first.table}"
         )
 
 
@@ -211,7 +212,9 @@ def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[Piece
     size: Tuple[int, ...] = (first.table_rows, first.table_cols)
     if first.state_values == 1:
         weights = ShardedTensorMetadata(
-            shards_metadata=[ShardMetadata([s.row_offset, s.col_offset], [s.rows, s.cols], "rank:0/cpu") for s in specs],
+            shards_metadata=[
+                ShardMetadata([s.row_offset, s.col_offset], [s.rows, s.cols], "rank:0/cpu") for s in specs
+            ],
             size=torch.Size([first.table_rows, first.table_cols]),
             tensor_properties=ShardProperties(dtype=first.torch_dtype),
         )
@@ -417,7 +420,8 @@ def _read_dense(last: ChainStep, pieces: List[_ExportPiece]) -> Tuple[Dict[str, 
     for fqn, md in metadata.state_dict_metadata.items():
         if fqn in skip or fqn in exported:
             continue
-        dense[fqn] = torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else _UNREAD
+        tensor = isinstance(md, TensorStorageMetadata)
+        dense[fqn] = torch.empty(md.size, dtype=md.properties.dtype) if tensor else _UNREAD
     # Flat and unflattened as it is, so that DCP loads the bytes items into this very dict.
     planner = DefaultLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
     try:

@@ -31,8 +31,8 @@ from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
 
 __all__ = [
-    "ChangedTables", "FusedRows", "changed_tables", "fused_pieces", "pop_changed", "read_block", "restore_from_dense",
-    "tiered_tables",
+    "ChangedTables", "FusedRows", "changed_tables", "check_dense_sources", "fused_pieces", "pop_changed",
+    "read_block", "restore_from_dense", "tiered_tables",
 ]
 
 Table = Tuple[str, str]  # (state_dict prefix of the collection, table name)
@@ -152,7 +152,9 @@ class _BlockPlanner(DefaultLoadPlanner):
         return tensor
 
 
-def read_block(step: ChainStep, key: str, offsets: List[int], shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def read_block(
+    step: ChainStep, key: str, offsets: List[int], shape: Tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
     """Rows ``offsets`` + ``shape`` of the saved tensor ``key`` of a step (this rank alone)."""
     reader: StepReader = step.reader
     md = reader.metadata.state_dict_metadata.get(key)
@@ -172,7 +174,21 @@ def _blocks(rows: int, block_rows: int) -> Iterator[Tuple[int, int]]:
         yield lo, min(rows, lo + block_rows)
 
 
-def restore_from_dense(pieces: List[LocalPiece], tables: Set[Table], last: ChainStep, block_rows: int = 1 << 16) -> None:
+def check_dense_sources(tables: Set[Table], last: ChainStep) -> None:
+    """Raises ChainError unless the last step holds the saved weights of every table in
+    ``tables`` (tiered now, so they must have been FUSED when saved)."""
+    keys = last.reader.metadata.state_dict_metadata
+    for table in sorted(tables):
+        key = f"model.{weight_key(table)}"
+        if not isinstance(keys.get(key), TensorStorageMetadata) or len(keys[key].size) != 2:
+            raise ChainError(
+                f"checkpoint {last.reader.path} (step {last.step}) has no rows of table {table[0]}{table[1]}: "
+                "it was neither tiered nor a FUSED table there", last.reader.path, last.step)
+
+
+def restore_from_dense(
+    pieces: List[LocalPiece], tables: Set[Table], last: ChainStep, block_rows: int = 1 << 16
+) -> None:
     """Writes the tiered shards of ``tables`` (FUSED when saved) from the saved ShardedTensors
     of the chain's last step, a block of rows at a time."""
     for piece in pieces:

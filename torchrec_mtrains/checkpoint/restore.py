@@ -47,7 +47,8 @@ def read_chunk(step: ChainStep, spec: PieceSpec, chunk: ChunkSpec) -> Tuple[torc
     crc = zlib.crc32(rows.view(torch.uint8).numpy(), crc)
     bad = None
     if tuple(rows.shape) != (chunk.count, spec.row_width) or ids.numel() != chunk.count:
-        bad = f"holds {ids.numel()} ids and rows of shape {tuple(rows.shape)}, expected {chunk.count} x {spec.row_width}"
+        bad = (f"holds {ids.numel()} ids and rows of shape {tuple(rows.shape)}, "
+               f"expected {chunk.count} x {spec.row_width}")
     elif crc != chunk.crc32:
         bad = f"fails its checksum (CRC-32 {crc:#010x}, recorded {chunk.crc32:#010x})"
     elif chunk.count and (int(ids[0]) < chunk.row_lo or int(ids[-1]) >= chunk.row_hi):
@@ -101,29 +102,38 @@ def _apply(piece: LocalPiece, source: PieceSpec, ids: torch.Tensor, rows: torch.
     if same_layout:
         piece.emb.set_store_rows(piece.t, local, rows.contiguous())
         return int(local.numel())
-    if (source.state_values == 1) != (target.state_values == 1) or (source.state_values == 0) != (target.state_values == 0):
+    def kind(values: int) -> int:  # 0: none (SGD), 1: row-wise, 2: per element
+        return min(values, 2) if values != 1 else 1
+
+    if kind(source.state_values) != kind(target.state_values):
         raise ValueError(
             f"table {target.table}: cannot restore optimizer state of {source.state_values} values per row "
             f"into a table with {target.state_values} (another optimizer)"
         )
     weights, state = split_rows(target, piece.emb.store_rows(piece.t, local))
     src_w, src_s = split_rows(source, rows)
-    a, b = max(source.col_offset, target.col_offset), min(source.col_offset + source.cols, target.col_offset + target.cols)
+    a = max(source.col_offset, target.col_offset)
+    b = min(source.col_offset + source.cols, target.col_offset + target.cols)
+    to_cols = slice(a - target.col_offset, b - target.col_offset)
+    from_cols = slice(a - source.col_offset, b - source.col_offset)
     weights = weights.clone()
-    weights[:, a - target.col_offset : b - target.col_offset] = src_w[:, a - source.col_offset : b - source.col_offset].to(weights.dtype)
+    weights[:, to_cols] = src_w[:, from_cols].to(weights.dtype)
     if state is not None:
         state = state.clone()
         if target.state_values == 1:  # row-wise: the shard holding the target's first column gives it
             if source.col_offset <= target.col_offset < source.col_offset + source.cols:
                 state = src_s.clone()
         else:
-            state[:, a - target.col_offset : b - target.col_offset] = src_s[:, a - source.col_offset : b - source.col_offset]
+            state[:, to_cols] = src_s[:, from_cols]
         state = state.reshape(-1) if target.state_values == 1 else state
     piece.emb.set_rows(piece.t, local, weights.contiguous(), state)
     return int(local.numel())
 
 
-def _work(pieces: List[LocalPiece], chain: List[ChainStep]) -> Iterator[Tuple[str, LocalPiece, ChainStep, object, object]]:
+_Work = Tuple[str, LocalPiece, ChainStep, PieceSpec, Optional[ChunkSpec]]
+
+
+def _work(pieces: List[LocalPiece], chain: List[ChainStep]) -> Iterator[_Work]:
     """In restore order: ("fill", piece, step, source, None) and ("chunk", ..., chunk)."""
     for piece in pieces:
         for n, step in enumerate(chain):

@@ -234,7 +234,8 @@ class StepReader:
             self.metadata = self._reader.read_metadata()
         except Exception as e:  # DCP raises whatever unpickling a damaged file raises
             where = os.path.join(path, ".metadata")
-            raise ChainError(f"checkpoint {where} (step {step}) cannot be read: {type(e).__name__}: {e}", where, step) from None
+            message = f"checkpoint {where} (step {step}) cannot be read: {type(e).__name__}: {e}"
+            raise ChainError(message, where, step) from None
 
     def file_of(self, key: str) -> str:
         info = self.metadata.storage_data.get(MetadataIndex(key, torch.Size([0] * len(self._size(key)))))
@@ -252,7 +253,8 @@ class StepReader:
         for key in keys:
             md = self.metadata.state_dict_metadata.get(key)
             if not isinstance(md, TensorStorageMetadata):
-                raise ChainError(f"checkpoint {self.path} (step {self.step}) has no tensor {key!r}", self.path, self.step)
+                message = f"checkpoint {self.path} (step {self.step}) has no tensor {key!r}"
+                raise ChainError(message, self.path, self.step)
             out[key] = torch.empty(md.size, dtype=md.properties.dtype)
         try:
             dcp.load(out, storage_reader=self._reader, planner=DefaultLoadPlanner(), no_dist=True)
