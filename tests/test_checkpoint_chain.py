@@ -3,7 +3,6 @@ broken chains, leftovers and retention, and the memory a full save takes."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
