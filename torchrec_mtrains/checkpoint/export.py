@@ -49,7 +49,7 @@ from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.checkpointer import check_files
 from torchrec_mtrains.checkpoint.restore import ChainStep, init_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
-from torchrec_mtrains.sharding.checkpoint import _rowwise_metadata
+from torchrec_mtrains.sharding.checkpoint import rowwise_metadata
 
 __all__ = ["export_full_checkpoint"]
 
@@ -218,7 +218,7 @@ def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[Piece
             size=torch.Size([first.table_rows, first.table_cols]),
             tensor_properties=ShardProperties(dtype=first.torch_dtype),
         )
-        rowwise, meta = _rowwise_metadata(weights)
+        rowwise, meta = rowwise_metadata(weights)
         size = tuple(meta.size)
     out = []
     for s in specs:

@@ -31,6 +31,7 @@ __all__ = [
     "load_optimizer_state",
     "load_weights",
     "optimizer_state_of",
+    "rowwise_metadata",
     "weights_sharded_tensor",
 ]
 
@@ -46,7 +47,7 @@ def _staging(kernel: "TieredBatchedEmbeddingBag") -> StagingArea:
     return StagingArea(kernel.params.state_dict_ram_mb * 2**20, kernel.storage_dir)
 
 
-def _rowwise_metadata(weights: ShardedTensorMetadata) -> Tuple[Dict[Tuple[int, ...], ShardMetadata], ShardedTensorMetadata]:
+def rowwise_metadata(weights: ShardedTensorMetadata) -> Tuple[Dict[Tuple[int, ...], ShardMetadata], ShardedTensorMetadata]:
     """Row-wise optimizer state metadata laid out as TorchRec's EmbeddingFusedOptimizer does:
     one value per row of each shard; column-wise shards each keep their own rows, stacked."""
     shards = weights.shards_metadata
@@ -145,7 +146,7 @@ def optimizer_state_of(
         weights_meta = shards[0][1].global_metadata
         rowwise = kernel.emb_module.layouts[shards[0][0]].state_values == 1
         if rowwise:
-            mapping, meta = _rowwise_metadata(weights_meta)
+            mapping, meta = rowwise_metadata(weights_meta)
         else:
             meta = _pointwise_metadata(weights_meta)
             mapping = {_offsets(m): m for m in meta.shards_metadata}
