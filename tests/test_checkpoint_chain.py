@@ -183,20 +183,15 @@ def test_other_damage_is_named(chain, damage: str) -> None:
     assert error.step == 6 and str(target) in str(error)
 
 
-def test_a_missing_delta_is_named(chain) -> None:
+@pytest.mark.parametrize("gone,match", [
+    (4, r"delta checkpoint .*step_00000004 \(step 4\), which step 6 applies on, is missing"),
+    (2, r"full checkpoint .*step_00000002 \(step 2\), which step 4 applies on, is missing"),
+])
+def test_a_missing_delta_or_full_step_is_named(chain, gone: int, match: str) -> None:
     tmp = chain[0]
-    ckpt = _copy_chain(tmp, "missing_delta")
-    shutil.rmtree(ckpt / "step_00000004")
-    error = _refused(tmp, ckpt, "missing_delta", r"delta checkpoint .*step_00000004 \(step 4\).*step 6")
-    assert error.step == 4
-
-
-def test_a_chain_without_its_full_step_is_named(chain) -> None:
-    tmp = chain[0]
-    ckpt = _copy_chain(tmp, "missing_full")
-    shutil.rmtree(ckpt / "step_00000002")
-    error = _refused(tmp, ckpt, "missing_full", r"full checkpoint .*step_00000002 \(step 2\)")
-    assert error.step == 2
+    ckpt = _copy_chain(tmp, f"missing_{gone}")
+    shutil.rmtree(ckpt / f"step_{gone:08d}")
+    assert _refused(tmp, ckpt, f"missing_{gone}", match).step == gone
 
 
 def test_leftovers_go_and_old_chains_go_once_a_new_one_is_complete(chain) -> None:
