@@ -1,5 +1,5 @@
 """benchmarks/bench_checkpoint.py: the keep-chains replay behind its disk-use figure, and the
-bench itself on a tiny configuration (2 ranks, a few steps, small tables on SSD) reporting
+bench itself on a tiny configuration (1 rank, a few steps, small tables on SSD) reporting
 every save of both runs."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from benchmarks.lib.checkpoints_report import keep_chains_replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, EVERY = 6, 2
-TINY = "--table-scale 0.02 --batch-size 64 --dram-budget 4MiB --eval-batches 0 --log-every 2"
+TINY = "--table-scale 0.02 --batch-size 64 --dram-budget 8MiB --eval-batches 0 --log-every 2"
 
 
 def _save(step: int, kind: str, nbytes: int) -> dict:
@@ -38,7 +38,7 @@ def test_bench_checkpoint_accounts_for_every_save(tmp_path):
     out = tmp_path / "results.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_checkpoint.py"), "--steps", str(STEPS),
            "--checkpoint-every", str(EVERY), "--full-every", "3", "--example-args", TINY, "--disk-method", "python",
-           "--disk-mb", "8", "--workdir", str(tmp_path / "work"), "--out", str(out)]
+           "--disk-mb", "8", "--nproc", "1", "--workdir", str(tmp_path / "work"), "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MTRAINS_FAULT", "TORCHELASTIC"))}
     env["OMP_NUM_THREADS"] = "1"
     proc = run_watched(cmd, stall_s=300, env=env)
