@@ -29,8 +29,8 @@ from torchrec_mtrains.checkpoint.row_io import StepReader
 from torchrec_mtrains.checkpoint.types import FULL, ChainError, StepManifest
 
 __all__ = [
-    "dir_bytes", "latest_checkpoint", "read_chain", "read_trainer", "remove_leftovers", "step_name", "step_of",
-    "write_atomic",
+    "dir_bytes", "fsync_dir", "latest_checkpoint", "read_chain", "read_trainer", "remove_leftovers", "step_name",
+    "step_of", "write_atomic",
 ]
 
 _PREFIX = "step_"
@@ -47,13 +47,20 @@ def step_of(name: str) -> Optional[int]:
 
 
 def write_atomic(path: str, text: str) -> None:
+    """Writes ``path`` whole or not at all, durably: a temporary file, fsync, rename, fsync
+    of the directory."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)  # the rename itself survives a power loss
+    fsync_dir(os.path.dirname(path) or ".")  # the rename itself survives a power loss
+
+
+def fsync_dir(path: str) -> None:
+    """Makes the entries of directory ``path`` (created, renamed files) durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

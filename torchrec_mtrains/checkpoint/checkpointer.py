@@ -143,8 +143,7 @@ class DifferentialCheckpointer:
         flush_tiers(model)
         pieces = local_pieces(model)
         layout = _layout(pieces)
-        kind = self._kind(layout, pieces)
-        chunks = self._plan(kind, pieces)
+        kind, chunks = self._kind_and_chunks(layout, pieces)
         base = step if kind == FULL else self._chain.base
         parent = None if kind == FULL else self._chain.last
         planner = RowChunkPlanner(chunks)
@@ -195,15 +194,19 @@ class DifferentialCheckpointer:
                                               delta_bytes=self._chain.delta_bytes + tiered)
         return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0, row_bytes, dense)
 
-    def _kind(self, layout: Tuple, pieces: List[LocalPiece]) -> str:
-        """FULL without a chain of this layout, after ``full_every`` steps, or when the
-        chain's tiered rows would outgrow their fraction of the full step's (the dense
-        state, written whole by every step, does not count); the same answer on every rank."""
+    def _kind_and_chunks(self, layout: Tuple, pieces: List[LocalPiece]) -> Tuple[str, List[PlannedChunk]]:
+        """The step's kind and its chunks. FULL without a chain of this layout, after
+        ``full_every`` steps, or when the chain's tiered rows would outgrow their fraction
+        of the full step's (the dense state, written whole by every step, does not count);
+        the same answer on every rank. A delta's chunks, planned to count its rows, serve."""
         c = self._chain
         if c is None or c.layout != layout or c.steps >= self.full_every:
-            return FULL
-        dirty = _all_sum([sum(p.emb.dirty_rows(p.t).count() * p.spec.row_bytes for p in pieces)])[0]
-        return FULL if c.delta_bytes + dirty > self.max_chain_fraction * c.base_bytes else DELTA
+            return FULL, self._plan(FULL, pieces)
+        chunks = self._plan(DELTA, pieces)
+        dirty = _all_sum([sum(ch.count * ch.piece.spec.row_bytes for ch in chunks)])[0]
+        if c.delta_bytes + dirty > self.max_chain_fraction * c.base_bytes:
+            return FULL, self._plan(FULL, pieces)
+        return DELTA, chunks
 
     def _plan(self, kind: str, pieces: List[LocalPiece]) -> List[PlannedChunk]:
         chunks: List[PlannedChunk] = []

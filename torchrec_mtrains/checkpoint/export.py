@@ -25,7 +25,6 @@ import bisect
 import dataclasses
 import json
 import os
-import queue
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -36,7 +35,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
 from torch.distributed._shard.sharded_tensor import TensorProperties as ShardProperties
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     MetadataIndex,
@@ -48,6 +47,7 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.checkpointer import check_files
 from torchrec_mtrains.checkpoint.restore import ChainStep, init_rows, read_chunk, split_rows
+from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
 from torchrec_mtrains.sharding.checkpoint import rowwise_metadata
 
@@ -92,7 +92,7 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
     shutil.rmtree(partial, ignore_errors=True)  # what an export killed half-way left
     try:
         planner = _ExportPlanner(chain, pieces, block_rows, mappings)
-        writer = _BlockWriter(partial, planner.file_group, _file_bytes(pieces, block_rows))
+        writer = GroupedFileWriter(partial, planner.file_group, _file_bytes(pieces, block_rows))
         try:
             dcp.save(dense, storage_writer=writer, planner=planner, no_dist=True)
         except CheckpointException as e:
@@ -107,25 +107,10 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    _fsync_dir(os.path.dirname(os.path.abspath(destination)))
+    chain_dir.fsync_dir(os.path.dirname(os.path.abspath(destination)))
 
 
 # ------------------------------------------------------------------ the tiered items ----
-def _state_dict_prefix(module: str) -> str:
-    """The state_dict prefix of a collection from its module path: DistributedModelParallel
-    drops its ``_dmp_wrapped_module.`` and the ``module.`` of the DDP wrapper under it."""
-    parts = [p for p in module.split(".") if p]
-    out: List[str] = []
-    i = 0
-    while i < len(parts):
-        if parts[i] == "_dmp_wrapped_module":
-            i += 2 if i + 1 < len(parts) and parts[i + 1] == "module" else 1
-            continue
-        out.append(parts[i])
-        i += 1
-    return "".join(f"{p}." for p in out)
-
-
 @dataclasses.dataclass
 class _ExportPiece:
     """A saved shard: its record in each step of the chain (None where a step has none) and
@@ -207,7 +192,7 @@ def _check_cover(full: ChainStep, specs: List[PieceSpec]) -> None:
 def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[PieceRecord]]]) -> List[_ExportPiece]:
     """One table's shards with the keys and optimizer-state layout of TorchRec's FUSED kernel."""
     first = specs[0]
-    param = f"{_state_dict_prefix(first.module)}embedding_bags.{first.table}.weight"
+    param = f"{first.module}embedding_bags.{first.table}.weight"
     rowwise: Dict[Offsets, ShardMetadata] = {}
     size: Tuple[int, ...] = (first.table_rows, first.table_cols)
     if first.state_values == 1:
@@ -342,14 +327,10 @@ class _ExportPlanner(DefaultSavePlanner):
             return None  # a dense item (whole tensors and bytes)
         return self._blocks.get((item.index.fqn, tuple(item.index.offset)))
 
-    def file_group(self, item: WriteItem) -> Optional[Tuple[str, int, int]]:
-        """(shard, first row, bytes) of a block's item; None for a dense item."""
+    def file_group(self, item: WriteItem) -> Optional[Tuple[str, int]]:
+        """(shard, first row) of a block's item, kept in one file; None for a dense item."""
         block = self._block_of(item)
-        if block is None:
-            return None
-        s = block.piece.spec
-        width = s.cols * s.element_bytes if not block.state else s.state_values * 4
-        return s.key, block.lo, (block.hi - block.lo) * width
+        return None if block is None else (block.piece.spec.key, block.lo)
 
     def resolve_data(self, write_item: WriteItem):
         block = self._block_of(write_item)
@@ -363,39 +344,6 @@ class _ExportPlanner(DefaultSavePlanner):
         if not block.state:
             return weights.contiguous()
         return state.reshape(-1) if block.piece.rowwise else state.contiguous()
-
-
-class _BlockWriter(FileSystemWriter):
-    """DCP's file writer, single-threaded: the dense items in one file, then the blocks in
-    order, a block's weights and optimizer state together, in files of about
-    ``file_bytes`` (DCP's writer keeps a file's tensors until the file is closed)."""
-
-    def __init__(self, path: str, group_of, file_bytes: int) -> None:
-        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1)
-        self._group_of, self._file_bytes = group_of, file_bytes
-
-    def write_data(self, plan, planner):
-        files: List[List[WriteItem]] = [[]]
-        size, last = 0, None
-        for item in plan.items:
-            group = self._group_of(item)
-            if group is None:
-                files[0].append(item)
-                continue
-            if len(files) == 1 or (group[:2] != last and size + group[2] > self._file_bytes):
-                files.append([])
-                size = 0
-            files[-1].append(item)
-            size += group[2]
-            last = group[:2]
-        file_queue: queue.Queue = queue.Queue()
-        prefix = plan.storage_data.prefix
-        for n, items in enumerate(f for f in files if f):
-            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
-            file_queue.put((self.fs.concat_path(self.path, name), name, items))
-        future = self._write_data(planner, file_queue)
-        future.wait()
-        return future
 
 
 def _file_bytes(pieces: List[_ExportPiece], block_rows: int) -> int:
@@ -444,11 +392,3 @@ def _chain_error_in(e: CheckpointException) -> Optional[ChainError]:
         if isinstance(exc, ChainError):
             return exc
     return None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,7 +8,7 @@ one of optimizer state. So the dense load leaves both kinds of changed tables ou
 - tiered then, FUSED now: the FUSED shards take their rows from the chain like a tiered
   shard would (``FusedRows`` gives their weights and state the tiers' row interface);
 - FUSED then, tiered now: the tiered shards read their rows from the saved ShardedTensors
-  in blocks (``read_block``), never the whole table at once.
+  in blocks (``StepReader.read_block``), never the whole table at once.
 """
 
 from __future__ import annotations
@@ -17,22 +17,17 @@ import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadPlan
-from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchrec_mtrains.checkpoint.restore import ChainStep, split_rows
-from torchrec_mtrains.checkpoint.row_io import StepReader
+from torchrec_mtrains.checkpoint.restore import ChainStep
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
 
 __all__ = [
     "ChangedTables", "FusedRows", "changed_tables", "check_dense_sources", "fused_pieces", "pop_changed",
-    "read_block", "restore_from_dense", "tiered_tables",
+    "restore_from_dense", "tiered_tables",
 ]
 
 Table = Tuple[str, str]  # (state_dict prefix of the collection, table name)
@@ -130,45 +125,6 @@ def fused_pieces(state: Dict[str, Any], tables: Set[Table]) -> List[LocalPiece]:
     return out
 
 
-class _BlockPlanner(DefaultLoadPlanner):
-    """Loads blocks ``(offsets, tensor)`` of saved tensors into the given tensors."""
-
-    def __init__(self, blocks: Dict[str, Tuple[List[int], torch.Tensor]]) -> None:
-        super().__init__()
-        self.blocks = blocks
-
-    def create_local_plan(self) -> LoadPlan:
-        items = []
-        for key, (offsets, tensor) in self.blocks.items():
-            md = self.metadata.state_dict_metadata[key]
-            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size())
-            items += create_read_items_for_chunk_list(key, md, [chunk])
-        return LoadPlan(items)
-
-    def resolve_tensor(self, read_item):
-        tensor = self.blocks[read_item.dest_index.fqn][1]
-        for dim, (start, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
-            tensor = tensor.narrow(dim, start, length)
-        return tensor
-
-
-def read_block(
-    step: ChainStep, key: str, offsets: List[int], shape: Tuple[int, ...], dtype: torch.dtype
-) -> torch.Tensor:
-    """Rows ``offsets`` + ``shape`` of the saved tensor ``key`` of a step (this rank alone)."""
-    reader: StepReader = step.reader
-    md = reader.metadata.state_dict_metadata.get(key)
-    if not isinstance(md, TensorStorageMetadata):
-        raise ChainError(f"checkpoint {reader.path} (step {step.step}) has no tensor {key!r}", reader.path, step.step)
-    out = torch.empty(shape, dtype=dtype)
-    try:
-        dcp.load({}, storage_reader=reader._reader, planner=_BlockPlanner({key: (list(offsets), out)}), no_dist=True)
-    except Exception as e:  # a damaged file fails inside torch.load with any error type
-        raise ChainError(f"checkpoint {reader.path} (step {step.step}): {key} cannot be read: {type(e).__name__}: {e}",
-                         reader.path, step.step) from None
-    return out
-
-
 def _blocks(rows: int, block_rows: int) -> Iterator[Tuple[int, int]]:
     for lo in range(0, rows, block_rows):
         yield lo, min(rows, lo + block_rows)
@@ -200,12 +156,13 @@ def restore_from_dense(
         skey = f"optim.state.{weight_key(table)}.{state_key(table)}"
         for lo, hi in _blocks(spec.rows, block_rows):
             r0 = spec.row_offset + lo
-            weights = read_block(last, wkey, [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
+            read = last.reader.read_block
+            weights = read(wkey, [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
             state = None
             if spec.state_values == 1:  # row-wise: the first column shard's values (TorchRec stacks shards)
-                state = read_block(last, skey, [r0], (hi - lo,), torch.float32)
+                state = read(skey, [r0], (hi - lo,), torch.float32)
             elif spec.state_values > 1:
-                state = read_block(last, skey, [r0, spec.col_offset], (hi - lo, spec.cols), torch.float32)
+                state = read(skey, [r0, spec.col_offset], (hi - lo, spec.cols), torch.float32)
             piece.emb.set_rows(piece.t, torch.arange(lo, hi), weights, state)
 
 

@@ -11,12 +11,11 @@ written, so a damaged chain restores nothing.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-from torchrec_mtrains.checkpoint.row_io import StepReader, ids_dtype
+from torchrec_mtrains.checkpoint.row_io import StepReader, chunk_crc32
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceSpec, StepManifest
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
@@ -43,8 +42,7 @@ def read_chunk(step: ChainStep, spec: PieceSpec, chunk: ChunkSpec) -> Tuple[torc
     data = step.reader.read(keys)
     rows = data[chunk.key]
     ids = torch.arange(chunk.row_lo, chunk.row_hi) if chunk.dense else data[f"{chunk.key}/ids"]
-    crc = 0 if chunk.dense else zlib.crc32(ids.to(ids_dtype(spec.rows)).numpy().view("uint8"))
-    crc = zlib.crc32(rows.view(torch.uint8).numpy(), crc)
+    crc = chunk_crc32(spec, None if chunk.dense else ids, rows)
     bad = None
     if tuple(rows.shape) != (chunk.count, spec.row_width) or ids.numel() != chunk.count:
         bad = (f"holds {ids.numel()} ids and rows of shape {tuple(rows.shape)}, "

@@ -2,9 +2,10 @@
 
 Saving: ``RowChunkPlanner`` (a DCP ``DefaultSavePlanner``) adds one DCP tensor per chunk of
 rows (and one of their ids) to the plan and reads the rows from the tiers only when DCP's
-writer asks for them; ``RowChunkWriter`` (a DCP ``FileSystemWriter``) writes the chunks to
-files of bounded size, so no file's tensors pile up in memory. Reading: ``StepReader`` loads
-chosen tensors of one checkpoint step without a collective.
+writer asks for them; ``RowChunkWriter`` (a ``GroupedFileWriter``, DCP's ``FileSystemWriter``
+with files of bounded size) writes them, so no file's tensors pile up in memory. Reading:
+``StepReader`` loads chosen tensors of one checkpoint step, or blocks of them, without a
+collective.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import os
 import queue
 import zlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -26,21 +27,27 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
-from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceSpec
 from torchrec_mtrains.testing.faults import fault_point
 
-__all__ = ["PlannedChunk", "RowChunkPlanner", "RowChunkWriter", "StepReader", "plan_chunks", "ids_dtype"]
+__all__ = [
+    "GroupedFileWriter", "PlannedChunk", "RowChunkPlanner", "RowChunkWriter", "StepReader", "chunk_crc32",
+    "plan_chunks",
+]
 
 _SCAN_ROWS = 1 << 20  # rows whose ids are listed at a time while planning chunks
 IdSelector = Callable[[int, int], torch.Tensor]  # (start, stop) -> shard-local ids, ascending
 
 
-def ids_dtype(rows: int) -> torch.dtype:
-    """The dtype of a shard's saved row ids (``PieceSpec.id_bytes``)."""
-    return torch.int32 if rows < 2**31 else torch.int64
+def chunk_crc32(spec: PieceSpec, ids: Optional[torch.Tensor], rows: torch.Tensor) -> int:
+    """The CRC-32 a chunk's manifest entry records: of its ids as saved (none for a dense
+    chunk), then of its rows."""
+    crc = 0 if ids is None else zlib.crc32(ids.to(spec.ids_dtype).numpy().view("uint8"))
+    return zlib.crc32(rows.view(torch.uint8).numpy(), crc)
 
 
 @dataclasses.dataclass
@@ -62,8 +69,7 @@ class PlannedChunk:
     @property
     def nbytes(self) -> int:
         """Bytes of the chunk's rows and ids."""
-        spec = self.piece.spec
-        return self.count * (spec.row_bytes + (0 if self.dense else spec.id_bytes))
+        return self.piece.spec.chunk_bytes(self.count, self.dense)
 
     def spec(self) -> ChunkSpec:
         return ChunkSpec(self.key, self.row_lo, self.row_hi, self.count, self.crc32)
@@ -127,7 +133,7 @@ class RowChunkPlanner(DefaultSavePlanner):
         for c in self.chunks:
             spec = c.piece.spec
             if not c.dense:
-                items.append(_write_item(f"{c.key}/ids", (c.count,), ids_dtype(spec.rows)))
+                items.append(_write_item(f"{c.key}/ids", (c.count,), spec.ids_dtype))
             items.append(_write_item(c.key, (c.count, spec.row_width), spec.torch_dtype))
         self.plan = dataclasses.replace(plan, items=items)
         return self.plan
@@ -151,64 +157,73 @@ class RowChunkPlanner(DefaultSavePlanner):
     def resolve_data(self, write_item: WriteItem):
         fqn = write_item.index.fqn
         if fqn in self._ids:
-            return self._chunk_ids(self._ids[fqn]).to(ids_dtype(self._ids[fqn].piece.spec.rows))
+            return self._chunk_ids(self._ids[fqn]).to(self._ids[fqn].piece.spec.ids_dtype)
         c = self._rows.get(fqn)
         if c is None:
             return super().resolve_data(write_item)
         ids = self._chunk_ids(c)
         rows = c.piece.emb.store_rows(c.piece.t, ids)
-        crc = 0 if c.dense else zlib.crc32(ids.to(ids_dtype(c.piece.spec.rows)).numpy().view("uint8"))
-        c.crc32 = zlib.crc32(rows.view(torch.uint8).numpy(), crc)
+        c.crc32 = chunk_crc32(c.piece.spec, None if c.dense else ids, rows)
         self._last = None
         return rows
 
 
-class RowChunkWriter(FileSystemWriter):
-    """DCP's file writer, single-threaded, with the state_dict in one file and the row
-    chunks in files of at most ``file_bytes`` each (DCP's writer keeps a file's tensors
-    until it is closed). Fault point ``checkpoint.write``: this rank's files are written."""
+class GroupedFileWriter(FileSystemWriter):
+    """DCP's file writer, single-threaded: the items ``group_of`` gives no group (the
+    state_dict's) in one file, then each group's items together, in files of at most
+    ``file_bytes`` (a larger group gets a file of its own). DCP's writer keeps a file's
+    tensors until the file is closed, so this bounds what a save holds at a time."""
 
-    def __init__(self, path: str, chunk_keys: Dict[str, str], file_bytes: int) -> None:
+    def __init__(self, path: str, group_of: Callable[[WriteItem], Optional[Hashable]], file_bytes: int) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1)
-        self._chunk_keys = chunk_keys
-        self._file_bytes = file_bytes
-        self.state_files: List[str] = []  # files of the state_dict's tensors (no row chunks)
+        self._group_of, self._file_bytes = group_of, file_bytes
+        self.state_files: List[str] = []  # files of the ungrouped items
 
     def write_data(self, plan, planner):
-        prefix = plan.storage_data.prefix
-        buckets: List[List[WriteItem]] = [[]]
-        chunk_files: List[List[WriteItem]] = []
-        size = 0
-        by_chunk: Dict[str, List[WriteItem]] = {}
+        ungrouped: List[WriteItem] = []
+        groups: Dict[Hashable, List[WriteItem]] = {}
         for item in plan.items:
-            key = self._chunk_keys.get(item.index.fqn)
+            key = self._group_of(item)
             if key is None:
-                buckets[0].append(item)
+                ungrouped.append(item)
             else:
-                by_chunk.setdefault(key, []).append(item)
-        for items in by_chunk.values():
-            items.sort(key=lambda i: not i.index.fqn.endswith("/ids"))  # ids before rows
+                groups.setdefault(key, []).append(item)
+        files: List[List[WriteItem]] = []
+        size = 0
+        for items in groups.values():
             nbytes = sum(_item_bytes(i) for i in items)
-            if not chunk_files or size + nbytes > self._file_bytes:
-                chunk_files.append([])
+            if not files or size + nbytes > self._file_bytes:
+                files.append([])
                 size = 0
-            chunk_files[-1].extend(items)
+            files[-1].extend(items)
             size += nbytes
         file_queue: queue.Queue = queue.Queue()
-        for n, bucket in enumerate(b for b in buckets + chunk_files if b):
-            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
-            if bucket is buckets[0]:
+        for n, items in enumerate(f for f in [ungrouped] + files if f):
+            name = f"{plan.storage_data.prefix}{n}{DEFAULT_SUFFIX}"
+            if items is ungrouped:
                 self.state_files.append(name)
-            file_queue.put((self.fs.concat_path(self.path, name), name, bucket))
+            file_queue.put((self.fs.concat_path(self.path, name), name, items))
         future = self._write_data(planner, file_queue)
         future.wait()
+        return future
+
+
+class RowChunkWriter(GroupedFileWriter):
+    """The writer of a save: each chunk's ids and rows together. Fault point
+    ``checkpoint.write``: this rank's files are written."""
+
+    def __init__(self, path: str, chunk_keys: Dict[str, str], file_bytes: int) -> None:
+        super().__init__(path, lambda item: chunk_keys.get(item.index.fqn), file_bytes)
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
         fault_point("checkpoint.write")
         return future
 
 
 def _item_bytes(item: WriteItem) -> int:
     n = 1
-    for s in item.tensor_data.size:
+    for s in item.tensor_data.chunk.sizes:
         n *= s
     return n * torch.empty(0, dtype=item.tensor_data.properties.dtype).element_size()
 
@@ -222,6 +237,29 @@ class _CachedReader(FileSystemReader):
         if self._metadata is None:
             self._metadata = super().read_metadata(*args, **kwargs)
         return self._metadata
+
+
+class _BlockPlanner(DefaultLoadPlanner):
+    """Loads blocks ``(offsets, tensor)`` of saved tensors into the given tensors, through
+    DCP's resharding reads (any saved chunks that overlap a block)."""
+
+    def __init__(self, blocks: Dict[str, Tuple[List[int], torch.Tensor]]) -> None:
+        super().__init__()
+        self.blocks = blocks
+
+    def create_local_plan(self) -> LoadPlan:
+        items = []
+        for key, (offsets, tensor) in self.blocks.items():
+            md = self.metadata.state_dict_metadata[key]
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size())
+            items += create_read_items_for_chunk_list(key, md, [chunk])
+        return LoadPlan(items)
+
+    def resolve_tensor(self, read_item):
+        tensor = self.blocks[read_item.dest_index.fqn][1]
+        for dim, (start, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+            tensor = tensor.narrow(dim, start, length)
+        return tensor
 
 
 class StepReader:
@@ -238,29 +276,37 @@ class StepReader:
             raise ChainError(message, where, step) from None
 
     def file_of(self, key: str) -> str:
-        info = self.metadata.storage_data.get(MetadataIndex(key, torch.Size([0] * len(self._size(key)))))
+        """The file holding tensor ``key`` (its first chunk), or the step's directory."""
+        info = self.metadata.storage_data.get(MetadataIndex(key, torch.Size([0] * len(self._tensor(key).size))))
         return os.path.join(self.path, info.relative_path) if info is not None else self.path
 
-    def _size(self, key: str) -> torch.Size:
+    def _tensor(self, key: str) -> TensorStorageMetadata:
         md = self.metadata.state_dict_metadata.get(key)
         if not isinstance(md, TensorStorageMetadata):
-            raise ChainError(f"checkpoint {self.path} (step {self.step}) has no tensor {key!r}", self.path, self.step)
-        return md.size
+            message = f"checkpoint {self.path} (step {self.step}) has no tensor {key!r}"
+            raise ChainError(message, self.path, self.step)
+        return md
 
     def read(self, keys: List[str]) -> Dict[str, torch.Tensor]:
         """The tensors ``keys`` (whole), loaded with DCP."""
         out = {}
         for key in keys:
-            md = self.metadata.state_dict_metadata.get(key)
-            if not isinstance(md, TensorStorageMetadata):
-                message = f"checkpoint {self.path} (step {self.step}) has no tensor {key!r}"
-                raise ChainError(message, self.path, self.step)
+            md = self._tensor(key)
             out[key] = torch.empty(md.size, dtype=md.properties.dtype)
-        try:
-            dcp.load(out, storage_reader=self._reader, planner=DefaultLoadPlanner(), no_dist=True)
-        except Exception as e:  # a damaged file fails inside torch.load with any error type
-            where = self.file_of(keys[0])
-            raise ChainError(
-                f"checkpoint file {where} (step {self.step}) cannot be read: {type(e).__name__}: {e}", where, self.step
-            ) from None
+        self._load(out, DefaultLoadPlanner(), keys[0])
         return out
+
+    def read_block(self, key: str, offsets: List[int], shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The block ``offsets`` + ``shape`` of the saved tensor ``key``."""
+        self._tensor(key)
+        out = torch.empty(shape, dtype=dtype)
+        self._load({}, _BlockPlanner({key: (list(offsets), out)}), key)
+        return out
+
+    def _load(self, state: Dict[str, torch.Tensor], planner: DefaultLoadPlanner, key: str) -> None:
+        try:
+            dcp.load(state, storage_reader=self._reader, planner=planner, no_dist=True)
+        except Exception as e:  # a damaged file fails inside torch.load with any error type
+            where = self.file_of(key)
+            message = f"checkpoint file {where} (step {self.step}) cannot be read: {type(e).__name__}: {e}"
+            raise ChainError(message, where, self.step) from None

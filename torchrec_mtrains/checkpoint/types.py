@@ -77,9 +77,14 @@ class PieceSpec:
         return self.row_width * self.element_bytes
 
     @property
-    def id_bytes(self) -> int:
-        """Bytes of a saved shard-local row id."""
-        return 4 if self.rows < 2**31 else 8
+    def ids_dtype(self) -> torch.dtype:
+        """The dtype of the shard's saved row ids (shard-local)."""
+        return torch.int32 if self.rows < 2**31 else torch.int64
+
+    def chunk_bytes(self, count: int, dense: bool) -> int:
+        """Bytes of a chunk of ``count`` rows, and of their ids unless ``dense``."""
+        ids = 0 if dense else torch.empty(0, dtype=self.ids_dtype).element_size()
+        return count * (self.row_bytes + ids)
 
     @property
     def key(self) -> str:
@@ -131,8 +136,7 @@ class StepManifest:
     @property
     def tiered_bytes(self) -> int:
         """Bytes of the rows (and ids) this rank saved."""
-        return sum(p.spec.row_bytes * c.count + (0 if c.dense else c.count * p.spec.id_bytes)
-                   for p in self.pieces for c in p.chunks)
+        return sum(p.spec.chunk_bytes(c.count, c.dense) for p in self.pieces for c in p.chunks)
 
     def to_json(self) -> str:
         body = json.dumps(dataclasses.asdict(self), sort_keys=True)
