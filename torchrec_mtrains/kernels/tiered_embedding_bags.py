@@ -566,12 +566,24 @@ class TieredEmbeddingBags(torch.nn.Module):
         for lo in range(start, stop, _READ_CHUNK_ROWS):
             ids = torch.arange(lo, min(stop, lo + _READ_CHUNK_ROWS))
             out[lo - start : lo - start + ids.numel()] = self._stores[t].read(ids)
-        rows, slots = self._caches[t].occupied()
-        keep = (slots < self._tbe_rows[t]) & (rows >= start) & (rows < stop)
-        # Rows of deferred (overflow) loads came from the tier, which is still current.
-        with torch.no_grad():
-            out[rows[keep] - start] = codec.gather(self._weights[t], self._states[t], slots[keep])
+        self._overlay_cached(t, torch.arange(start, stop), out)
         return out
+
+    def _overlay_cached(self, t: int, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """Overwrites ``out`` (rows ``ids`` of table t as the tier holds them) with the cached
+        copy of each row the cache holds, which may be newer. Rows of deferred (overflow)
+        loads came from the tier, which is still current for them."""
+        if not self._unflushed:
+            return  # the tier holds every row as the cache does
+        cached, slots = self._caches[t].occupied()
+        keep = slots < self._tbe_rows[t]
+        cached, slots = cached[keep], slots[keep]
+        hit = torch.isin(ids, cached)
+        if bool(hit.any()):
+            order = torch.argsort(cached)
+            where = order[torch.searchsorted(cached[order], ids[hit])]
+            with torch.no_grad():
+                out[hit] = self._codecs[t].gather(self._weights[t], self._states[t], slots[where])
 
     # ------------------------------------------------- rows for checkpoints ----
     def dirty_rows(self, table: int) -> DirtyRows:
@@ -599,18 +611,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._check_usable()
         self._drain()
         out = self._stores[table].read(ids)
-        if not self._unflushed:
-            return out  # the tier holds every row as the cache does
-        cached, slots = self._caches[table].occupied()
-        keep = slots < self._tbe_rows[table]
-        cached, slots = cached[keep], slots[keep]
-        hit = torch.isin(ids, cached)
-        if bool(hit.any()):
-            order = torch.argsort(cached)
-            where = order[torch.searchsorted(cached[order], ids[hit])]
-            codec = self._codecs[table]
-            with torch.no_grad():
-                out[hit] = codec.gather(self._weights[table], self._states[table], slots[where])
+        self._overlay_cached(table, ids, out)
         return out
 
     def set_store_rows(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
