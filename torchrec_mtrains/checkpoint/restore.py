@@ -100,10 +100,8 @@ def _apply(piece: LocalPiece, source: PieceSpec, ids: torch.Tensor, rows: torch.
     if same_layout:
         piece.emb.set_store_rows(piece.t, local, rows.contiguous())
         return int(local.numel())
-    def kind(values: int) -> int:  # 0: none (SGD), 1: row-wise, 2: per element
-        return min(values, 2) if values != 1 else 1
-
-    if kind(source.state_values) != kind(target.state_values):
+    # The optimizer's kind: 0 no state (SGD), 1 row-wise, 2 per element (one value per column).
+    if min(source.state_values, 2) != min(target.state_values, 2):
         raise ValueError(
             f"table {target.table}: cannot restore optimizer state of {source.state_values} values per row "
             f"into a table with {target.state_values} (another optimizer)"
