@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Dict, List, Optional
 
 from torchrec_mtrains.planner.hardware.probe import meminfo_bytes
 
-from benchmarks.lib.process_monitor import ProcessTreeMonitor, Sample
+from benchmarks.lib.process_monitor import Sample, run_monitored
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "dlrm" / "train.py"
@@ -82,20 +81,8 @@ def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: floa
     """Runs train.py under torchrun while sampling its process tree; (metrics, samples, peaks)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(TRAIN), "--preset", "beyond-ram", "--out", str(out), *extra]
-    log = open(out.parent / f"{out.name}.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        with ProcessTreeMonitor(proc.pid, str(workdir), interval) as monitor:
-            code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        raise SystemExit(f"bench_beyond_ram: {' '.join(cmd)} ran past {timeout_s:.0f} s: killed")
-    finally:
-        log.close()
-    if code != 0:
-        tail = (out.parent / f"{out.name}.log").read_text()[-3000:]
-        raise SystemExit(f"bench_beyond_ram: run failed (exit {code}):\n{tail}")
+    monitor = run_monitored(cmd, out.parent / f"{out.name}.log", str(workdir), interval, timeout_s,
+                            f"bench_beyond_ram: {' '.join(cmd)}", cwd=ROOT)
     with open(out / "metrics.json") as f:
         return json.load(f), monitor.samples, monitor.peaks()
 

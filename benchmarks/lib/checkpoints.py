@@ -23,13 +23,12 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from benchmarks.lib.process_monitor import ProcessTreeMonitor
+from benchmarks.lib.process_monitor import run_monitored
 
 __all__ = ["RUNS", "main", "parse_args", "run_example", "saved_steps"]
 
@@ -106,18 +105,8 @@ def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path
            "--storage-dir", str(store), "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     print(f"bench_checkpoint: {name} run: {shlex.join(cmd)}", flush=True)
-    with open(outputs / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            with ProcessTreeMonitor(proc.pid, str(ckpt), args.interval) as monitor:
-                code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            raise SystemExit(f"bench_checkpoint: the {name} run ran past {args.timeout:.0f} s: killed") from None
-    if code != 0:
-        tail = (outputs / f"{name}.log").read_text()[-3000:]
-        raise SystemExit(f"bench_checkpoint: the {name} run failed (exit {code}):\n{tail}")
+    monitor = run_monitored(cmd, outputs / f"{name}.log", str(ckpt), args.interval, args.timeout,
+                            f"bench_checkpoint: the {name} run", cwd=ROOT, env=env)
     metrics = json.loads((out / "metrics.json").read_text())
     samples = monitor.samples
     return {

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 __all__ = ["DiskCounters", "ProcessTreeMonitor", "Sample", "device_counters", "directory_bytes", "process_memory",
-           "tree_pids"]
+           "run_monitored", "tree_pids"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,3 +157,27 @@ class ProcessTreeMonitor:
         return {"rss": max((x.rss for x in s), default=0), "rss_anon": max((x.rss_anon for x in s), default=0),
                 "rss_max_process": max((x.rss_max_process for x in s), default=0),
                 "disk_bytes": max((x.disk_bytes for x in s), default=0)}
+
+
+def run_monitored(cmd: List[str], log_path: Path, directory: str, interval: float, timeout_s: float,
+                  who: str, **popen: object) -> ProcessTreeMonitor:
+    """Runs ``cmd`` (in a session of its own, output to ``log_path``) while sampling its
+    process tree and ``directory``; returns the finished monitor.
+
+    Raises:
+        SystemExit: the run failed (its log's tail in the message) or ran past
+            ``timeout_s`` (its whole process group killed); ``who`` names the run.
+    """
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+        try:
+            with ProcessTreeMonitor(proc.pid, directory, interval) as monitor:
+                code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise SystemExit(f"{who} ran past {timeout_s:.0f} s: killed") from None
+    if code != 0:
+        raise SystemExit(f"{who} failed (exit {code}):\n{log_path.read_text()[-3000:]}")
+    return monitor
+
