@@ -159,6 +159,16 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
 
 Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runtime,
                         std::unique_ptr<BlockStore>* out) {
+  return OpenExisting(path, runtime, false, out);
+}
+
+Status BlockStore::OpenReadOnly(const std::string& path, const StoreRuntimeOptions& runtime,
+                                std::unique_ptr<BlockStore>* out) {
+  return OpenExisting(path, runtime, true, out);
+}
+
+Status BlockStore::OpenExisting(const std::string& path, const StoreRuntimeOptions& runtime,
+                                bool read_only, std::unique_ptr<BlockStore>* out) {
   MTRAINS_RETURN_IF_ERROR(ValidateRuntime(runtime));
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -197,15 +207,70 @@ Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runt
   {
     MutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
     store->meta_fd_ = fd;
-    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
-    MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
+    store->read_only_ = read_only;
+    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime, read_only));
+    if (!read_only) MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
   }
   *out = std::move(store);
   return Status::Ok();
 }
 
-Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime) {
+Status BlockStore::OpenAdopted(const std::string& path, const StoreRuntimeOptions& runtime,
+                               const int64_t* rows, const uint64_t* locations, size_t n,
+                               uint64_t pin_tag, std::unique_ptr<BlockStore>* out) {
+  std::unique_ptr<BlockStore> store;
+  MTRAINS_RETURN_IF_ERROR(Open(path, runtime, &store));
+  const TableHeader& h = store->header();
+  Status st;
+  for (size_t i = 0; st.ok() && i < n; ++i) {
+    if (rows[i] < 0 || static_cast<uint64_t>(rows[i]) >= h.num_rows)
+      st = Status::InvalidArgument(path + ": adopted row " + std::to_string(rows[i]) + " at position " +
+                                   std::to_string(i) + " is outside [0, " + std::to_string(h.num_rows) + ")");
+    else if (i > 0 && rows[i] <= rows[i - 1])
+      st = Status::InvalidArgument(path + ": adopted rows must be strictly ascending: row " +
+                                   std::to_string(rows[i]) + " at position " + std::to_string(i) +
+                                   " follows " + std::to_string(rows[i - 1]));
+    else if (locations[i] == 0 || locations[i] > h.LogSlots())
+      st = Status::InvalidArgument(path + ": location " + std::to_string(locations[i]) + " of row " +
+                                   std::to_string(rows[i]) + " is outside [1, " +
+                                   std::to_string(h.LogSlots()) + "]");
+  }
+  if (st.ok()) {
+    MutexLock lock(&store->mu_);
+    store->seg_log_->Adopt(rows, locations, n);
+    store->seg_log_->PinLocations(pin_tag, locations, n);
+    st = store->seg_log_->Commit().WithContext(path);
+  }
+  if (!st.ok()) {
+    store->Abandon();  // bad entries: nothing was written; a failed commit: nothing more
+    return st;
+  }
+  *out = std::move(store);
+  return Status::Ok();
+}
+
+void BlockStore::Abandon() {
+  MutexLock lock(&mu_);
+  seg_log_.reset();
+  cache_.reset();
+  log_.reset();
+  meta_.reset();
+  if (meta_fd_ >= 0) close(meta_fd_);
+  meta_fd_ = -1;
+  closed_ = true;
+}
+
+Status BlockStore::CheckUsable() const {
+  if (closed_) return Status::Closed(path_ + " is closed");
+  if (read_only_)
+    return Status::InvalidArgument(path_ + " is open as a read-only snapshot reader: only "
+                                           "read_locations, stats and close work");
+  return Status::Ok();
+}
+
+Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime, bool read_only) {
   FileDeviceOptions meta;
+  meta.read_only = read_only;
   meta.paths = {path_};
   meta.size = h_.MainFileBytes();  // header, map pages and (after the log) the map journal
   meta.alignment = kAlignment;
@@ -227,6 +292,8 @@ Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime) {
   warning_ = l.warning.empty() ? m.warning : l.warning;
   meta_ = std::make_unique<FaultInjectingDevice>(std::move(m.device));
   log_ = std::make_unique<FaultInjectingDevice>(std::move(l.device));
+  read_window_ = std::max<uint32_t>(runtime.read_chunk_blocks, 2 * runtime.queue_depth);
+  if (read_only) return Status::Ok();  // no map, no log state, no cache
   try {
     seg_log_ = std::make_unique<SegmentLog>(h_, log_.get(), meta_.get());
     const double bytes = runtime.dram_cache_mb * 1048576.0;
@@ -252,7 +319,7 @@ Status BlockStore::CheckIds(const int64_t* ids, size_t n) const {
 
 Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
   MutexLock lock(&mu_);
-  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(ReadLocked(ids, n, out));
   // Dirty rows evicted by this read wait in full segments; write them now if the device
@@ -265,7 +332,7 @@ Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
 Status BlockStore::Exchange(const int64_t* write_ids, size_t nw, const uint8_t* write_rows,
                             const int64_t* read_ids, size_t nr, uint8_t* out) {
   MutexLock lock(&mu_);
-  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckIds(write_ids, nw));
   MTRAINS_RETURN_IF_ERROR(CheckIds(read_ids, nr));
   MTRAINS_RETURN_IF_ERROR(WriteLocked(write_ids, nw, write_rows));
@@ -360,7 +427,7 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status
 }
 
 Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* wanted,
-                                const std::vector<uint8_t*>& dest) {
+                                const std::vector<uint8_t*>& dest, bool name_locations) {
   if (wanted->empty()) return Status::Ok();
   const BlockGeometry& g = h_.geometry;
   const uint32_t B = h_.block_size, bps = g.blocks_per_row;
@@ -383,11 +450,18 @@ Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* want
   Status st = log_->ReadStream(
       offsets.data(), offsets.size(), bps * B, read_window_, [&](size_t k, const uint8_t* data) {
         const uint64_t block = offsets[k] / B;
-        for (uint32_t j = 0; j < bps; ++j)
-          MTRAINS_RETURN_IF_ERROR(VerifyLogBlock(data + uint64_t(j) * B, B, h_.table_uuid, block + j));
+        auto where = [&](size_t i) {
+          const auto& [slot, row] = (*wanted)[order[i]];
+          return "row " + std::to_string(row) + " at location " + std::to_string(slot + 1);
+        };
+        for (uint32_t j = 0; j < bps; ++j) {
+          Status st = VerifyLogBlock(data + uint64_t(j) * B, B, h_.table_uuid, block + j);
+          if (!st.ok()) return name_locations ? st.WithContext(where(first[k])) : st;
+        }
         for (size_t i = first[k]; i < first[k + 1]; ++i) {
           const auto& [slot, row] = (*wanted)[order[i]];
-          MTRAINS_RETURN_IF_ERROR(GetRow(g, data, slot, row, dest[order[i]]));
+          Status st = GetRow(g, data, slot, row, dest[order[i]]);
+          if (!st.ok()) return name_locations ? st.WithContext(where(i)) : st;
         }
         return Status::Ok();
       });
@@ -406,7 +480,7 @@ Status BlockStore::InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty
 
 Status BlockStore::Write(const int64_t* ids, size_t n, const uint8_t* rows) {
   MutexLock lock(&mu_);
-  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(WriteLocked(ids, n, rows));
   return seg_log_->FlushQueue().WithContext(
@@ -445,7 +519,7 @@ Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows
 
 Status BlockStore::Flush() {
   MutexLock lock(&mu_);
-  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
   return FlushLocked();
 }
 
@@ -463,7 +537,7 @@ Status BlockStore::FlushLocked() {
 
 Status BlockStore::Snapshot(const std::string& dst) {
   MutexLock lock(&mu_);
-  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
   if (dst.empty() || dst == path_)
     return Status::InvalidArgument("snapshot destination '" + dst + "' must differ from " + path_);
   // Copy under temporary names, then rename: a crash never leaves a half snapshot at dst.
@@ -516,7 +590,7 @@ Status BlockStore::Close() {
 Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64_t>* out) {
   out->clear();
   MutexLock lock(&mu_);
-  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
   if (first > h_.num_rows || count > h_.num_rows - first) {
     const std::string stop = count > ~first ? "2^64 or more" : std::to_string(first + count);
     return Status::OutOfRange(path_ + ": row range [" + std::to_string(first) + ", " + stop +
@@ -541,6 +615,115 @@ Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64
   return Status::Ok();
 }
 
+Status BlockStore::PinSnapshot(uint64_t tag) {
+  MutexLock lock(&mu_);
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
+  MTRAINS_RETURN_IF_ERROR(FlushLocked());
+  seg_log_->PinLive(tag);
+  snapshot_appends_[tag] = seg_log_->append_seq();
+  return Status::Ok();
+}
+
+Status BlockStore::SnapshotEntries(uint64_t tag, uint64_t first, uint64_t count,
+                                   std::vector<int64_t>* rows, std::vector<uint64_t>* locations) {
+  rows->clear();
+  locations->clear();
+  MutexLock lock(&mu_);
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
+  if (first > h_.num_rows || count > h_.num_rows - first) {
+    const std::string stop = count > ~first ? "2^64 or more" : std::to_string(first + count);
+    return Status::OutOfRange(path_ + ": row range [" + std::to_string(first) + ", " + stop +
+                              ") is outside [0, " + std::to_string(h_.num_rows) + ")");
+  }
+  auto it = snapshot_appends_.find(tag);
+  if (it == snapshot_appends_.end() || !seg_log_->IsPinned(tag))
+    return Status::InvalidArgument(path_ + ": snapshot tag " + std::to_string(tag) +
+                                   " is not pinned (pin_snapshot it first)");
+  if (it->second != seg_log_->append_seq())
+    return Status::InvalidArgument(
+        path_ + ": the entries of snapshot tag " + std::to_string(tag) + " are gone: " +
+        std::to_string(seg_log_->append_seq() - it->second) +
+        " rows were appended to the log since it was pinned (pin_snapshot again)");
+  constexpr uint64_t kWindowRows = 16 * LocationMap::kChunkRows;
+  const LocationMap& map = seg_log_->location_map();
+  std::vector<uint64_t> loc(std::min(count, kWindowRows));
+  for (uint64_t lo = first, end = first + count; lo < end; lo += kWindowRows) {
+    const uint64_t n = std::min(kWindowRows, end - lo);
+    map.Fill(lo, n, loc.data());
+    for (uint64_t i = 0; i < n; ++i) {
+      if (loc[i] == 0) continue;
+      rows->push_back(static_cast<int64_t>(lo + i));
+      locations->push_back(loc[i]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status BlockStore::PinLocations(uint64_t tag, const uint64_t* locations, size_t n) {
+  MutexLock lock(&mu_);
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
+  if (seg_log_->append_seq() != 0)
+    return Status::InvalidArgument(
+        path_ + ": cannot pin locations for tag " + std::to_string(tag) + ": " +
+        std::to_string(seg_log_->append_seq()) +
+        " rows were appended since the store was opened, so a segment freed before may "
+        "already be reused (pin right after open)");
+  const uint64_t slots = h_.LogSlots();
+  for (size_t i = 0; i < n; ++i) {
+    if (locations[i] == 0 || locations[i] > slots)
+      return Status::InvalidArgument(path_ + ": location " + std::to_string(locations[i]) +
+                                     " at position " + std::to_string(i) + " is outside [1, " +
+                                     std::to_string(slots) + "]");
+  }
+  seg_log_->PinLocations(tag, locations, n);
+  return Status::Ok();
+}
+
+void BlockStore::UnpinSnapshot(uint64_t tag) {
+  MutexLock lock(&mu_);
+  if (!CheckUsable().ok()) return;
+  seg_log_->Unpin(tag);
+  snapshot_appends_.erase(tag);
+}
+
+std::vector<uint64_t> BlockStore::PinTags() {
+  MutexLock lock(&mu_);
+  if (!CheckUsable().ok()) return {};
+  return seg_log_->PinTags();
+}
+
+Status BlockStore::ReadLocations(const int64_t* rows, const uint64_t* locations, size_t n,
+                                 uint8_t* out) {
+  MutexLock lock(&mu_);
+  if (closed_) return Status::Closed(path_ + " is closed");
+  MTRAINS_RETURN_IF_ERROR(CheckIds(rows, n));
+  const uint64_t slots = h_.LogSlots();
+  for (size_t i = 0; i < n; ++i) {
+    if (locations[i] == 0 || locations[i] > slots)
+      return Status::InvalidArgument(path_ + ": location " + std::to_string(locations[i]) + " of row " +
+                                     std::to_string(rows[i]) + " at position " + std::to_string(i) +
+                                     " is outside [1, " + std::to_string(slots) + "]");
+  }
+  const uint32_t rb = h_.geometry.row_bytes;
+  std::vector<std::pair<uint64_t, uint64_t>> disk;  // (slot, row)
+  std::vector<uint8_t*> dest;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t row = static_cast<uint64_t>(rows[i]);
+    bool in_memory = false;
+    if (seg_log_) {  // a live store may still hold the segment in memory
+      Status st = seg_log_->ReadBufferedSlot(locations[i] - 1, row, out + i * rb, &in_memory);
+      if (!st.ok())
+        return st.WithContext(path_ + ": row " + std::to_string(row) + " at location " +
+                              std::to_string(locations[i]));
+    }
+    if (!in_memory) {
+      disk.emplace_back(locations[i] - 1, row);
+      dest.push_back(out + i * rb);
+    }
+  }
+  return ReadFromDisk(&disk, dest, true);
+}
+
 void BlockStore::ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno,
                           bool on_map) {
   MutexLock lock(&mu_);
@@ -560,6 +743,13 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   add("disk_rows_read", disk_rows_);
   if (closed_) return s;
   const DeviceCounters lc = log_->counters(), mc = meta_->counters();
+  if (read_only_) {  // no log state: the devices' counters
+    add("device_reads", lc.reads + mc.reads);
+    add("device_bytes_read", lc.bytes_read + mc.bytes_read);
+    add("device_bytes_written", lc.bytes_written + mc.bytes_written);
+    add("log_segments", h_.num_segments);
+    return s;
+  }
   const SegmentLogCounters& sl = seg_log_->counters();
   add("buffer_rows_read", sl.buffer_reads);
   add("cache_capacity_rows", cache_->capacity());
@@ -599,6 +789,9 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   add("free_segments", seg_log_->free_segments());
   add("gc_reserve_segments", seg_log_->gc_reserve_segments());
   add("log_segments", h_.num_segments);
+  add("pinned_segments", seg_log_->pinned_segments());
+  add("retained_segments", seg_log_->retained_segments());
+  add("pin_tags", seg_log_->PinTags().size());
   // Device bytes written per byte of rows the caller wrote (what wears the flash out), and
   // per byte of rows appended to the log (after the cache merged repeated writes).
   const double device_bytes = double(lc.bytes_written + mc.bytes_written);

@@ -13,6 +13,7 @@
 // options and table fields included (Create/Open return InvalidArgument, never throw).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,6 +63,20 @@ class BlockStore {
   // Opens an existing table, validating its header, file sizes and location map.
   static Status Open(const std::string& path, const StoreRuntimeOptions& runtime,
                      std::unique_ptr<BlockStore>* out);
+  // Opens an existing table (the same header and file checks as Open) to read row
+  // versions by location only: the devices are opened read-only and the map is not
+  // loaded. Only ReadLocations, Stats, the header accessors and Close work (the others
+  // return InvalidArgument); Close writes nothing, so a live store may share the file.
+  static Status OpenReadOnly(const std::string& path, const StoreRuntimeOptions& runtime,
+                             std::unique_ptr<BlockStore>* out);
+  // Opens an existing table and makes its location map exactly the entries
+  // (rows[i] -> locations[i], map values: slot + 1; rows strictly ascending), segments no
+  // entry points into becoming free; pins the entries' segments under `pin_tag` and
+  // commits, writing only the map entries that differ from the file's. Bad entries return
+  // InvalidArgument with nothing written.
+  static Status OpenAdopted(const std::string& path, const StoreRuntimeOptions& runtime,
+                            const int64_t* rows, const uint64_t* locations, size_t n,
+                            uint64_t pin_tag, std::unique_ptr<BlockStore>* out);
   // Flushes (best effort: errors go to stderr; call Close to see them).
   ~BlockStore();
 
@@ -98,6 +113,31 @@ class BlockStore {
   // table's size. A range past num_rows returns OutOfRange.
   Status WrittenRows(uint64_t first, uint64_t count, std::vector<int64_t>* out) EXCLUDES(mu_);
 
+  // Pins: segments a checkpoint (a hard link of the file and the map entries) needs are
+  // never reused while pinned (segment_log.h).
+  // Flushes like Flush, then pins under `tag` every segment holding live rows (the ones
+  // the map points into), replacing the tag's set if it was pinned.
+  Status PinSnapshot(uint64_t tag) EXCLUDES(mu_);
+  // The map entries with row in [first, first + count), ascending (locations: map values),
+  // as of PinSnapshot(tag): InvalidArgument unless `tag` was pinned by PinSnapshot and
+  // nothing was appended to the log since. OutOfRange past num_rows. Memory O(count).
+  Status SnapshotEntries(uint64_t tag, uint64_t first, uint64_t count, std::vector<int64_t>* rows,
+                         std::vector<uint64_t>* locations) EXCLUDES(mu_);
+  // Adds to `tag`'s pins the segments of these map values (in [1, LogSlots]; free ones are
+  // taken out of the free list). Refused once anything was appended since the store was
+  // opened (a freed segment may have been reused).
+  Status PinLocations(uint64_t tag, const uint64_t* locations, size_t n) EXCLUDES(mu_);
+  // Drops `tag`'s pins (unknown tag: no-op); dead segments no longer pinned are freed at
+  // the next commit.
+  void UnpinSnapshot(uint64_t tag) EXCLUDES(mu_);
+  std::vector<uint64_t> PinTags() EXCLUDES(mu_);
+  // Reads the row versions at map values `locations[i]` into `out` (n * row_bytes), each
+  // block verified and holding row `rows[i]` (Corruption naming the row and location
+  // otherwise). Location 0 or past the log: InvalidArgument; a row outside [0, num_rows):
+  // OutOfRange. Works on read-only stores.
+  Status ReadLocations(const int64_t* rows, const uint64_t* locations, size_t n, uint8_t* out)
+      EXCLUDES(mu_);
+
   // Counters and latency percentiles (name, value).
   std::vector<std::pair<std::string, double>> Stats() EXCLUDES(mu_);
   // Scripts a device fault (tests): on the log device, or the map device when `on_map`.
@@ -108,19 +148,28 @@ class BlockStore {
   const std::string& path() const { return path_; }
   const std::string& engine() const { return engine_; }
   bool direct_io() const { return direct_io_; }
+  bool read_only() const { return read_only_; }
   const std::string& warning() const { return warning_; }
 
  private:
   BlockStore(std::string path, TableHeader h);
   // Opens the devices, the log and the cache of a store not yet returned to the caller.
-  Status OpenDevices(const StoreRuntimeOptions& runtime) REQUIRES(mu_);
+  Status OpenDevices(const StoreRuntimeOptions& runtime, bool read_only = false) REQUIRES(mu_);
+  // Open and OpenReadOnly: the header and file checks, then the devices (and the map).
+  static Status OpenExisting(const std::string& path, const StoreRuntimeOptions& runtime,
+                             bool read_only, std::unique_ptr<BlockStore>* out);
+  // Closed, or InvalidArgument on a read-only store: what a method needing the map says.
+  Status CheckUsable() const REQUIRES(mu_);
+  // Releases the files without writing anything (a store that failed to open).
+  void Abandon() EXCLUDES(mu_);
   Status CheckIds(const int64_t* ids, size_t n) const;
   // `flush_beside`: write the log's queued segments on a helper thread while the disk
   // reads run, leaving the write's status there (Ok when nothing was queued).
   Status ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status* flush_beside = nullptr)
       REQUIRES(mu_);
+  // `name_locations`: errors name the row and location (map value) they concern.
   Status ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* wanted,
-                      const std::vector<uint8_t*>& dest) REQUIRES(mu_);
+                      const std::vector<uint8_t*>& dest, bool name_locations = false) REQUIRES(mu_);
   Status WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows) REQUIRES(mu_);
   Status FlushLocked() REQUIRES(mu_);
   Status InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty) REQUIRES(mu_);
@@ -130,6 +179,7 @@ class BlockStore {
   // Set by OpenDevices before Create/Open return the store; constant afterwards.
   std::string engine_, warning_;
   bool direct_io_ = false;
+  bool read_only_ = false;
 
   Mutex mu_;
   bool closed_ GUARDED_BY(mu_) = false;
@@ -142,6 +192,9 @@ class BlockStore {
   uint64_t rows_read_ GUARDED_BY(mu_) = 0, rows_written_ GUARDED_BY(mu_) = 0;
   uint64_t cache_hits_ GUARDED_BY(mu_) = 0, cache_misses_ GUARDED_BY(mu_) = 0;
   uint64_t lazy_rows_ GUARDED_BY(mu_) = 0, disk_rows_ GUARDED_BY(mu_) = 0;
+  // Tags pinned by PinSnapshot -> the log's append count then (their entries are the
+  // map's until anything is appended).
+  std::map<uint64_t, uint64_t> snapshot_appends_ GUARDED_BY(mu_);
 };
 
 }  // namespace mtrains

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 namespace mtrains {
@@ -32,6 +33,7 @@ SegmentLog::SegmentLog(const TableHeader& header, Device* log, Device* meta)
   max_changed_ = std::max<uint64_t>(1 << 16, h_.num_rows / 8);
   live_.assign(h_.num_segments, 0);
   state_.assign(h_.num_segments, SegState::kFree);
+  pin_count_.assign(h_.num_segments, 0);
   free_.reserve(h_.num_segments);
   for (uint64_t s = h_.num_segments; s-- > 0;) free_.push_back(s);
   // Segments kept free for the collector: consolidating victims that are mostly live takes
@@ -53,7 +55,7 @@ uint64_t SegmentLog::SegmentBudget() const {
   const double per_row_space = double(h_.num_segments) / double(std::max<uint64_t>(1, h_.SegmentsForAllRows()));
   const uint64_t live_segments = (live_rows_ + h_.slots_per_segment - 1) / h_.slots_per_segment;
   const uint64_t budget = static_cast<uint64_t>(std::ceil(double(live_segments) * per_row_space)) +
-                          2 * gc_reserve_ + GcBatch();
+                          2 * gc_reserve_ + GcBatch() + pinned_segments_;
   return std::min(h_.num_segments, budget);
 }
 
@@ -82,7 +84,8 @@ void SegmentLog::MarkMapDirty(uint64_t row) {
 uint64_t SegmentLog::DramBytes() const {
   return map_.MemoryBytes() + changed_.capacity() * sizeof(uint64_t) +
          cp_dirty_.capacity() * sizeof(uint64_t) + live_.capacity() * sizeof(uint32_t) +
-         state_.capacity() * sizeof(SegState) + (free_.capacity() + pending_.capacity()) * sizeof(uint64_t);
+         state_.capacity() * sizeof(SegState) + pin_count_.capacity() * sizeof(uint32_t) +
+         (free_.capacity() + pending_.capacity()) * sizeof(uint64_t);
 }
 
 Status SegmentLog::LoadMap(int meta_fd) {
@@ -143,16 +146,56 @@ Status SegmentLog::LoadMap(int meta_fd) {
     if ((word & (1ull << (page % 64))) == 0) ++cp_dirty_pages_;
     word |= 1ull << (page % 64);
   }));
+  RebuildSegments();
+  return Status::Ok();
+}
+
+void SegmentLog::RebuildSegments() {
+  std::fill(live_.begin(), live_.end(), 0);
+  live_rows_ = 0;
   map_.ForEach([this](uint64_t, uint64_t value) {
     ++live_[SegmentOfSlot(value - 1)];
     ++live_rows_;
   });
   free_.clear();
+  pending_.clear();
   for (uint64_t s = h_.num_segments; s-- > 0;) {
-    state_[s] = live_[s] > 0 ? SegState::kSealed : SegState::kFree;
-    if (live_[s] == 0) free_.push_back(s);
+    if (live_[s] > 0) {
+      state_[s] = SegState::kSealed;
+    } else if (pin_count_[s] > 0) {
+      state_[s] = SegState::kRetained;
+    } else {
+      state_[s] = SegState::kFree;
+      free_.push_back(s);
+    }
   }
-  return Status::Ok();
+}
+
+void SegmentLog::Adopt(const int64_t* rows, const uint64_t* locations, size_t n) {
+  // Rows of the loaded map the entries leave out (collected first: ForEach must not see
+  // the map change under it).
+  std::vector<uint64_t> dropped;
+  size_t i = 0;
+  map_.ForEach([&](uint64_t row, uint64_t) {
+    while (i < n && static_cast<uint64_t>(rows[i]) < row) ++i;
+    if (i == n || static_cast<uint64_t>(rows[i]) != row) dropped.push_back(row);
+  });
+  if (!dropped.empty()) {
+    // The journal cannot record a row going back to never-written: checkpoint the pages.
+    force_checkpoint_ = true;
+    std::vector<uint64_t>().swap(changed_);
+  }
+  for (uint64_t row : dropped) {
+    map_.Set(row, 0);
+    MarkMapDirty(row);
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const uint64_t row = static_cast<uint64_t>(rows[k]);
+    if (map_.Get(row) == locations[k]) continue;
+    map_.Set(row, locations[k]);
+    MarkMapDirty(row);
+  }
+  RebuildSegments();
 }
 
 uint64_t SegmentLog::HeadSlotsLeft() const {
@@ -183,7 +226,14 @@ Status SegmentLog::Reserve(uint64_t appends) {
     } else {
       // Enough free segments for the collector's reserve, and in use down to the budget.
       const uint64_t for_budget = h_.num_segments - std::min(h_.num_segments, budget) + need + batch;
+      const uint64_t free_before = free_.size();
       MTRAINS_RETURN_IF_ERROR(CollectGarbage(std::max(need + gc_reserve_ + batch, for_budget)));
+      if (pinned_segments_ > 0 && pending_.empty() && free_.size() <= free_before) {
+        // The dead space is held by pins, which the collector must not take: write on in
+        // never-used segments, down to the last.
+        if (free_.size() >= need) return Status::Ok();
+        return LogFull();
+      }
     }
     // Moving live rows and sealing the head at each commit can cost as much space as the
     // victims free (tiny segments): give up rather than spin.
@@ -199,7 +249,9 @@ Status SegmentLog::Reserve(uint64_t appends) {
       return Status::IoError(
           ENOSPC, "the log cannot reclaim space: garbage collection frees no more than it uses "
                   "(" + std::to_string(free_.size()) + " of " + std::to_string(h_.num_segments) +
-                  " segments free; create the table with larger segment_blocks or overprovision)");
+                  " segments free, " + std::to_string(pinned_segments_) +
+                  " pinned by snapshots; create the table with larger segment_blocks or "
+                  "overprovision, or unpin snapshots)");
     }
   }
 }
@@ -210,8 +262,7 @@ void SegmentLog::RotateHead() {
     queue_.push_back({seg, std::move(head_->buf), head_->persisted});
     buffered_[seg] = queue_.back().buf.data();
     if (live_[seg] == 0) {
-      state_[seg] = SegState::kPending;
-      pending_.push_back(seg);
+      Release(seg);
     } else {
       state_[seg] = SegState::kSealed;
     }
@@ -236,9 +287,86 @@ AlignedBuffer SegmentLog::TakeSegmentBuffer() {
 void SegmentLog::DecLive(uint64_t seg) {
   if (--live_[seg] == 0 &&
       (state_[seg] == SegState::kSealed || state_[seg] == SegState::kQuarantined)) {
+    Release(seg);
+  }
+}
+
+void SegmentLog::Release(uint64_t seg) {
+  if (pin_count_[seg] > 0) {
+    state_[seg] = SegState::kRetained;
+  } else {
     state_[seg] = SegState::kPending;
     pending_.push_back(seg);
   }
+}
+
+void SegmentLog::AddPin(uint64_t seg) {
+  if (pin_count_[seg]++ > 0) return;
+  ++pinned_segments_;
+  std::vector<uint64_t>* list = state_[seg] == SegState::kFree      ? &free_
+                                : state_[seg] == SegState::kPending ? &pending_
+                                                                    : nullptr;
+  if (list == nullptr) return;
+  list->erase(std::find(list->begin(), list->end(), seg));
+  state_[seg] = SegState::kRetained;
+}
+
+void SegmentLog::DropPin(uint64_t seg) {
+  if (--pin_count_[seg] > 0) return;
+  --pinned_segments_;
+  if (state_[seg] == SegState::kRetained) {
+    state_[seg] = SegState::kPending;  // free after the next commit, like any freed segment
+    pending_.push_back(seg);
+  }
+}
+
+void SegmentLog::PinLive(uint64_t tag) {
+  std::vector<uint64_t> segs;
+  for (uint64_t s = 0; s < h_.num_segments; ++s)
+    if (live_[s] > 0) segs.push_back(s);
+  for (uint64_t s : segs) AddPin(s);  // before dropping the old set: nothing is freed between
+  auto it = pins_.find(tag);
+  if (it != pins_.end())
+    for (uint64_t s : it->second) DropPin(s);
+  pins_[tag] = std::move(segs);
+}
+
+void SegmentLog::PinLocations(uint64_t tag, const uint64_t* locations, size_t n) {
+  std::vector<uint64_t> segs(n);
+  for (size_t i = 0; i < n; ++i) segs[i] = SegmentOfSlot(locations[i] - 1);
+  std::sort(segs.begin(), segs.end());
+  segs.erase(std::unique(segs.begin(), segs.end()), segs.end());
+  std::vector<uint64_t>& have = pins_[tag];
+  std::vector<uint64_t> added, merged;
+  std::set_difference(segs.begin(), segs.end(), have.begin(), have.end(), std::back_inserter(added));
+  for (uint64_t s : added) AddPin(s);
+  std::merge(have.begin(), have.end(), added.begin(), added.end(), std::back_inserter(merged));
+  have = std::move(merged);
+}
+
+void SegmentLog::Unpin(uint64_t tag) {
+  auto it = pins_.find(tag);
+  if (it == pins_.end()) return;
+  for (uint64_t s : it->second) DropPin(s);
+  pins_.erase(it);
+}
+
+std::vector<uint64_t> SegmentLog::PinTags() const {
+  std::vector<uint64_t> tags;
+  for (const auto& [tag, segs] : pins_) tags.push_back(tag);
+  return tags;
+}
+
+uint64_t SegmentLog::retained_segments() const {
+  return static_cast<uint64_t>(std::count(state_.begin(), state_.end(), SegState::kRetained));
+}
+
+Status SegmentLog::LogFull() const {
+  std::string why = "the log is full: all " + std::to_string(h_.num_segments) + " segments hold live rows";
+  if (pinned_segments_ > 0)
+    why += " or are pinned by snapshots (" + std::to_string(pinned_segments_) +
+           " pinned segments; unpin snapshots to free them)";
+  return Status::IoError(ENOSPC, why + " (create the table with a larger overprovision)");
 }
 
 void SegmentLog::Append(uint64_t row, const uint8_t* data) {
@@ -269,6 +397,7 @@ void SegmentLog::Append(uint64_t row, const uint8_t* data) {
   ++live_[hd.seg];
   MarkMapDirty(row);
   ++counters_.rows_appended;
+  ++append_seq_;
 }
 
 void SegmentLog::SealOpenBlock() {
@@ -429,7 +558,7 @@ Status SegmentLog::CollectGarbage(uint64_t target_free) {
   while (free_.size() + pending_.size() < target_free) {
     uint64_t victim = h_.num_segments;
     for (uint64_t s = 0; s < h_.num_segments; ++s) {
-      if (state_[s] == SegState::kSealed && (victim == h_.num_segments || live_[s] < live_[victim]))
+      if (state_[s] == SegState::kSealed && pin_count_[s] == 0 && (victim == h_.num_segments || live_[s] < live_[victim]))
         victim = s;
     }
     if (victim == h_.num_segments || live_[victim] >= h_.slots_per_segment) break;
@@ -445,9 +574,9 @@ Status SegmentLog::CollectGarbage(uint64_t target_free) {
   }
   if (pending_.empty()) {
     if (!first_error.ok()) return first_error;
-    return Status::IoError(ENOSPC, "the log is full: all " + std::to_string(h_.num_segments) +
-                                       " segments hold live rows (create the table with a "
-                                       "larger overprovision)");
+    // Dead space held by pins is not reclaimable, but never-used segments still take rows.
+    if (pinned_segments_ > 0 && !free_.empty()) return Status::Ok();
+    return LogFull();
   }
   MTRAINS_RETURN_IF_ERROR(Commit());
   return first_error;
@@ -494,6 +623,28 @@ Status SegmentLog::MoveLiveRows(uint64_t victim) {
                               " live rows are in blocks that fail verification");
   }
   return Status::Ok();
+}
+
+Status SegmentLog::ReadBufferedSlot(uint64_t slot, uint64_t row, uint8_t* out, bool* found) const {
+  const uint64_t seg = SegmentOfSlot(slot);
+  const uint8_t* data = BufferedSegment(seg);
+  *found = data != nullptr;
+  if (data == nullptr) return Status::Ok();
+  const BlockGeometry& g = h_.geometry;
+  const uint64_t block = g.BlockOfSlot(slot), block_in_seg = block - seg * h_.segment_blocks;
+  const uint8_t* blocks = data + block_in_seg * h_.block_size;
+  // The head's buffer past what was appended may hold another segment's old bytes; its
+  // open block is not sealed yet, every other block in memory is.
+  const bool in_head = head_ && head_->seg == seg;
+  const bool open_block = in_head && g.packed() && block_in_seg == head_->next_block &&
+                          g.IndexInBlock(slot) < head_->index_in_block;
+  if (in_head && block_in_seg >= head_->next_block && !open_block)
+    return Status::Corruption("log slot " + std::to_string(slot) + " (row " + std::to_string(row) +
+                              ") was never written");
+  for (uint32_t k = 0; !open_block && k < g.blocks_per_row; ++k)
+    MTRAINS_RETURN_IF_ERROR(VerifyLogBlock(blocks + uint64_t(k) * h_.block_size, h_.block_size,
+                                           h_.table_uuid, block + k));
+  return GetRow(g, blocks, slot, row, out);
 }
 
 bool SegmentLog::CopyBufferedRow(uint64_t slot, uint64_t row, uint8_t* out) {

@@ -13,9 +13,15 @@
 // records or map pages that point to it. So the persisted map always names durable,
 // intact slots.
 //
+// Pins: a checkpoint that hard-links the log keeps the segments its map entries point
+// into. A pinned segment is never a collector's victim, and when its last live row goes
+// it is retained (kRetained) rather than freed; pinned segments count outside the space
+// budget, so writes go on in never-used segments. Pins live in memory only.
+//
 // Not thread-safe: the owning BlockStore serialises all calls.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -82,6 +88,28 @@ class SegmentLog {
   // (then read its blocks from the log device and GetRow them: block_format.h).
   bool CopyBufferedRow(uint64_t slot, uint64_t row, uint8_t* out);
 
+  // Pins under `tag` exactly the segments holding live rows, replacing the tag's set.
+  void PinLive(uint64_t tag);
+  // Adds to `tag`'s set the segments of map values `locations[0..n)` (each in
+  // [1, LogSlots]); free or pending ones are taken back and retained.
+  void PinLocations(uint64_t tag, const uint64_t* locations, size_t n);
+  // Drops `tag`'s pins (unknown: no-op); dead segments no longer pinned become pending.
+  void Unpin(uint64_t tag);
+  bool IsPinned(uint64_t tag) const { return pins_.count(tag) != 0; }
+  std::vector<uint64_t> PinTags() const;
+  uint64_t pinned_segments() const { return pinned_segments_; }
+  uint64_t retained_segments() const;
+  // Appends (the store's and the collector's) since the log was created or loaded.
+  uint64_t append_seq() const { return append_seq_; }
+  // After LoadMap, before any append: makes the map exactly the entries (rows ascending,
+  // values in [1, LogSlots]; checked by the caller), rebuilds segment liveness (segments
+  // no entry points into become free) and marks the rows whose value changed for the
+  // next Commit. Rows cleared to 0 cannot be journalled: the commit then checkpoints.
+  void Adopt(const int64_t* rows, const uint64_t* locations, size_t n);
+  // Copies the row at `slot` out of a segment still in memory, checking that the slot
+  // holds `row` (Corruption otherwise); *found is false when the segment is on disk only.
+  Status ReadBufferedSlot(uint64_t slot, uint64_t row, uint8_t* out, bool* found) const;
+
   const SegmentLogCounters& counters() const { return counters_; }
   uint64_t free_segments() const { return free_.size(); }
   uint64_t gc_reserve_segments() const { return gc_reserve_; }
@@ -94,7 +122,8 @@ class SegmentLog {
   uint64_t journal_bytes() const { return journal_.bytes(); }
 
  private:
-  enum class SegState : uint8_t { kFree, kHead, kSealed, kPending, kQuarantined };
+  // kRetained: no live rows, kept for a pin (not free, not a victim).
+  enum class SegState : uint8_t { kFree, kHead, kSealed, kPending, kQuarantined, kRetained };
   struct Head {
     uint64_t seg = 0;
     AlignedBuffer buf;
@@ -121,6 +150,14 @@ class SegmentLog {
   void RotateHead();              // queue the full head, take a free segment
   void SealOpenBlock();           // seal the partially filled head block
   void DecLive(uint64_t seg);
+  // Liveness, states and the free list from the map (and the pins).
+  void RebuildSegments();
+  // ENOSPC: no segment left to take (naming the pinned ones).
+  Status LogFull() const;
+  // A segment whose last live row went (not the head): retained if pinned, else pending.
+  void Release(uint64_t seg);
+  void AddPin(uint64_t seg);
+  void DropPin(uint64_t seg);
   void MarkMapDirty(uint64_t row);
   const uint8_t* BufferedSegment(uint64_t seg) const;
   Status CollectGarbage(uint64_t target_free);
@@ -155,6 +192,10 @@ class SegmentLog {
   std::unordered_map<uint64_t, const uint8_t*> buffered_;  // segment -> bytes in memory
   std::vector<AlignedBuffer> spare_buffers_;
   uint64_t live_rows_ = 0;
+  std::map<uint64_t, std::vector<uint64_t>> pins_;  // tag -> its segments, ascending
+  std::vector<uint32_t> pin_count_;  // per segment: tags pinning it
+  uint64_t pinned_segments_ = 0;     // segments with pin_count_ > 0
+  uint64_t append_seq_ = 0;
   uint64_t gc_reserve_ = 1;  // free segments user appends leave to the collector
   SegmentLogCounters counters_;
 };
