@@ -161,6 +161,31 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     return ToTuple(st);
   }
 
+  StatusTuple open_read_only(const std::string& path, Config config) {
+    ConfigReader r(config);
+    StoreRuntimeOptions runtime;
+    ReadRuntime(r, &runtime);
+    Status st = r.Finish();
+    if (st.ok()) st = BlockStore::OpenReadOnly(path, runtime, &store_);
+    return ToTuple(st);
+  }
+
+  // Opens a table whose map becomes exactly ids[i] -> locations[i] (BlockStore::OpenAdopted).
+  StatusTuple open_adopted(const std::string& path, Config config, const at::Tensor& ids,
+                           const at::Tensor& locations, int64_t pin_tag) {
+    ConfigReader r(config);
+    StoreRuntimeOptions runtime;
+    ReadRuntime(r, &runtime);
+    Status st = r.Finish();
+    if (st.ok()) st = CheckIds(ids);
+    if (st.ok()) st = CheckLocations(locations, ids.numel());
+    if (st.ok() && pin_tag < 0) st = Status::InvalidArgument("pin_tag=" + std::to_string(pin_tag) + " must be >= 0");
+    if (st.ok())
+      st = BlockStore::OpenAdopted(path, runtime, ids.data_ptr<int64_t>(), Locations(locations),
+                                   ids.numel(), static_cast<uint64_t>(pin_tag), &store_);
+    return ToTuple(st);
+  }
+
   StatusTuple read_into(const at::Tensor& ids, const at::Tensor& out) {
     Status st = CheckIds(ids);
     if (st.ok()) st = CheckRows(out, ids.numel(), "out");
@@ -214,6 +239,54 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     return {ToTuple(st), ids};
   }
 
+  // Pins (BlockStore::PinSnapshot and the rest); tags are >= 0 (checked by the caller).
+  StatusTuple pin_snapshot(int64_t tag) { return ToTuple(store().PinSnapshot(static_cast<uint64_t>(tag))); }
+
+  // The pinned snapshot's map entries in [first, first + count): (status, ids, locations).
+  std::tuple<StatusTuple, at::Tensor, at::Tensor> snapshot_entries(int64_t tag, int64_t first, int64_t count) {
+    std::vector<int64_t> rows;
+    std::vector<uint64_t> locs;
+    Status st = first >= 0 && count >= 0
+                    ? store().SnapshotEntries(static_cast<uint64_t>(tag), static_cast<uint64_t>(first),
+                                              static_cast<uint64_t>(count), &rows, &locs)
+                    : Status::OutOfRange(store().path() + ": row range from " + std::to_string(first) +
+                                         " of " + std::to_string(count) + " rows is negative");
+    const auto opts = at::TensorOptions().dtype(at::kLong);
+    at::Tensor ids = at::empty({static_cast<int64_t>(rows.size())}, opts);
+    at::Tensor values = at::empty({static_cast<int64_t>(locs.size())}, opts);
+    if (!rows.empty()) {
+      std::memcpy(ids.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
+      std::memcpy(values.data_ptr<int64_t>(), locs.data(), locs.size() * sizeof(uint64_t));
+    }
+    return {ToTuple(st), ids, values};
+  }
+
+  StatusTuple pin_locations(int64_t tag, const at::Tensor& locations) {
+    Status st = CheckLocations(locations, locations.numel());
+    if (st.ok())
+      st = store().PinLocations(static_cast<uint64_t>(tag), Locations(locations), locations.numel());
+    return ToTuple(st);
+  }
+
+  void unpin_snapshot(int64_t tag) { store().UnpinSnapshot(static_cast<uint64_t>(tag)); }
+
+  std::vector<int64_t> pin_tags() {
+    std::vector<int64_t> tags;
+    for (uint64_t t : store().PinTags()) tags.push_back(static_cast<int64_t>(t));
+    return tags;
+  }
+
+  // Reads the row versions at `locations` (map values) into `out` [n, dim + state_dim].
+  StatusTuple read_locations_into(const at::Tensor& ids, const at::Tensor& locations, const at::Tensor& out) {
+    Status st = CheckIds(ids);
+    if (st.ok()) st = CheckLocations(locations, ids.numel());
+    if (st.ok()) st = CheckRows(out, ids.numel(), "out");
+    if (st.ok())
+      st = store().ReadLocations(ids.data_ptr<int64_t>(), Locations(locations), ids.numel(),
+                                 static_cast<uint8_t*>(out.data_ptr()));
+    return ToTuple(st);
+  }
+
   StatusTuple flush() { return ToTuple(store().Flush()); }
   StatusTuple snapshot(const std::string& dst) { return ToTuple(store().Snapshot(dst)); }
   StatusTuple close() { return ToTuple(store().Close()); }
@@ -235,6 +308,7 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     d.insert("dtype", DTypeName(h.dtype));
     d.insert("block_size", std::to_string(h.block_size));
     d.insert("seed", std::to_string(h.seed));
+    d.insert("table_uuid", std::to_string(h.table_uuid));
     d.insert("init_lo", ExactText(h.init_lo));
     d.insert("init_hi", ExactText(h.init_hi));
     d.insert("segment_blocks", std::to_string(h.segment_blocks));
@@ -273,6 +347,17 @@ class BlockStoreHandle : public torch::CustomClassHolder {
         !ids.is_contiguous())
       return Status::InvalidArgument("ids must be a contiguous 1-D int64 CPU tensor");
     return Status::Ok();
+  }
+  // Map values travel as int64 (non-negative: checked by the caller) and are read as uint64.
+  static Status CheckLocations(const at::Tensor& t, int64_t n) {
+    if (t.device().type() != at::kCPU || t.scalar_type() != at::kLong || t.dim() != 1 ||
+        !t.is_contiguous() || t.numel() != n)
+      return Status::InvalidArgument("locations must be a contiguous 1-D int64 CPU tensor of " +
+                                     std::to_string(n) + " values");
+    return Status::Ok();
+  }
+  static const uint64_t* Locations(const at::Tensor& t) {
+    return reinterpret_cast<const uint64_t*>(t.data_ptr<int64_t>());
   }
   Status CheckRows(const at::Tensor& t, int64_t n, const char* name) {
     const TableHeader& h = store().header();
@@ -327,6 +412,23 @@ TORCH_LIBRARY(mtrains, m) {
            "Creates a table file: (path, settings, overwrite) -> (code, errno, message).")
       .def("open", &BlockStoreHandle::open,
            "Opens an existing table file: (path, settings) -> (code, errno, message).")
+      .def("open_read_only", &BlockStoreHandle::open_read_only,
+           "Opens a table to read row versions by location only (read-only files, no map): "
+           "(path, settings) -> status.")
+      .def("open_adopted", &BlockStoreHandle::open_adopted,
+           "Opens a table whose map becomes exactly the given entries, pinned under a tag: "
+           "(path, settings, ids, locations, pin_tag) -> status.")
+      .def("pin_snapshot", &BlockStoreHandle::pin_snapshot,
+           "Flushes and pins the segments of every live row under a tag -> status.")
+      .def("snapshot_entries", &BlockStoreHandle::snapshot_entries,
+           "Map entries of a pinned snapshot in [first, first + count): "
+           "(tag, first, count) -> (status, ids, locations).")
+      .def("pin_locations", &BlockStoreHandle::pin_locations,
+           "Pins the segments of map values under a tag: (tag, locations) -> status.")
+      .def("unpin_snapshot", &BlockStoreHandle::unpin_snapshot, "Drops a tag's pins.")
+      .def("pin_tags", &BlockStoreHandle::pin_tags, "The pinned tags.")
+      .def("read_locations_into", &BlockStoreHandle::read_locations_into,
+           "Reads the row versions at map values into out: (ids, locations, out) -> status.")
       .def("read_into", &BlockStoreHandle::read_into,
            "Reads rows `ids` into `out` [n, dim + state_dim] -> status.")
       .def("write", &BlockStoreHandle::write, "Writes rows [n, dim + state_dim] -> status.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,6 +33,7 @@ __all__ = ["BlockStore", "StoreRuntimeConfig", "TableConfig"]
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _DTYPE_BY_NAME = {v: k for k, v in _DTYPES.items()}
 _ENGINES = ("auto", "uring", "threads")
+_MAX_TAG = 2**63 - 1  # tags cross the TorchScript boundary as int64
 
 # Status codes of csrc/common/status.h.
 _OK, _INVALID, _OUT_OF_RANGE, _IO, _CORRUPTION, _CLOSED, _FORMAT = range(7)
@@ -212,6 +213,59 @@ class BlockStore(RowStore):
         store._after_open()
         return store
 
+    @classmethod
+    def open_read_only(
+        cls, path: PathLike, runtime: StoreRuntimeConfig = StoreRuntimeConfig()
+    ) -> "BlockStore":
+        """Opens an existing table to read row versions by location (``read_locations``)
+        only, e.g. a checkpoint's hard link of a live table: the files are opened read-only
+        and the location map is not loaded. ``stats`` and ``close`` work too (``close``
+        writes nothing); every other method raises ValueError."""
+        store = cls.__new__(cls)
+        store._handle = _new_handle()
+        _raise_for(store._handle.open_read_only(check_path(path), runtime.settings()))
+        store._after_open()
+        return store
+
+    @classmethod
+    def open_adopted(
+        cls,
+        path: PathLike,
+        ids: torch.Tensor,
+        locations: torch.Tensor,
+        pin_tag: int,
+        runtime: StoreRuntimeConfig = StoreRuntimeConfig(),
+    ) -> "BlockStore":
+        """Opens an existing table whose location map becomes exactly ``ids[i] ->
+        locations[i]`` (entries from ``snapshot_entries``), rows no entry names reading as
+        their initial value, and pins the entries' segments under ``pin_tag``. Only the
+        map entries that differ from the file's are written (and made durable).
+
+        Args:
+            ids: strictly ascending row ids in ``[0, num_rows)``.
+            locations: their map values (>= 1), as ``snapshot_entries`` returned them.
+            pin_tag: tag of the pin kept on the entries' segments (``unpin_snapshot``).
+        """
+        path = check_path(path)
+        ids = as_ids(path, ids)
+        if ids.numel() > 1:
+            steps = ids[1:] <= ids[:-1]
+            if bool(steps.any()):
+                pos = int(steps.nonzero()[0, 0]) + 1
+                raise ValueError(
+                    f"{path}: ids must be strictly ascending: id {int(ids[pos])} at position "
+                    f"{pos} follows {int(ids[pos - 1])}"
+                )
+        locations = _as_locations(path, locations, ids.numel())
+        check_int("pin_tag", pin_tag, 0, _MAX_TAG)
+        store = cls.__new__(cls)
+        store._handle = _new_handle()
+        _raise_for(
+            store._handle.open_adopted(path, runtime.settings(), ids, locations, pin_tag)
+        )
+        store._after_open()
+        return store
+
     def _after_open(self) -> None:
         info = dict(self._handle.info())
         self._info = info
@@ -238,6 +292,17 @@ class BlockStore(RowStore):
     def direct_io(self) -> bool:
         """Whether O_DIRECT is in effect (False after a fallback to buffered I/O)."""
         return self._info["direct_io"] == "1"
+
+    @property
+    def table_uuid(self) -> int:
+        """The table's random id, stored in its header and in every block it writes."""
+        return int(self._info["table_uuid"])
+
+    @property
+    def stripe_paths(self) -> List[str]:
+        """The files the log is spread over (empty: the log is in the main file)."""
+        stripes = self._info["stripe_paths"]
+        return stripes.split("\n") if stripes else []
 
     @property
     def layout(self) -> Dict[str, str]:
@@ -308,6 +373,56 @@ class BlockStore(RowStore):
         _raise_for(status)
         return ids
 
+    # Pins: checkpoints that hard-link the table file ---------------------------------
+    def pin_snapshot(self, tag: int) -> None:
+        """Flushes, then pins under ``tag`` every log segment holding live rows: they are
+        never reused (garbage-collected or overwritten) until ``unpin_snapshot(tag)``.
+        Pinning a tag again replaces its segments. Pins live in memory only."""
+        check_int("tag", tag, 0, _MAX_TAG)
+        _raise_for(self._live().pin_snapshot(tag))
+
+    def snapshot_entries(self, tag: int, start: int, stop: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The location-map entries of rows in ``[start, stop)`` as of ``pin_snapshot(tag)``:
+        ``(ids, locations)``, ascending int64 ids and their map values (int64, >= 1).
+        Raises ValueError unless ``tag`` was pinned by ``pin_snapshot`` and nothing was
+        written to the log since (a write that stays in the DRAM cache does not count).
+        Memory is O(stop - start)."""
+        handle = self._live()
+        check_int("tag", tag, 0, _MAX_TAG)
+        check_row_range(self.path, start, stop, self.num_rows)
+        status, ids, locations = handle.snapshot_entries(tag, start, stop - start)
+        _raise_for(status)
+        return ids, locations
+
+    def pin_locations(self, tag: int, locations: torch.Tensor) -> None:
+        """Adds to ``tag``'s pins the segments of these map values (e.g. a checkpoint's
+        entries after a reopen). Raises ValueError once anything was written to the log
+        since the store was opened: a segment freed before may already be reused."""
+        check_int("tag", tag, 0, _MAX_TAG)
+        locations = _as_locations(self.path, locations, None)
+        _raise_for(self._live().pin_locations(tag, locations))
+
+    def unpin_snapshot(self, tag: int) -> None:
+        """Drops ``tag``'s pins (an unknown tag: nothing); the space only it kept is
+        reclaimed after the next commit (flush)."""
+        check_int("tag", tag, 0, _MAX_TAG)
+        self._live().unpin_snapshot(tag)
+
+    def pin_tags(self) -> List[int]:
+        """The pinned tags, ascending."""
+        return list(self._live().pin_tags())
+
+    def read_locations(self, ids: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
+        """The row versions stored at map values ``locations`` (from ``snapshot_entries``),
+        as ``[len(ids), dim + state_dim]`` in the store's dtype. Every block is verified and
+        must hold row ``ids[i]``: CorruptionError naming the row and location otherwise.
+        Works on stores opened with ``open_read_only``."""
+        ids = self._as_ids(ids)
+        locations = _as_locations(self.path, locations, ids.numel())
+        out = torch.empty((ids.numel(), self.row_width), dtype=self.dtype)
+        _raise_for(self._live().read_locations_into(ids, locations, out))
+        return out
+
     def flush(self) -> None:
         """Writes every dirty row and the location map, then fsyncs."""
         _raise_for(self._live().flush())
@@ -372,6 +487,25 @@ class BlockStore(RowStore):
 def _new_handle() -> torch.ScriptObject:
     load_extension()
     return torch.classes.mtrains.BlockStore()
+
+
+def _as_locations(table: str, locations: object, n: Optional[int]) -> torch.Tensor:
+    """``locations`` as a contiguous 1-D int64 tensor of map values (>= 1; the upper
+    bound, the log's slots, is checked by the store), ``n`` of them unless None."""
+    try:
+        locations = as_ids(table, locations)
+    except ValueError as e:
+        raise ValueError(str(e).replace("ids", "locations", 1)) from None
+    if n is not None and locations.numel() != n:
+        raise ValueError(f"{table}: {locations.numel()} locations for {n} ids")
+    bad = locations < 1
+    if bool(bad.any()):
+        pos = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{table}: location {int(locations[pos])} at position {pos} is not a log "
+            "location (map values are >= 1)"
+        )
+    return locations
 
 
 def _raise_for(status: Tuple[int, int, str]) -> None:
