@@ -644,6 +644,171 @@ void TestWrittenRows(double cache_mb) {
   RemoveTable(path);
 }
 
+
+// Versions of rows `ids` read back at `locations` (ReadLocations), -1 where not FillRow's.
+std::vector<int64_t> VersionsAt(BlockStore* s, const std::vector<int64_t>& ids,
+                                const std::vector<uint64_t>& locations) {
+  std::vector<uint8_t> out(ids.size() * kRowBytes);
+  CHECK_OK(s->ReadLocations(ids.data(), locations.data(), ids.size(), out.data()));
+  std::vector<int64_t> v(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) v[i] = VersionOf(ids[i], out.data() + i * kRowBytes);
+  return v;
+}
+
+std::string FileBytes(const std::string& path) {
+  std::string bytes;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  CHECK(fd >= 0) << path;
+  char buf[1 << 16];
+  for (ssize_t r; (r = read(fd, buf, sizeof(buf))) > 0;) bytes.append(buf, static_cast<size_t>(r));
+  close(fd);
+  return bytes;
+}
+
+// A pinned snapshot survives rewrites with the collector running and unpinning gives its
+// space back; a read-only reader writes nothing; OpenAdopted restores a snapshot.
+void TestPinnedSnapshot() {
+  const std::string path = Path("pins");
+  RemoveTable(path);
+  constexpr uint64_t kRows = 2000;
+  TableOptions t = SmallTable(kRows);
+  t.segment_blocks = 2;
+  t.overprovision = 2.0;
+  StoreRuntimeOptions rt;
+  rt.dram_cache_mb = 0;
+  rt.io_threads = 2;
+  std::unique_ptr<BlockStore> s;
+  CHECK_OK(BlockStore::Create(path, t, rt, false, &s));
+  Model m;
+  std::vector<int64_t> all(kRows);
+  for (uint64_t r = 0; r < kRows; ++r) all[r] = static_cast<int64_t>(r);
+  WriteRows(s.get(), all, &m);  // version 1
+  CHECK_OK(s->PinSnapshot(1));
+  std::vector<int64_t> ids, scratch_ids;
+  std::vector<uint64_t> locs, scratch_locs;
+  CHECK_OK(s->SnapshotEntries(1, 0, kRows, &ids, &locs));
+  CHECK(ids == all) << ids.size();
+  CHECK_CODE(s->SnapshotEntries(1, 1, kRows, &scratch_ids, &scratch_locs), kOutOfRange);
+  CHECK_CODE(s->SnapshotEntries(2, 0, kRows, &scratch_ids, &scratch_locs), kInvalidArgument);
+  for (int round = 0; round < 4; ++round) {
+    WriteRows(s.get(), all, &m);
+    CHECK_OK(s->Flush());
+  }
+  const Status refused = s->SnapshotEntries(1, 0, kRows, &scratch_ids, &scratch_locs);
+  CHECK(refused.code() == StatusCode::kInvalidArgument && refused.message().find("tag 1") != std::string::npos)
+      << refused.message();
+  CHECK(Stat(s.get(), "gc_segments_freed") > 0) << "the collector did not run";
+  CHECK(Stat(s.get(), "retained_segments") > 0 && Stat(s.get(), "pinned_segments") > 0);
+  for (int64_t v : VersionsAt(s.get(), ids, locs)) CHECK(v == 1) << "a pinned row reads version " << v;
+  std::vector<int64_t> bad_ids = ids;
+  bad_ids[3] = 4;
+  std::vector<uint8_t> out(kRows * kRowBytes);
+  const Status wrong = s->ReadLocations(bad_ids.data(), locs.data(), kRows, out.data());
+  CHECK(wrong.code() == StatusCode::kCorruption &&
+        wrong.message().find("row 4 at location " + std::to_string(locs[3])) != std::string::npos)
+      << wrong.message();
+  uint64_t zero = 0;
+  CHECK_CODE(s->ReadLocations(ids.data(), &zero, 1, out.data()), kInvalidArgument);
+
+  // Unpinned, the retained segments are free after the next commit.
+  const double free_before = Stat(s.get(), "free_segments");
+  s->UnpinSnapshot(1);
+  CHECK(s->PinTags().empty());
+  CHECK_OK(s->Flush());
+  CHECK(Stat(s.get(), "retained_segments") == 0 && Stat(s.get(), "pinned_segments") == 0);
+  CHECK(Stat(s.get(), "free_segments") > free_before);
+
+  // A snapshot of the current rows, then rewrites of half of them; a read-only reader
+  // of the closed file sees the snapshot and leaves the file as it was.
+  CHECK_OK(s->PinSnapshot(7));
+  std::vector<uint32_t> snap_version(kRows);
+  for (uint64_t r = 0; r < kRows; ++r) snap_version[r] = m.version[r];
+  CHECK_OK(s->SnapshotEntries(7, 0, kRows, &ids, &locs));
+  std::vector<int64_t> half(all.begin(), all.begin() + kRows / 2);
+  for (int round = 0; round < 3; ++round) {
+    WriteRows(s.get(), half, &m);
+    CHECK_OK(s->Flush());
+  }
+  CHECK_OK(s->Close());
+  s.reset();
+  const std::string before = FileBytes(path);
+  CHECK_OK(BlockStore::OpenReadOnly(path, rt, &s));
+  std::vector<int64_t> got = VersionsAt(s.get(), ids, locs);
+  for (uint64_t r = 0; r < kRows; ++r) CHECK(got[r] == snap_version[r]) << "row " << r;
+  CHECK_CODE(s->Write(all.data(), 1, out.data()), kInvalidArgument);
+  CHECK_CODE(s->Read(all.data(), 1, out.data()), kInvalidArgument);
+  CHECK_CODE(s->PinSnapshot(1), kInvalidArgument);
+  CHECK_OK(s->Close());
+  s.reset();
+  CHECK(FileBytes(path) == before) << "the read-only reader changed the file";
+
+  // Adopting the snapshot: the entries, and only them, after a plain Open too.
+  std::vector<int64_t> unsorted = ids;
+  std::swap(unsorted[0], unsorted[1]);
+  CHECK_CODE(BlockStore::OpenAdopted(path, rt, unsorted.data(), locs.data(), kRows, 7, &s), kInvalidArgument);
+  CHECK(FileBytes(path) == before);
+  const size_t keep = kRows - 10;  // the last rows go back to never written
+  CHECK_OK(BlockStore::OpenAdopted(path, rt, ids.data(), locs.data(), keep, 7, &s));
+  CHECK(s->PinTags() == std::vector<uint64_t>{7});
+  for (int round = 0; round < 3; ++round) {  // writes go on without touching the snapshot
+    WriteRows(s.get(), half, &m);
+    CHECK_OK(s->Flush());
+  }
+  got = VersionsAt(s.get(), std::vector<int64_t>(ids.begin(), ids.begin() + keep),
+                   std::vector<uint64_t>(locs.begin(), locs.begin() + keep));
+  for (uint64_t r = 0; r < keep; ++r) CHECK(got[r] == snap_version[r]) << "row " << r;
+  s.reset();
+  CHECK_OK(BlockStore::OpenAdopted(path, rt, ids.data(), locs.data(), keep, 7, &s));
+  s.reset();
+  CHECK_OK(BlockStore::Open(path, rt, &s));
+  std::vector<int64_t> written;
+  CHECK_OK(s->WrittenRows(0, kRows, &written));
+  CHECK(written == std::vector<int64_t>(all.begin(), all.begin() + keep)) << written.size();
+  CHECK_OK(s->Read(all.data(), kRows, out.data()));
+  for (uint64_t r = 0; r < keep; ++r)
+    CHECK(VersionOf(r, out.data() + r * kRowBytes) == snap_version[r]) << "row " << r;
+  s.reset();
+  RemoveTable(path);
+}
+
+// Pins that keep every dead segment leave the collector no victim: writes go on in
+// never-used segments, and only a log with none left fails (ENOSPC naming the pins).
+void TestPinsFillTheLog() {
+  const std::string path = Path("pins_full");
+  RemoveTable(path);
+  constexpr uint64_t kRows = 3000;
+  TableOptions t = SmallTable(kRows);
+  t.segment_blocks = 2;
+  t.overprovision = 1.0;
+  StoreRuntimeOptions rt;
+  rt.dram_cache_mb = 0;
+  rt.io_threads = 2;
+  std::unique_ptr<BlockStore> s;
+  CHECK_OK(BlockStore::Create(path, t, rt, false, &s));
+  std::vector<int64_t> hot(300);
+  for (size_t i = 0; i < hot.size(); ++i) hot[i] = static_cast<int64_t>(i * 7);
+  std::vector<uint8_t> rows(hot.size() * kRowBytes);
+  Status st;
+  uint64_t tag = 0;
+  for (; tag < 10000; ++tag) {
+    for (size_t i = 0; i < hot.size(); ++i) FillRow(hot[i], static_cast<uint32_t>(tag), rows.data() + i * kRowBytes);
+    st = s->Write(hot.data(), hot.size(), rows.data());
+    if (!st.ok()) break;
+    CHECK_OK(s->PinSnapshot(tag));
+  }
+  CHECK(st.code() == StatusCode::kIoError && st.sys_errno() == ENOSPC) << st.message();
+  CHECK(st.message().find("pinned") != std::string::npos) << st.message();
+  const double segments = Stat(s.get(), "log_segments");
+  CHECK(Stat(s.get(), "free_segments") <= 2 && Stat(s.get(), "pinned_segments") >= segments - 4)
+      << "gave up with " << Stat(s.get(), "free_segments") << " free segments of " << segments;
+  for (uint64_t k = 0; k < tag; ++k) s->UnpinSnapshot(k);
+  CHECK_OK(s->Flush());
+  CHECK_OK(s->Write(hot.data(), hot.size(), rows.data()));
+  CHECK_OK(s->Close());
+  s.reset();
+  RemoveTable(path);
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -657,6 +822,8 @@ int main(int argc, char** argv) {
   Run("written rows, no cache", [] { TestWrittenRows(0); });
   Run("written rows, small cache", [] { TestWrittenRows(0.05); });
   Run("written rows, large cache", [] { TestWrittenRows(4); });
+  Run("pinned snapshot: rewrites, unpin, read-only reader, adopt", TestPinnedSnapshot);
+  Run("pins fill the log", TestPinsFillTheLog);
   for (IoEngineKind e : {IoEngineKind::kUring, IoEngineKind::kThreads}) {
     const char* name = e == IoEngineKind::kUring ? "io_uring" : "threads";
     std::fprintf(stderr, "--- engine %s\n", name);
