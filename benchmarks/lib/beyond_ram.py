@@ -87,6 +87,17 @@ def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: floa
         return json.load(f), monitor.samples, monitor.peaks()
 
 
+def resume_check(first: Dict, resumed: Dict, from_step: int, peaks: Dict[str, int]) -> Dict[str, object]:
+    """Whether the run resumed at ``from_step`` trained exactly as the uninterrupted one:
+    the losses of every step after it and the final AUC, bit for bit."""
+    ours, theirs = resumed["losses"][from_step:], first["losses"][from_step:]
+    return {"from_step": from_step, "steps_compared": len(ours), "losses_identical": ours == theirs and bool(ours),
+            "auc_identical": resumed["auc"] == first["auc"], "auc": resumed["auc"],
+            "wall_seconds": resumed["wall_seconds"],
+            "train_seconds": resumed["step_times"][-1] if resumed["step_times"] else 0.0,
+            "peak_rss_bytes": peaks["rss"], "peak_disk_bytes": peaks["disk_bytes"]}
+
+
 def steady_step_seconds(metrics: Dict) -> float:
     """Median seconds per step over the last half of the run's steps."""
     times = metrics["step_times"]
@@ -175,6 +186,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--fio-seconds", type=float, default=10.0, help="seconds per fio job (0: no fio)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between memory/disk samples")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
+    p.add_argument("--checkpoint-every", type=int, default=1500,
+                   help="save a checkpoint every N steps (0: none); SSD tables are linked, not copied")
+    p.add_argument("--no-resume", action="store_true",
+                   help="skip the resume check (a second run from the next-to-last checkpoint to the end, "
+                        "whose losses must equal the first run's)")
     p.add_argument("--report-only", action="store_true",
                    help="no runs: recompute the figures and summary from the results already in --out")
     return p.parse_args(argv)
@@ -216,10 +232,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         limits = fio_limits(work, args.fio_seconds) if args.fio_seconds > 0 else {}
         store = work / "store"
         hardware = local_profile_for(work, args.nproc, out / "hardware.yaml")
+        ckpt = work / "ckpt"
+        saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", str(args.checkpoint_every)]
+        common = [*steps, *scale, "--storage-dir", str(store), "--hardware", str(hardware)]
         tiered, samples, peaks = train(args.nproc, out / "tiered", work,
-                                       [*steps, *scale, "--storage-dir", str(store), "--hardware", str(hardware)],
+                                       [*common, *(saving if args.checkpoint_every else [])],
                                        args.interval, args.timeout)
+        saves = [c["step"] for c in tiered["checkpoints"]]
+        if len(saves) >= 2 and not args.no_resume:
+            # As after a crash past the next-to-last save: the store files went on changing
+            # after it, and the resumed run must still train exactly as the first did.
+            resumed, resumed_samples, resumed_peaks = train(
+                args.nproc, out / "resumed", work,
+                [*common, "--resume-from", str(ckpt / f"step_{saves[-2]:08d}")], args.interval, args.timeout)
+            tiered["resume_check"] = resume_check(tiered, resumed, saves[-2], resumed_peaks)
         shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
+        shutil.rmtree(ckpt, ignore_errors=True)
         baseline = None
         if args.baseline_steps > 0:
             budget = str(4 << 30)  # per rank: the hashed model fits whole

@@ -50,6 +50,9 @@ def figures(tiered: Dict, samples: List[Sample], peaks: Dict[str, int], ram: int
         "perf_model_error": tiered["predicted_step_seconds"] / step_s - 1.0,
         "dram_bytes_per_ssd_row": peaks["rss"] / max(1.0, ssd["store_live_rows"]),
     }
+    out["checkpoints"] = tiered.get("checkpoints", [])
+    if "resume_check" in tiered:
+        out["resume_check"] = tiered["resume_check"]
     if limits:
         reads_per_step = ssd["store_disk_rows_read"] / steps
         written_per_step = ssd["store_device_bytes_written"] / steps
@@ -124,4 +127,24 @@ def summary(f: Dict) -> str:
                      f"{f.get('device_seconds_per_step', float('nan')) * 1e3:.0f} ms) = "
                      f"{f['roofline_step_seconds'] * 1e3:.0f} ms; step / roofline {f['step_x_roofline']:.2f}x "
                      f"[{_verdict(f['step_x_roofline'] <= 1.25)}] goal <= 1.25x")
+    lines += _checkpoint_lines(f)
     return "\n".join(lines)
+
+
+def _checkpoint_lines(f: Dict) -> List[str]:
+    gb = 1e9
+    lines = []
+    for c in f.get("checkpoints", []):
+        lines.append(f"checkpoint at step {c['step']} ({c['kind']}): {c['seconds']:.0f} s; "
+                     f"{c.get('rows_linked', 0) / 1e6:.1f}M SSD rows ({c.get('linked_row_bytes', 0) / gb:.1f} GB) "
+                     f"linked by {c.get('map_bytes', 0) / gb:.2f} GB of location maps; "
+                     f"{c['rows_written'] / 1e6:.1f}M rows ({c['row_bytes'] / gb:.2f} GB) copied; "
+                     f"step files {c['bytes'] / gb:.2f} GB")
+    r = f.get("resume_check")
+    if r:
+        ok = r["losses_identical"] and r["auc_identical"]
+        lines.append(f"resume from step {r['from_step']}'s checkpoint: losses of {r['steps_compared']} steps and "
+                     f"the final AUC ({r['auc']:.4f}) bit-identical to the uninterrupted run: "
+                     f"{'yes' if ok else 'NO'} [{_verdict(ok)}]; wall {r['wall_seconds'] / 60:.1f} min "
+                     f"({r['train_seconds'] / 60:.1f} training), peak disk {r['peak_disk_bytes'] / gb:.1f} GB")
+    return lines

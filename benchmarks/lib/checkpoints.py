@@ -43,6 +43,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=400, help="training steps of each run")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps between saves")
     p.add_argument("--full-every", type=int, default=8, help="the measured run's --full-every (saves per chain)")
+    p.add_argument("--link-ssd-tables", action="store_true",
+                   help="save SSD tables by linking their store files (the example's default); without it both "
+                        "runs copy their rows (--copy-ssd-tables), which is what the targets compare")
     p.add_argument("--nproc", type=int, default=2, help="ranks")
     p.add_argument("--workdir", default=None,
                    help="checkpoints, tier files and the runs' outputs (default: a temp dir); its checkpoint "
@@ -78,15 +81,15 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def saved_steps(directory: Path) -> Dict[int, int]:
-    """Checkpoint steps in ``directory`` -> bytes of their files (``trainer.json`` not counted,
-    as in the saves' own ``bytes``)."""
+    """Checkpoint steps in ``directory`` -> bytes of their files (``trainer.json`` and the
+    ``links/`` of SSD tables' store files not counted, as in the saves' own ``bytes``)."""
     from torchrec_mtrains.checkpoint.chain import step_of
 
     out: Dict[int, int] = {}
     for name in sorted(os.listdir(directory)) if directory.is_dir() else []:
         step = step_of(name)
         if step is not None:
-            files = [f for f in (directory / name).iterdir() if f.name != "trainer.json"]
+            files = [f for f in (directory / name).iterdir() if f.name != "trainer.json" and f.is_file()]
             out[step] = sum(f.stat().st_size for f in files)
     return out
 
@@ -102,7 +105,7 @@ def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
            str(TRAIN), *args.example, "--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every),
            "--checkpoint-dir", str(ckpt), "--full-every", str(full_every), "--keep-chains", str(KEEP_CHAINS),
-           "--storage-dir", str(store), "--out", str(out)]
+           "--storage-dir", str(store), "--out", str(out), *([] if args.link_ssd_tables else ["--copy-ssd-tables"])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     print(f"bench_checkpoint: {name} run: {shlex.join(cmd)}", flush=True)
     monitor = run_monitored(cmd, outputs / f"{name}.log", str(ckpt), args.interval, args.timeout,

@@ -55,8 +55,13 @@ uint64_t SegmentLog::SegmentBudget() const {
   const double per_row_space = double(h_.num_segments) / double(std::max<uint64_t>(1, h_.SegmentsForAllRows()));
   const uint64_t live_segments = (live_rows_ + h_.slots_per_segment - 1) / h_.slots_per_segment;
   const uint64_t budget = static_cast<uint64_t>(std::ceil(double(live_segments) * per_row_space)) +
-                          2 * gc_reserve_ + GcBatch() + pinned_segments_;
+                          2 * gc_reserve_ + GcBatch() + PinnedDeadSegments();
   return std::min(h_.num_segments, budget);
+}
+
+uint64_t SegmentLog::PinnedDeadSegments() const {
+  // The pinned segments' live rows are in the live rows' share already.
+  return pinned_segments_ - std::min(pinned_segments_, pinned_live_rows_ / h_.slots_per_segment);
 }
 
 uint64_t SegmentLog::SegmentsInUse() const {
@@ -159,7 +164,9 @@ void SegmentLog::RebuildSegments() {
   });
   free_.clear();
   pending_.clear();
+  pinned_live_rows_ = 0;
   for (uint64_t s = h_.num_segments; s-- > 0;) {
+    if (pin_count_[s] > 0) pinned_live_rows_ += live_[s];
     if (live_[s] > 0) {
       state_[s] = SegState::kSealed;
     } else if (pin_count_[s] > 0) {
@@ -285,6 +292,7 @@ AlignedBuffer SegmentLog::TakeSegmentBuffer() {
 }
 
 void SegmentLog::DecLive(uint64_t seg) {
+  if (pin_count_[seg] > 0) --pinned_live_rows_;
   if (--live_[seg] == 0 &&
       (state_[seg] == SegState::kSealed || state_[seg] == SegState::kQuarantined)) {
     Release(seg);
@@ -300,20 +308,28 @@ void SegmentLog::Release(uint64_t seg) {
   }
 }
 
-void SegmentLog::AddPin(uint64_t seg) {
-  if (pin_count_[seg]++ > 0) return;
-  ++pinned_segments_;
-  std::vector<uint64_t>* list = state_[seg] == SegState::kFree      ? &free_
-                                : state_[seg] == SegState::kPending ? &pending_
-                                                                    : nullptr;
-  if (list == nullptr) return;
-  list->erase(std::find(list->begin(), list->end(), seg));
-  state_[seg] = SegState::kRetained;
+void SegmentLog::AddPins(const std::vector<uint64_t>& segs) {
+  bool taken = false;  // a free or pending segment became retained
+  for (uint64_t seg : segs) {
+    if (pin_count_[seg]++ > 0) continue;
+    ++pinned_segments_;
+    pinned_live_rows_ += live_[seg];
+    if (state_[seg] == SegState::kFree || state_[seg] == SegState::kPending) {
+      state_[seg] = SegState::kRetained;
+      taken = true;
+    }
+  }
+  if (!taken) return;
+  // One pass over each list (a segment at a time would cost the free list's length each).
+  auto retained = [this](uint64_t seg) { return state_[seg] == SegState::kRetained; };
+  free_.erase(std::remove_if(free_.begin(), free_.end(), retained), free_.end());
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), retained), pending_.end());
 }
 
 void SegmentLog::DropPin(uint64_t seg) {
   if (--pin_count_[seg] > 0) return;
   --pinned_segments_;
+  pinned_live_rows_ -= live_[seg];
   if (state_[seg] == SegState::kRetained) {
     state_[seg] = SegState::kPending;  // free after the next commit, like any freed segment
     pending_.push_back(seg);
@@ -324,7 +340,7 @@ void SegmentLog::PinLive(uint64_t tag) {
   std::vector<uint64_t> segs;
   for (uint64_t s = 0; s < h_.num_segments; ++s)
     if (live_[s] > 0) segs.push_back(s);
-  for (uint64_t s : segs) AddPin(s);  // before dropping the old set: nothing is freed between
+  AddPins(segs);  // before dropping the old set: nothing is freed between
   auto it = pins_.find(tag);
   if (it != pins_.end())
     for (uint64_t s : it->second) DropPin(s);
@@ -339,7 +355,7 @@ void SegmentLog::PinLocations(uint64_t tag, const uint64_t* locations, size_t n)
   std::vector<uint64_t>& have = pins_[tag];
   std::vector<uint64_t> added, merged;
   std::set_difference(segs.begin(), segs.end(), have.begin(), have.end(), std::back_inserter(added));
-  for (uint64_t s : added) AddPin(s);
+  AddPins(added);
   std::merge(have.begin(), have.end(), added.begin(), added.end(), std::back_inserter(merged));
   have = std::move(merged);
 }
@@ -395,6 +411,7 @@ void SegmentLog::Append(uint64_t row, const uint8_t* data) {
   }
   map_.Set(row, slot + 1);
   ++live_[hd.seg];
+  if (pin_count_[hd.seg] > 0) ++pinned_live_rows_;
   MarkMapDirty(row);
   ++counters_.rows_appended;
   ++append_seq_;

@@ -15,8 +15,9 @@
 //
 // Pins: a checkpoint that hard-links the log keeps the segments its map entries point
 // into. A pinned segment is never a collector's victim, and when its last live row goes
-// it is retained (kRetained) rather than freed; pinned segments count outside the space
-// budget, so writes go on in never-used segments. Pins live in memory only.
+// it is retained (kRetained) rather than freed; the pinned segments' space beyond their
+// live rows counts outside the space budget, so writes go on in never-used segments.
+// Pins live in memory only.
 //
 // Not thread-safe: the owning BlockStore serialises all calls.
 #pragma once
@@ -156,7 +157,10 @@ class SegmentLog {
   Status LogFull() const;
   // A segment whose last live row went (not the head): retained if pinned, else pending.
   void Release(uint64_t seg);
-  void AddPin(uint64_t seg);
+  void AddPins(const std::vector<uint64_t>& segs);
+  // Pinned segments' space beyond their live rows: what pins keep that the collector
+  // cannot reclaim (outside the space budget).
+  uint64_t PinnedDeadSegments() const;
   void DropPin(uint64_t seg);
   void MarkMapDirty(uint64_t row);
   const uint8_t* BufferedSegment(uint64_t seg) const;
@@ -195,6 +199,7 @@ class SegmentLog {
   std::map<uint64_t, std::vector<uint64_t>> pins_;  // tag -> its segments, ascending
   std::vector<uint32_t> pin_count_;  // per segment: tags pinning it
   uint64_t pinned_segments_ = 0;     // segments with pin_count_ > 0
+  uint64_t pinned_live_rows_ = 0;    // live rows in those segments
   uint64_t append_seq_ = 0;
   uint64_t gc_reserve_ = 1;  // free segments user appends leave to the collector
   SegmentLogCounters counters_;

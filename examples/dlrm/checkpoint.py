@@ -5,6 +5,7 @@ docs/checkpoints.md)::
 
     step_00000100/   a full step: dense state, every tiered row that left its initial value
     step_00000200/   a delta: dense state, the tiered rows written since step 100
+                     (SSD tables, in every step: a link to the block-store file + its map)
     latest           name of the newest complete step (replaced atomically last)
 
 ``--full-every K`` starts a new chain with a full step every K saves; ``--keep-chains N``
@@ -27,5 +28,7 @@ __all__ = ["checkpointer_of", "flush_tiers", "latest_checkpoint"]
 
 
 def checkpointer_of(args) -> DifferentialCheckpointer:
-    """The run's checkpointer, from --checkpoint-dir, --full-every and --keep-chains."""
-    return DifferentialCheckpointer(args.checkpoint_dir, full_every=args.full_every, keep_chains=args.keep_chains)
+    """The run's checkpointer, from --checkpoint-dir, --full-every, --keep-chains and
+    --copy-ssd-tables."""
+    return DifferentialCheckpointer(args.checkpoint_dir, full_every=args.full_every, keep_chains=args.keep_chains,
+                                    link_ssd_tables=not args.copy_ssd_tables)

@@ -104,6 +104,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="every K-th save is a full one (all tiered rows that left their initial value)")
     p.add_argument("--keep-chains", type=int, default=1, help="keep the N newest checkpoint chains")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--resume-from", default=None, metavar="STEP_DIR",
+                   help="continue from this checkpoint step (a step_* directory; --checkpoint-dir defaults to "
+                        "its parent)")
+    p.add_argument("--copy-ssd-tables", action="store_true",
+                   help="checkpoints copy the rows of SSD tables (default: link the block-store file and save "
+                        "its location map)")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per rank for the final AUC")
     p.add_argument("--log-every", type=int, default=10, help="progress-bar / AUC-curve update interval (steps)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo); cuda (nccl) is not built")
@@ -136,6 +142,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--table-scale must be in (0, 1], got {args.table_scale}")
     if args.embedding_dim < 4 or args.embedding_dim % 4:
         p.error(f"--embedding-dim must be a positive multiple of 4, got {args.embedding_dim}")
+    if args.resume_from:
+        args.resume = True
+        args.checkpoint_dir = args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume_from))
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
     try:
@@ -352,7 +361,9 @@ def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
         if rank == 0:
             print(f"train.py: restart {restarts}: resuming from {latest_checkpoint(args.checkpoint_dir)}",
                   file=sys.stderr, flush=True)
-    if args.resume and latest_checkpoint(args.checkpoint_dir) is None:
+    if args.resume_from and not os.path.exists(os.path.join(args.resume_from, "trainer.json")):
+        raise BadInput(f"--resume-from: {args.resume_from!r} is not a complete checkpoint step (no trainer.json)")
+    if args.resume and not args.resume_from and latest_checkpoint(args.checkpoint_dir) is None:
         raise BadInput(f"--resume: no complete checkpoint in {args.checkpoint_dir!r}")
     if args.device == "cuda":
         raise BadInput("--device cuda: the tiered kernel is CPU-only in this build (see docs/sharding.md)")
@@ -422,7 +433,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     trainer = Trainer(args, dmp, dense_opt, optimizer, tiered, rank, world)
     start = 0
     if args.resume:
-        trainer.state = trainer.checkpointer.restore(dmp, dense_opt)
+        trainer.state = trainer.checkpointer.restore(dmp, dense_opt, path=args.resume_from)
         start = trainer.state.pop("step")
         if trainer.state.get("seed") != args.seed:
             print(f"train.py: warning: checkpoint seed {trainer.state.get('seed')} != --seed {args.seed}",

@@ -8,6 +8,8 @@ directory)::
     step_00000300/   delta on step 200
       .metadata, __*_*.distcp      DCP files (dense state_dict, row chunks and their ids)
       tiered.rank<r>.json          rank r's manifest: shards, chunks, CRC-32 of each
+      <shard>.map, links/<shard>.blk   an SSD shard saved by linking its block-store file
+                                   and writing its location map (store_links.py)
       trainer.json                 the caller's state + kind, base, parent, bytes, rows
     latest           the newest complete step ("step_00000300")
 
@@ -90,7 +92,9 @@ def latest_checkpoint(directory: str) -> Optional[str]:
 
 
 def dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    """Bytes of the step's own files (not of the store files it links)."""
+    files = (os.path.join(path, f) for f in os.listdir(path))
+    return sum(os.path.getsize(f) for f in files if os.path.isfile(f))
 
 
 def read_chain(path: str) -> List[ChainStep]:
@@ -129,7 +133,22 @@ def read_chain(path: str) -> List[ChainStep]:
     if steps[0].manifests and steps[0].manifests[0].kind != FULL:
         first = steps[0]
         raise ChainError(f"checkpoint {first.reader.path} is not a full checkpoint", first.reader.path, first.step)
+    _hoist_links(steps)
     return steps
+
+
+def _hoist_links(steps: List[ChainStep]) -> None:
+    """A linked piece is whole in every step that saved it: only the last step's record
+    counts. It moves to the full step's manifests (where a restore starts a shard from
+    initial values and the saved rows); the earlier ones are dropped."""
+    for s in steps[:-1]:
+        for m in s.manifests:
+            m.pieces = [p for p in m.pieces if p.snapshot is None]
+    if len(steps) > 1:
+        for n, m in enumerate(steps[-1].manifests):
+            linked = [p for p in m.pieces if p.snapshot is not None]
+            m.pieces = [p for p in m.pieces if p.snapshot is None]
+            steps[0].manifests[n % len(steps[0].manifests)].pieces += linked
 
 
 def _read_manifest(path: str, rank: int, step: Optional[int]) -> StepManifest:

@@ -38,8 +38,9 @@ from torchrec_mtrains.checkpoint.kind_change import (
     restore_from_dense,
     tiered_tables,
 )
-from torchrec_mtrains.checkpoint.restore import ChainStep, apply_rows, check_rows
+from torchrec_mtrains.checkpoint.restore import ChainStep, apply_rows, chain_specs, check_rows
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
+from torchrec_mtrains.checkpoint.store_links import adopt, link_pieces, linked_store, plan_adoption, release_pins
 from torchrec_mtrains.checkpoint.tiered_parts import (
     LocalPiece,
     clear_dirty,
@@ -47,7 +48,15 @@ from torchrec_mtrains.checkpoint.tiered_parts import (
     flush_tiers,
     local_pieces,
 )
-from torchrec_mtrains.checkpoint.types import DELTA, FULL, ChainError, CheckpointRecord, PieceRecord, StepManifest
+from torchrec_mtrains.checkpoint.types import (
+    DELTA,
+    FULL,
+    MAP_ENTRY_BYTES,
+    ChainError,
+    CheckpointRecord,
+    PieceRecord,
+    StepManifest,
+)
 from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = ["DifferentialCheckpointer"]
@@ -87,10 +96,14 @@ class DifferentialCheckpointer:
         keep_chains: complete chains kept (the newest; older ones are removed once a
             newer one is complete).
         chunk_mb: tiered rows per DCP tensor, in MiB (what a save holds in memory).
+        link_ssd_tables: save SSD tables (block stores of one file, on this directory's
+            filesystem) by hard-linking the store's file and writing its location map, the
+            store keeping the saved rows' log segments until the step is gone
+            (``store_links.py``); False copies their rows like any other tier's.
     """
 
     def __init__(self, directory: str, full_every: int = 4, max_chain_fraction: float = 1.0,
-                 keep_chains: int = 1, chunk_mb: float = 32.0) -> None:
+                 keep_chains: int = 1, chunk_mb: float = 32.0, link_ssd_tables: bool = True) -> None:
         if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every={full_every!r} must be an integer >= 1")
         if not max_chain_fraction > 0:
@@ -102,6 +115,7 @@ class DifferentialCheckpointer:
         self.directory = directory
         self.full_every, self.max_chain_fraction, self.keep_chains = full_every, max_chain_fraction, keep_chains
         self.chunk_bytes = int(chunk_mb * 2**20)
+        self.link_ssd_tables = bool(link_ssd_tables)
         self._chain: Optional[_Chain] = None
         self._started = False
 
@@ -143,7 +157,9 @@ class DifferentialCheckpointer:
         flush_tiers(model)
         pieces = local_pieces(model)
         layout = _layout(pieces)
-        kind, chunks = self._kind_and_chunks(layout, pieces)
+        linked = [p for p in pieces if self.link_ssd_tables and linked_store(p, self.directory) is not None]
+        copied = [p for p in pieces if p not in linked]
+        kind, chunks = self._kind_and_chunks(layout, copied)
         base = step if kind == FULL else self._chain.base
         parent = None if kind == FULL else self._chain.last
         planner = RowChunkPlanner(chunks)
@@ -151,15 +167,20 @@ class DifferentialCheckpointer:
         try:
             with exclude_tiered_state(model):
                 dcp.save(_state(model, dense_optimizer), storage_writer=writer, planner=planner)
-            errors = _gather_errors(self._write_manifest(path, step, kind, base, parent, pieces, chunks,
-                                                         writer.state_files, trainer or {}))
+            links, error = self._link(linked, path, step)
+            if error is None:
+                error = self._write_manifest(path, step, kind, base, parent, copied, chunks, links,
+                                             writer.state_files, trainer or {})
+            errors = _gather_errors(error)
             if errors:
                 raise OSError(errno.EIO, "; ".join(errors))
             fault_point("checkpoint.saved")
-            rows, tiered, row_bytes, dense = _all_sum([
+            rows, tiered, row_bytes, dense, rows_linked, linked_bytes, map_bytes = _all_sum([
                 sum(c.count for c in chunks), sum(c.nbytes for c in chunks),
                 sum(c.count * c.piece.spec.row_bytes for c in chunks),
                 sum(os.path.getsize(os.path.join(path, f)) for f in writer.state_files),
+                sum(r.snapshot.entries for r in links), sum(r.snapshot.entries * r.spec.row_bytes for r in links),
+                sum(r.snapshot.entries * MAP_ENTRY_BYTES for r in links),
             ])
             nbytes = 0
             if _rank() == 0:
@@ -167,7 +188,8 @@ class DifferentialCheckpointer:
                 chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
                     **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
                     "world_size": _world(), "bytes": nbytes, "rows_written": rows, "tiered_bytes": tiered,
-                    "row_bytes": row_bytes, "dense_bytes": dense,
+                    "row_bytes": row_bytes, "dense_bytes": dense, "rows_linked": rows_linked,
+                    "linked_row_bytes": linked_bytes, "map_bytes": map_bytes,
                 }))
             nbytes = _all_sum([nbytes])[0]
         except (CheckpointException, OSError) as e:
@@ -178,6 +200,8 @@ class DifferentialCheckpointer:
                 code = errno.ENOSPC
             if _rank() == 0:
                 shutil.rmtree(path, ignore_errors=True)
+            for p in linked:  # this step never completes: its rows need not stay
+                p.emb.linkable_store(p.t).unpin_snapshot(step)
             raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {_first_line(e)}; "
                                 f"the latest complete checkpoint is still {previous}") from e
         if _rank() == 0:
@@ -186,13 +210,23 @@ class DifferentialCheckpointer:
             fault_point("checkpoint.cleanup")
             chain_dir.remove_leftovers(self.directory, self.keep_chains)
         _barrier()
+        release_pins(model, self.directory)
         clear_dirty(model)
         if kind == FULL:
             self._chain = _Chain(step, step, 1, tiered, 0, layout)
         else:
             self._chain = dataclasses.replace(self._chain, last=step, steps=self._chain.steps + 1,
                                               delta_bytes=self._chain.delta_bytes + tiered)
-        return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0, row_bytes, dense)
+        return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0, row_bytes, dense,
+                                rows_linked, linked_bytes, map_bytes)
+
+    @staticmethod
+    def _link(pieces: List[LocalPiece], path: str, step: int) -> Tuple[List[PieceRecord], Optional[str]]:
+        """The records of the pieces saved by linking their store file, or the error."""
+        try:
+            return link_pieces(pieces, path, step), None
+        except (OSError, ValueError) as e:
+            return [], f"rank {_rank()}: {e}"
 
     def _kind_and_chunks(self, layout: Tuple, pieces: List[LocalPiece]) -> Tuple[str, List[PlannedChunk]]:
         """The step's kind and its chunks. FULL without a chain of this layout, after
@@ -219,14 +253,15 @@ class DifferentialCheckpointer:
         return chunks
 
     def _write_manifest(self, path: str, step: int, kind: str, base: int, parent: Optional[int],
-                        pieces: List[LocalPiece], chunks: List[PlannedChunk], state_files: List[str],
-                        trainer: Dict[str, Any]) -> Optional[str]:
+                        pieces: List[LocalPiece], chunks: List[PlannedChunk], links: List[PieceRecord],
+                        state_files: List[str], trainer: Dict[str, Any]) -> Optional[str]:
         """Writes this rank's manifest; returns the error that prevented it, if any."""
-        records = []
+        records = list(links)
         for p in pieces:
             mine = [c for c in chunks if c.piece is p]
             complete = kind == FULL and sum(c.count for c in mine) == p.spec.rows
             records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine]))
+        records.sort(key=lambda r: r.spec.key)
         try:
             files = {f: _file_crc(os.path.join(path, f)) for f in state_files}
             if _rank() == 0:
@@ -242,7 +277,9 @@ class DifferentialCheckpointer:
         trainer = chain_dir.read_trainer(path, chain_dir.step_of(os.path.basename(path)))
         return CheckpointRecord(int(trainer["step"]), trainer.get("kind", FULL), path,
                                 int(trainer.get("bytes", 0)), int(trainer.get("rows_written", 0)), seconds,
-                                int(trainer.get("row_bytes", 0)), int(trainer.get("dense_bytes", 0)))
+                                int(trainer.get("row_bytes", 0)), int(trainer.get("dense_bytes", 0)),
+                                int(trainer.get("rows_linked", 0)), int(trainer.get("linked_row_bytes", 0)),
+                                int(trainer.get("map_bytes", 0)))
 
     # ---------------------------------------------------------------- restore ----
     def restore(self, model: nn.Module, dense_optimizer: Any = None, path: Optional[str] = None) -> Dict[str, Any]:
@@ -273,7 +310,9 @@ class DifferentialCheckpointer:
             try:
                 chain = chain_dir.read_chain(path)
                 changed = changed_tables(pieces, tiered_tables(model), chain, state["model"])
-                targets = pieces + fused_pieces(state, changed.to_fused)
+                adoptions = _adoptions(pieces, chain)
+                adopted = {a.piece.spec.key for a in adoptions}
+                targets = [p for p in pieces if p.spec.key not in adopted] + fused_pieces(state, changed.to_fused)
                 check_files(chain)
                 check_rows(targets, chain)
                 check_dense_sources(changed.to_tiered, chain[-1])
@@ -285,6 +324,8 @@ class DifferentialCheckpointer:
             if errors:  # another rank found damage: nothing is restored anywhere
                 raise ChainError("; ".join(errors), path, step)
             _load_dense(path, state, changed)
+            for adoption in adoptions:
+                adopt(adoption, self.directory)
             apply_rows(targets, chain)  # FUSED-now tables: into the state's tensors
             restore_from_dense(pieces, changed.to_tiered, chain[-1])
             _load_state_dicts(state, model, dense_optimizer)
@@ -293,10 +334,21 @@ class DifferentialCheckpointer:
         return dict(chain[-1].manifests[0].trainer)
 
 
+def _adoptions(pieces: List[LocalPiece], chain: List[ChainStep]):
+    """The local pieces a linked record of the chain restores by adopting its file."""
+    linked = {r.spec.key: r for r in chain[0].pieces() if r.snapshot is not None}
+    found = []
+    for p in pieces:
+        record = linked.get(p.spec.key)
+        adoption = None if record is None else plan_adoption(p, record, chain[0].directory)
+        if adoption is not None:
+            found.append(adoption)
+    return found
+
+
 def _chain_of(chain: List[ChainStep]) -> _Chain:
     sizes = [sum(m.tiered_bytes for m in s.manifests) for s in chain]
-    specs = [p.spec for p in chain[-1].pieces()]
-    layout = tuple(sorted(specs, key=_spec_key))
+    layout = tuple(sorted(chain_specs(chain), key=_spec_key))
     return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0], sum(sizes[1:]), layout)
 
 

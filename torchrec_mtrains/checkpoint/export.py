@@ -256,16 +256,16 @@ class _BlockSource:
             for chunk in chunks[first:]:
                 if chunk.row_lo >= hi:
                     break
-                ids, rows = self._chunk(n, spec, chunk)
+                ids, rows = self._chunk(n, record, chunk)
                 keep = (ids >= lo) & (ids < hi)
                 out[ids[keep] - lo] = rows[keep]
         return out
 
-    def _chunk(self, n: int, spec: PieceSpec, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _chunk(self, n: int, record: PieceRecord, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
         cached = self._cached.get(n)
         if cached is None or cached[0] != chunk.key:
             self._cached.pop(n, None)  # frees the previous chunk before the next is read
-            ids, rows = read_chunk(self.chain[n], spec, chunk)
+            ids, rows = read_chunk(self.chain[n], record, chunk)
             cached = (chunk.key, ids, rows)
             self._cached[n] = cached
         return cached[1], cached[2]

@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchrec_mtrains.checkpoint.restore import ChainStep
+from torchrec_mtrains.checkpoint.restore import ChainStep, chain_specs
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
 
@@ -53,7 +53,7 @@ class ChangedTables:
 def changed_tables(pieces: List[LocalPiece], tiered_now: Set[Table], chain: List[ChainStep],
                    model_state: Dict[str, Any]) -> ChangedTables:
     """Which tables changed kind (the same answer on every rank: from the plan and the chain)."""
-    saved_tiered = {(p.spec.module, p.spec.table) for p in chain[-1].pieces()}
+    saved_tiered = {(s.module, s.table) for s in chain_specs(chain)}
     fused_now = {t for t in saved_tiered if isinstance(model_state.get(weight_key(t)), ShardedTensor)}
     return ChangedTables(fused_now - tiered_now, tiered_now - saved_tiered)
 

@@ -11,33 +11,52 @@ written, so a damaged chain restores nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, List, Optional, Tuple
+import os
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from torchrec_mtrains.checkpoint.row_io import StepReader, chunk_crc32
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
-from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceSpec, StepManifest
+from torchrec_mtrains.checkpoint.store_links import read_linked_rows, read_map_chunk
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec, StepManifest
+from torchrec_mtrains.storage import BlockStore
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 
-__all__ = ["ChainStep", "apply_rows", "check_rows", "init_rows", "read_chunk", "split_rows"]
+__all__ = ["ChainStep", "apply_rows", "chain_specs", "check_rows", "init_rows", "read_chunk", "split_rows"]
 
 
 @dataclasses.dataclass
 class ChainStep:
-    """One step of a chain on disk: its reader and every rank's manifest."""
+    """One step of a chain on disk: its reader and every rank's manifest (and readers of
+    the block-store files its linked pieces name, opened as needed)."""
 
     step: int
     reader: StepReader
     manifests: List[StepManifest]
+    links: Dict[str, BlockStore] = dataclasses.field(default_factory=dict)
+
+    @property
+    def directory(self) -> str:
+        """The checkpoint directory holding this step."""
+        return os.path.dirname(self.reader.path)
 
     def pieces(self):
         for m in self.manifests:
             yield from m.pieces
 
 
-def read_chunk(step: ChainStep, spec: PieceSpec, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
+def chain_specs(chain: List[ChainStep]) -> List[PieceSpec]:
+    """Every shard the chain's last step saved. A linked shard's record is in the full step
+    only (``chain.read_chain`` moves it there), the others are in every step."""
+    return list({p.spec.key: p.spec for s in (chain[0], chain[-1]) for p in s.pieces()}.values())
+
+
+def read_chunk(step: ChainStep, record: PieceRecord, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
     """(shard-local ids int64, rows) of a saved chunk, checked against its manifest entry."""
+    if record.snapshot is not None:
+        return read_linked_rows(step.directory, record, chunk, step.links)
+    spec = record.spec
     keys = [chunk.key] if chunk.dense else [f"{chunk.key}/ids", chunk.key]
     data = step.reader.read(keys)
     rows = data[chunk.key]
@@ -126,7 +145,7 @@ def _apply(piece: LocalPiece, source: PieceSpec, ids: torch.Tensor, rows: torch.
     return int(local.numel())
 
 
-_Work = Tuple[str, LocalPiece, ChainStep, PieceSpec, Optional[ChunkSpec]]
+_Work = Tuple[str, LocalPiece, ChainStep, PieceRecord, Optional[ChunkSpec]]
 
 
 def _work(pieces: List[LocalPiece], chain: List[ChainStep]) -> Iterator[_Work]:
@@ -138,11 +157,11 @@ def _work(pieces: List[LocalPiece], chain: List[ChainStep]) -> Iterator[_Work]:
                 if not _overlap(piece.spec, source):
                     continue
                 if n == 0 and not record.complete:
-                    yield "fill", piece, step, source, None
+                    yield "fill", piece, step, record, None
                 lo, hi = _target_rows(piece.spec, source)
                 for chunk in record.chunks:
                     if chunk.row_lo < hi and chunk.row_hi > lo:
-                        yield "chunk", piece, step, source, chunk
+                        yield "chunk", piece, step, record, chunk
 
 
 def _fill(piece: LocalPiece, source: PieceSpec, block_rows: int) -> None:
@@ -166,9 +185,12 @@ def check_rows(pieces: List[LocalPiece], chain: List[ChainStep]) -> None:
         ChainError: a chunk is missing or damaged.
     """
     seen = set()
-    for kind, _, step, source, chunk in _work(pieces, chain):
+    for kind, _, step, record, chunk in _work(pieces, chain):
         if kind == "chunk" and (step.step, chunk.key) not in seen:
-            read_chunk(step, source, chunk)
+            if record.snapshot is not None:  # the map; its rows are checked as they are read
+                read_map_chunk(step.directory, record, chunk)
+            else:
+                read_chunk(step, record, chunk)
             seen.add((step.step, chunk.key))
 
 
@@ -176,10 +198,10 @@ def apply_rows(pieces: List[LocalPiece], chain: List[ChainStep], block_rows: int
     """Writes the chain's rows into this rank's tiered shards (after ``check_rows``);
     returns the rows written."""
     written = 0
-    for kind, piece, step, source, chunk in _work(pieces, chain):
+    for kind, piece, step, record, chunk in _work(pieces, chain):
         if kind == "fill":
-            _fill(piece, source, block_rows)
+            _fill(piece, record.spec, block_rows)
         else:
-            ids, rows = read_chunk(step, source, chunk)
-            written += _apply(piece, source, ids, rows)
+            ids, rows = read_chunk(step, record, chunk)
+            written += _apply(piece, record.spec, ids, rows)
     return written

@@ -13,6 +13,9 @@ __all__ = [
     "ChainError",
     "CheckpointRecord",
     "ChunkSpec",
+    "LINKS_DIR",
+    "MAP_ENTRY_BYTES",
+    "SnapshotSpec",
     "PieceRecord",
     "PieceSpec",
     "StepManifest",
@@ -21,6 +24,8 @@ __all__ = [
 ]
 
 FULL, DELTA = "full", "delta"
+LINKS_DIR = "links"  # a step's hard links to block-store files (not the step's own bytes)
+MAP_ENTRY_BYTES = 16  # a location-map entry in a map file: row id int64, location int64
 
 
 class ChainError(ValueError):
@@ -108,11 +113,28 @@ class ChunkSpec:
         return self.count == self.row_hi - self.row_lo
 
 
+@dataclasses.dataclass(frozen=True)
+class SnapshotSpec:
+    """A piece saved without copying its rows: step ``step`` holds a hard link
+    ``LINKS_DIR/file`` to the piece's block-store file (whose log segments the live store
+    never reuses while the step exists) and the store's location map as of the save in
+    ``map_file``: ``entries`` (row, location) pairs, in the piece record's chunks (each
+    chunk's ``key`` is ``map_file@byte_offset``; its CRC-32 covers its ids, then its
+    locations). Rows not in the map hold their initial values."""
+
+    step: int
+    file: str
+    map_file: str
+    entries: int
+    table_uuid: int
+
+
 @dataclasses.dataclass
 class PieceRecord:
     spec: PieceSpec
     complete: bool  # every row of the piece is in this step (no initial values implied)
     chunks: List[ChunkSpec]
+    snapshot: Optional[SnapshotSpec] = None  # rows linked, not copied: chunks are map entries
 
     @property
     def rows_saved(self) -> int:
@@ -135,8 +157,13 @@ class StepManifest:
 
     @property
     def tiered_bytes(self) -> int:
-        """Bytes of the rows (and ids) this rank saved."""
-        return sum(p.spec.chunk_bytes(c.count, c.dense) for p in self.pieces for c in p.chunks)
+        """Bytes of the rows (and ids) this rank copied (linked pieces: see ``map_bytes``)."""
+        return sum(p.spec.chunk_bytes(c.count, c.dense) for p in self.pieces if p.snapshot is None for c in p.chunks)
+
+    @property
+    def map_bytes(self) -> int:
+        """Bytes of the location maps of the pieces this rank linked."""
+        return sum(p.snapshot.entries * MAP_ENTRY_BYTES for p in self.pieces if p.snapshot is not None)
 
     def to_json(self) -> str:
         body = json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -151,7 +178,8 @@ class StepManifest:
                 raise ValueError("checksum mismatch")
             raw: Dict[str, Any] = json.loads(body)
             pieces = [
-                PieceRecord(PieceSpec(**p["spec"]), p["complete"], [ChunkSpec(**c) for c in p["chunks"]])
+                PieceRecord(PieceSpec(**p["spec"]), p["complete"], [ChunkSpec(**c) for c in p["chunks"]],
+                            SnapshotSpec(**p["snapshot"]) if p.get("snapshot") else None)
                 for p in raw.pop("pieces")
             ]
             return StepManifest(pieces=pieces, **raw)
@@ -171,6 +199,9 @@ class CheckpointRecord:
     seconds: float  # flush of the tiers to ``latest`` switched
     row_bytes: int = 0  # bytes of those rows (weights + optimizer state), ids not counted
     dense_bytes: int = 0  # bytes of the files of the dense state (everything not tiered)
+    rows_linked: int = 0  # rows of SSD tables saved by linking their store file, every rank's
+    linked_row_bytes: int = 0  # bytes of those rows (kept in the store files, not copied)
+    map_bytes: int = 0  # bytes of the location maps that name them
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

@@ -34,6 +34,7 @@ from torchrec_mtrains.kernels.batch import (
     check_index_tensor,
     split_batch,
 )
+from torchrec_mtrains.kernels.checkpoint_rows import CheckpointRows
 from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
@@ -101,7 +102,7 @@ class _TableCounters:
     tier_seconds: float = 0.0  # moving rows to and from the tier
 
 
-class TieredEmbeddingBags(torch.nn.Module):
+class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
     """Pooled embedding bags over tables stored on a tier behind a row cache.
 
     A drop-in for FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` forward: indices are
@@ -584,46 +585,6 @@ class TieredEmbeddingBags(torch.nn.Module):
             where = order[torch.searchsorted(cached[order], ids[hit])]
             with torch.no_grad():
                 out[hit] = self._codecs[t].gather(self._weights[t], self._states[t], slots[where])
-
-    # ------------------------------------------------- rows for checkpoints ----
-    def dirty_rows(self, table: int) -> DirtyRows:
-        """The rows of ``table`` that training forwards looked up (so may have changed) or
-        ``set_rows`` wrote since the last ``clear_dirty()``; after ``flush()`` their values
-        are on the tier."""
-        return self._dirty[table]
-
-    def clear_dirty(self) -> None:
-        """Forgets which rows were written (a checkpoint now holds them)."""
-        self._drain()
-        for d in self._dirty:
-            d.clear()
-
-    def written_ids(self, table: int, start: int, stop: int) -> torch.Tensor:
-        """Ids in ``[start, stop)`` of the rows of ``table`` that may differ from their
-        initial value (``lazy_init_rows`` of ``store_seed(table)``) once ``flush()`` wrote
-        the cache's changes to the tier: those the tier holds as written."""
-        self._drain()
-        return self._stores[table].written_ids(start, stop)
-
-    def store_rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` of ``table`` as the tier stores them (``[n, row_width]``: weights,
-        then the optimizer state's bytes), read through the tier and the cache."""
-        self._check_usable()
-        self._drain()
-        out = self._stores[table].read(ids)
-        self._overlay_cached(table, ids, out)
-        return out
-
-    def set_store_rows(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Overwrites rows ``ids`` of ``table`` with rows as ``store_rows`` returns them."""
-        codec = self._codecs[table]
-        if rows.dtype != codec.dtype or tuple(rows.shape) != (ids.numel(), codec.layout.row_width):
-            raise ValueError(
-                f"table {self.table_names[table]}: rows must be {codec.dtype} of shape "
-                f"({ids.numel()}, {codec.layout.row_width}), got {rows.dtype} {tuple(rows.shape)}"
-            )
-        weights, state = codec.split(rows)
-        self.set_rows(table, ids, weights.contiguous(), state)
 
     def read_rows(self, table: int, start: int, stop: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Rows ``[start, stop)`` of ``table``: weights ``[n, dim]`` and optimizer state in
