@@ -168,3 +168,25 @@ def test_pins_go_with_their_steps(linked, tmp_path) -> None:
     for store in _stores(dmp).values():
         if store is not None:
             assert store.pin_tags() == [6]
+
+
+def test_restoring_a_step_of_an_older_chain_keeps_that_chain(linked, tmp_path) -> None:
+    tmp = linked[0]
+    torch.save(harness.initial_weights(), tmp_path / "init.pt")
+    dmp, opt = build(tmp_path, "older")
+    ckpt = DifferentialCheckpointer(str(tmp_path / "ckpt"), full_every=1, keep_chains=2)
+    states = {}
+
+    def save(step: int) -> None:
+        if step in (2, 4):
+            ckpt.save(step, dmp, None, {})
+            states[step] = full_state(dmp)
+
+    train(dmp, opt, range(4), save)
+    fresh, _ = build(tmp_path, "older_restored")
+    # A checkpointer that keeps one chain would remove step 2's on its first use: not the
+    # chain it is asked to restore.
+    DifferentialCheckpointer(str(tmp_path / "ckpt"), keep_chains=1).restore(
+        fresh, None, path=str(tmp_path / "ckpt" / "step_00000002"))
+    assert_equal(full_state(fresh), states[2])
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["latest", "step_00000002", "step_00000004"]

@@ -233,7 +233,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         store = work / "store"
         hardware = local_profile_for(work, args.nproc, out / "hardware.yaml")
         ckpt = work / "ckpt"
-        saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", str(args.checkpoint_every)]
+        # Two chains kept: the next-to-last save stays for the resume check even when the
+        # last one starts a chain.
+        saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", str(args.checkpoint_every),
+                  "--keep-chains", "2"]
         common = [*steps, *scale, "--storage-dir", str(store), "--hardware", str(hardware)]
         tiered, samples, peaks = train(args.nproc, out / "tiered", work,
                                        [*common, *(saving if args.checkpoint_every else [])],

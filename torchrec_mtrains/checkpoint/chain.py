@@ -162,12 +162,13 @@ def _read_manifest(path: str, rank: int, step: Optional[int]) -> StepManifest:
     return StepManifest.from_json(text, where, step)
 
 
-def remove_leftovers(directory: str, keep_chains: int) -> List[str]:
+def remove_leftovers(directory: str, keep_chains: int, restoring: Optional[int] = None) -> List[str]:
     """Removes what no restore can use: steps newer than ``latest`` (saves killed half-way:
     ``latest`` only moves forward, so every such save is newer), everything when there is no
     ``latest``, and chains older than the ``keep_chains`` newest. The chain of ``latest``
     stays even if damaged, for its restore to say what is wrong; so does a step whose chain
-    cannot be told. Returns the names removed. Call on one rank, while no save runs."""
+    cannot be told, and the chain of step ``restoring`` (a restore of an older step).
+    Returns the names removed. Call on one rank, while no save runs."""
     latest = latest_checkpoint(directory)
     latest_step = None if latest is None else step_of(os.path.basename(latest))
     steps = {s: os.path.join(directory, n) for n in os.listdir(directory) if (s := step_of(n)) is not None}
@@ -176,7 +177,7 @@ def remove_leftovers(directory: str, keep_chains: int) -> List[str]:
     current = base_of.get(latest_step)
     if current is not None:
         older = sorted({b for b in base_of.values() if b is not None and b < current}, reverse=True)
-        keep = {current, *older[: max(0, keep_chains - 1)]}
+        keep = {current, *older[: max(0, keep_chains - 1)], base_of.get(restoring)}
         gone |= {s for s, b in base_of.items() if b is not None and b < current and b not in keep}
     removed = []
     for step in sorted(gone):

@@ -123,13 +123,17 @@ class DifferentialCheckpointer:
         """The newest complete step, or None."""
         return chain_dir.latest_checkpoint(self.directory)
 
-    def _start(self) -> None:
-        """Once: removes what killed saves left (rank 0) before anything else is written."""
+    def _start(self, restoring: Optional[str] = None) -> None:
+        """Once: removes what killed saves left (rank 0) before anything else is written,
+        but not the chain of step ``restoring``."""
         if self._started:
             return
         if _rank() == 0:
             os.makedirs(self.directory, exist_ok=True)
-            chain_dir.remove_leftovers(self.directory, self.keep_chains)
+            step = None
+            if restoring is not None and os.path.dirname(os.path.abspath(restoring)) == os.path.abspath(self.directory):
+                step = chain_dir.step_of(os.path.basename(os.path.abspath(restoring)))
+            chain_dir.remove_leftovers(self.directory, self.keep_chains, step)
         _barrier()
         self._started = True
 
@@ -292,7 +296,7 @@ class DifferentialCheckpointer:
             FileNotFoundError: there is no complete checkpoint.
             ChainError: a step of the chain is missing or damaged; nothing was restored.
         """
-        self._start()
+        self._start(path)
         path = path or self.latest()
         if path is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
