@@ -81,3 +81,31 @@ def test_bench_beyond_ram_reports_side_by_side(tmp_path):
     assert figures["peak_rss_bytes"] > 0 and figures["samples"]
     assert (out / "memory_disk.png").stat().st_size > 0
     assert "QPS ratio tiered / baseline" in (out / "summary.txt").read_text()
+
+
+def test_disk_use_counts_a_linked_file_once(tmp_path):
+    from benchmarks.lib.process_monitor import directory_bytes
+
+    (tmp_path / "store").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    data = tmp_path / "store" / "t.blk"
+    data.write_bytes(os.urandom(1 << 16))
+    alone = directory_bytes(str(tmp_path))
+    os.link(data, tmp_path / "ckpt" / "t.blk")  # a checkpoint's link: no new blocks
+    assert directory_bytes(str(tmp_path)) == alone >= 1 << 16
+
+
+def test_the_resume_check_compares_every_loss_after_the_checkpoint_and_the_auc():
+    from benchmarks.lib.beyond_ram import resume_check
+
+    first = {"losses": [0.5, 0.4, 0.3, 0.2], "auc": 0.7}
+    peaks = {"rss": 1, "disk_bytes": 2}
+
+    def resumed(losses, auc=0.7):
+        return {"losses": losses, "auc": auc, "wall_seconds": 9.0, "step_times": [0.0, 1.0]}
+
+    ok = resume_check(first, resumed([0.5, 0.4, 0.3, 0.2]), 2, peaks)
+    assert ok["losses_identical"] and ok["auc_identical"] and ok["steps_compared"] == 2
+    assert not resume_check(first, resumed([0.5, 0.4, 0.3, 0.2000001]), 2, peaks)["losses_identical"]
+    assert not resume_check(first, resumed([0.5, 0.4, 0.3]), 2, peaks)["losses_identical"]
+    assert not resume_check(first, resumed([0.5, 0.4, 0.3, 0.2], auc=0.71), 2, peaks)["auc_identical"]

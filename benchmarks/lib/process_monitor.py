@@ -71,14 +71,21 @@ def process_memory(pid: int) -> Tuple[int, int, int]:
 
 
 def directory_bytes(path: str) -> int:
-    """Bytes allocated to the files under ``path`` (st_blocks: sparse files count what they hold)."""
+    """Bytes allocated to the files under ``path`` (st_blocks: sparse files count what they
+    hold; a file linked under several names, as checkpoints link block-store files, once)."""
     total = 0
+    seen = set()
     for dirpath, _, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                st = os.lstat(os.path.join(dirpath, name))
             except OSError:
                 continue  # removed meanwhile
+            if st.st_nlink > 1:
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
     return total
 
 
