@@ -109,3 +109,17 @@ def test_the_resume_check_compares_every_loss_after_the_checkpoint_and_the_auc()
     assert not resume_check(first, resumed([0.5, 0.4, 0.3, 0.2000001]), 2, peaks)["losses_identical"]
     assert not resume_check(first, resumed([0.5, 0.4, 0.3]), 2, peaks)["losses_identical"]
     assert not resume_check(first, resumed([0.5, 0.4, 0.3, 0.2], auc=0.71), 2, peaks)["auc_identical"]
+
+
+def test_crashed_after_leaves_the_directory_as_a_crash_after_that_save(tmp_path):
+    from benchmarks.lib.beyond_ram import crashed_after
+
+    from torchrec_mtrains.checkpoint.chain import latest_checkpoint
+
+    for step in (10, 20, 30):
+        (tmp_path / f"step_{step:08d}").mkdir()
+        (tmp_path / f"step_{step:08d}" / "trainer.json").write_text("{}")
+    (tmp_path / "latest").write_text("step_00000030")
+    crashed_after(tmp_path, 20)
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000010", "step_00000020"]
+    assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_00000020")

@@ -109,6 +109,25 @@ def test_missing_storage_space_fails_at_sharding_time(process_group, tmp_path: P
         _shard(ebc, {"huge": params})
 
 
+def test_a_table_file_already_at_its_path_counts_as_free_space(process_group, tmp_path: Path, monkeypatch) -> None:
+    # A resume adopts the file a checkpoint links, a fresh start replaces it: either way
+    # its space is the table's. 12,100 rows of 260 bytes need 3 MiB; 1 MiB is free.
+    import torchrec_mtrains.sharding.kernel as kernel
+
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="t", num_embeddings=12_100, embedding_dim=64, feature_names=["f"])],
+        device=torch.device("meta"),
+    )
+    params = TieredParams(Tier.SSD, cache_rows=100, storage_dir=str(tmp_path))
+    real = kernel.shutil.disk_usage
+    monkeypatch.setattr(kernel.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 20))
+    with pytest.raises(ValueError, match=r"tables t on tier SSD need 3.0 MiB"):
+        _shard(ebc, {"t": params})
+    rank_dir = tmp_path / "rank_0"
+    (rank_dir / "t.r0.c0.blk").write_bytes(os.urandom(4 << 20))  # 4 MiB allocated
+    _shard(ebc, {"t": params})
+
+
 def test_uncreatable_storage_dir_fails_naming_table_and_tier(process_group, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -87,6 +87,19 @@ def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: floa
         return json.load(f), monitor.samples, monitor.peaks()
 
 
+def crashed_after(ckpt: Path, step: int) -> None:
+    """Leaves ``ckpt`` as a crash right after the save of ``step`` would: the later steps
+    are gone and ``latest`` names it. (Their links would otherwise keep the rows the
+    first run wrote after ``step`` on disk while the resumed run writes its own.)"""
+    from torchrec_mtrains.checkpoint.chain import step_name, step_of, write_atomic
+
+    for name in os.listdir(ckpt):
+        later = step_of(name)
+        if later is not None and later > step:
+            shutil.rmtree(ckpt / name)
+    write_atomic(str(ckpt / "latest"), step_name(step))
+
+
 def resume_check(first: Dict, resumed: Dict, from_step: int, peaks: Dict[str, int]) -> Dict[str, object]:
     """Whether the run resumed at ``from_step`` trained exactly as the uninterrupted one:
     the losses of every step after it and the final AUC, bit for bit."""
@@ -245,6 +258,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if len(saves) >= 2 and not args.no_resume:
             # As after a crash past the next-to-last save: the store files went on changing
             # after it, and the resumed run must still train exactly as the first did.
+            crashed_after(ckpt, saves[-2])
             resumed, resumed_samples, resumed_peaks = train(
                 args.nproc, out / "resumed", work,
                 [*common, "--resume-from", str(ckpt / f"step_{saves[-2]:08d}")], args.interval, args.timeout)

@@ -92,10 +92,13 @@ def _rows_written(params: TieredParams, table: ShardedEmbeddingTable) -> int:
 
 def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbeddingTable], row_bytes: List[int]) -> None:
     """A rank's SSD shards must fit the free space of its directory once written: fully, or
-    their share of ``params.rows_written``."""
+    their share of ``params.rows_written``. The space of a table file already at a shard's
+    path counts as free: the new store replaces it, or -- a resume from a checkpoint that
+    links it -- adopts it."""
     if params.tier is not Tier.SSD:
         return
-    free = shutil.disk_usage(directory).free
+    free = shutil.disk_usage(directory).free + sum(_allocated(os.path.join(directory, f"{_shard_name(t)}.blk"))
+                                                   for t in tables)
     need = sum(_rows_written(params, t) * b for t, b in zip(tables, row_bytes))
     if need > free:
         names = ", ".join(sorted({t.name for t in tables}))
@@ -103,6 +106,13 @@ def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbed
             f"tables {names} on tier SSD need {need / 2**20:,.1f} MiB in {directory}, "
             f"which has {free / 2**20:,.1f} MiB free"
         )
+
+
+def _allocated(path: str) -> int:
+    try:
+        return os.stat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0
 
 
 def _kernel_config(params: TieredParams, config: GroupedEmbeddingConfig, storage_dir: Optional[str]) -> TieredConfig:
