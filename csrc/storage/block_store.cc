@@ -553,15 +553,15 @@ Status BlockStore::Close() {
   return Status::Ok();
 }
 
-Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64_t>* out) {
-  out->clear();
-  MutexLock lock(&mu_);
-  MTRAINS_RETURN_IF_ERROR(CheckUsable());
-  if (first > h_.num_rows || count > h_.num_rows - first) {
-    const std::string stop = count > ~first ? "2^64 or more" : std::to_string(first + count);
-    return Status::OutOfRange(path_ + ": row range [" + std::to_string(first) + ", " + stop +
-                              ") is outside [0, " + std::to_string(h_.num_rows) + ")");
-  }
+Status BlockStore::CheckRowRange(uint64_t first, uint64_t count) const {
+  if (first <= h_.num_rows && count <= h_.num_rows - first) return Status::Ok();
+  const std::string stop = count > ~first ? "2^64 or more" : std::to_string(first + count);
+  return Status::OutOfRange(path_ + ": row range [" + std::to_string(first) + ", " + stop +
+                            ") is outside [0, " + std::to_string(h_.num_rows) + ")");
+}
+
+void BlockStore::MapEntries(uint64_t first, uint64_t count, std::vector<int64_t>* rows,
+                            std::vector<uint64_t>* locations) const {
   // The map's values a window at a time: the scratch stays small however wide the range.
   constexpr uint64_t kWindowRows = 16 * LocationMap::kChunkRows;
   const LocationMap& map = seg_log_->location_map();
@@ -569,9 +569,20 @@ Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64
   for (uint64_t lo = first, end = first + count; lo < end; lo += kWindowRows) {
     const uint64_t n = std::min(kWindowRows, end - lo);
     map.Fill(lo, n, loc.data());
-    for (uint64_t i = 0; i < n; ++i)
-      if (loc[i] != 0) out->push_back(static_cast<int64_t>(lo + i));
+    for (uint64_t i = 0; i < n; ++i) {
+      if (loc[i] == 0) continue;
+      rows->push_back(static_cast<int64_t>(lo + i));
+      if (locations != nullptr) locations->push_back(loc[i]);
+    }
   }
+}
+
+Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64_t>* out) {
+  out->clear();
+  MutexLock lock(&mu_);
+  MTRAINS_RETURN_IF_ERROR(CheckUsable());
+  MTRAINS_RETURN_IF_ERROR(CheckRowRange(first, count));
+  MapEntries(first, count, out, nullptr);
   // Dirty cached rows: first writes not yet appended, or rewrites of rows already listed.
   const size_t in_map = out->size();
   cache_->DirtyRowsIn(first, count, out);

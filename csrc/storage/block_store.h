@@ -160,6 +160,12 @@ class BlockStore {
                              bool read_only, std::unique_ptr<BlockStore>* out);
   // Closed, or InvalidArgument on a read-only store: what a method needing the map says.
   Status CheckUsable() const REQUIRES(mu_);
+  // OutOfRange unless [first, first + count) is inside [0, num_rows).
+  Status CheckRowRange(uint64_t first, uint64_t count) const;
+  // Appends the rows in [first, first + count) the location map names, ascending, to
+  // `rows` (and their locations to `locations` unless null), a window of the map at a time.
+  void MapEntries(uint64_t first, uint64_t count, std::vector<int64_t>* rows,
+                  std::vector<uint64_t>* locations) const REQUIRES(mu_);
   // Releases the files without writing anything (a store that failed to open).
   void Abandon() EXCLUDES(mu_);
   Status CheckIds(const int64_t* ids, size_t n) const;

@@ -60,11 +60,7 @@ Status BlockStore::SnapshotEntries(uint64_t tag, uint64_t first, uint64_t count,
   locations->clear();
   MutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
-  if (first > h_.num_rows || count > h_.num_rows - first) {
-    const std::string stop = count > ~first ? "2^64 or more" : std::to_string(first + count);
-    return Status::OutOfRange(path_ + ": row range [" + std::to_string(first) + ", " + stop +
-                              ") is outside [0, " + std::to_string(h_.num_rows) + ")");
-  }
+  MTRAINS_RETURN_IF_ERROR(CheckRowRange(first, count));
   auto it = snapshot_appends_.find(tag);
   if (it == snapshot_appends_.end() || !seg_log_->IsPinned(tag))
     return Status::InvalidArgument(path_ + ": snapshot tag " + std::to_string(tag) +
@@ -74,18 +70,7 @@ Status BlockStore::SnapshotEntries(uint64_t tag, uint64_t first, uint64_t count,
         path_ + ": the entries of snapshot tag " + std::to_string(tag) + " are gone: " +
         std::to_string(seg_log_->append_seq() - it->second) +
         " rows were appended to the log since it was pinned (pin_snapshot again)");
-  constexpr uint64_t kWindowRows = 16 * LocationMap::kChunkRows;
-  const LocationMap& map = seg_log_->location_map();
-  std::vector<uint64_t> loc(std::min(count, kWindowRows));
-  for (uint64_t lo = first, end = first + count; lo < end; lo += kWindowRows) {
-    const uint64_t n = std::min(kWindowRows, end - lo);
-    map.Fill(lo, n, loc.data());
-    for (uint64_t i = 0; i < n; ++i) {
-      if (loc[i] == 0) continue;
-      rows->push_back(static_cast<int64_t>(lo + i));
-      locations->push_back(loc[i]);
-    }
-  }
+  MapEntries(first, count, rows, locations);
   return Status::Ok();
 }
 
