@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q tests "$@"
+.venv/bin/python -m pytest -q --durations=20 tests "$@"  # the 20 slowest: where CI time goes
 if [[ ${MTRAINS_SANITIZE:-1} == 0 ]]; then
   echo "[test] MTRAINS_SANITIZE=0: NOT running the C++ sanitizer drivers (scripts/sanitize.sh)"
   exit 0
