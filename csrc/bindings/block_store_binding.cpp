@@ -97,6 +97,13 @@ void ReadRuntime(ConfigReader& r, StoreRuntimeOptions* o) {
   r.Number("read_chunk_blocks", &o->read_chunk_blocks);
 }
 
+// A config of runtime settings only (the opens of an existing table): every key used.
+Status RuntimeOnly(const Config& config, StoreRuntimeOptions* o) {
+  ConfigReader r(config);
+  ReadRuntime(r, o);
+  return r.Finish();
+}
+
 void ReadTable(ConfigReader& r, TableOptions* t) {
   r.Number("num_rows", &t->num_rows);
   r.Number("dim", &t->dim);
@@ -153,19 +160,15 @@ class BlockStoreHandle : public torch::CustomClassHolder {
   }
 
   StatusTuple open(const std::string& path, Config config) {
-    ConfigReader r(config);
     StoreRuntimeOptions runtime;
-    ReadRuntime(r, &runtime);
-    Status st = r.Finish();
+    Status st = RuntimeOnly(config, &runtime);
     if (st.ok()) st = BlockStore::Open(path, runtime, &store_);
     return ToTuple(st);
   }
 
   StatusTuple open_read_only(const std::string& path, Config config) {
-    ConfigReader r(config);
     StoreRuntimeOptions runtime;
-    ReadRuntime(r, &runtime);
-    Status st = r.Finish();
+    Status st = RuntimeOnly(config, &runtime);
     if (st.ok()) st = BlockStore::OpenReadOnly(path, runtime, &store_);
     return ToTuple(st);
   }
@@ -173,10 +176,8 @@ class BlockStoreHandle : public torch::CustomClassHolder {
   // Opens a table whose map becomes exactly ids[i] -> locations[i] (BlockStore::OpenAdopted).
   StatusTuple open_adopted(const std::string& path, Config config, const at::Tensor& ids,
                            const at::Tensor& locations, int64_t pin_tag) {
-    ConfigReader r(config);
     StoreRuntimeOptions runtime;
-    ReadRuntime(r, &runtime);
-    Status st = r.Finish();
+    Status st = RuntimeOnly(config, &runtime);
     if (st.ok()) st = CheckIds(ids);
     if (st.ok()) st = CheckLocations(locations, ids.numel());
     if (st.ok() && pin_tag < 0) st = Status::InvalidArgument("pin_tag=" + std::to_string(pin_tag) + " must be >= 0");

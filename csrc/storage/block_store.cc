@@ -217,6 +217,10 @@ Status BlockStore::OpenExisting(const std::string& path, const StoreRuntimeOptio
 
 void BlockStore::Abandon() {
   MutexLock lock(&mu_);
+  ReleaseLocked();
+}
+
+void BlockStore::ReleaseLocked() {
   seg_log_.reset();
   cache_.reset();
   log_.reset();
@@ -543,13 +547,7 @@ Status BlockStore::Close() {
     MTRAINS_RETURN_IF_ERROR(FlushLocked());
     MTRAINS_RETURN_IF_ERROR(seg_log_->SealJournal().WithContext(path_));
   }
-  seg_log_.reset();
-  cache_.reset();
-  log_.reset();
-  meta_.reset();
-  if (meta_fd_ >= 0) close(meta_fd_);
-  meta_fd_ = -1;
-  closed_ = true;
+  ReleaseLocked();
   return Status::Ok();
 }
 

@@ -168,6 +168,8 @@ class BlockStore {
                   std::vector<uint64_t>* locations) const REQUIRES(mu_);
   // Releases the files without writing anything (a store that failed to open).
   void Abandon() EXCLUDES(mu_);
+  // Drops the log, cache and devices and marks the store closed (writes nothing).
+  void ReleaseLocked() REQUIRES(mu_);
   Status CheckIds(const int64_t* ids, size_t n) const;
   // `flush_beside`: write the log's queued segments on a helper thread while the disk
   // reads run, leaving the write's status there (Ok when nothing was queued).

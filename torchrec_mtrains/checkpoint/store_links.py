@@ -217,9 +217,9 @@ def plan_adoption(piece: LocalPiece, record: PieceRecord, directory: str) -> Opt
         ChainError: the map or the linked file is missing or damaged.
     """
     snapshot = record.snapshot
-    if snapshot is None or record.spec != piece.spec or linked_store(piece, directory) is None:
+    live = linked_store(piece, directory)
+    if snapshot is None or record.spec != piece.spec or live is None:
         return None
-    live = piece.emb.linkable_store(piece.t)
     source = _link_path(directory, snapshot)
     try:
         reader = BlockStore.open_read_only(source)

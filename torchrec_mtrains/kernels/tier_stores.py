@@ -11,7 +11,7 @@ import torch
 from torchrec_mtrains.storage import BlockStore, DramStore, RowStore, ScmStore
 from torchrec_mtrains.types import Tier
 
-__all__ = ["StoreSpec", "create_store", "TIER_FACTORIES"]
+__all__ = ["StoreSpec", "create_store", "ssd_file", "TIER_FACTORIES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,13 @@ def _scm(spec: StoreSpec) -> RowStore:
                     spec.init_range, spec.seed, overwrite=True)
 
 
+def ssd_file(storage_dir: str, name: str) -> str:
+    """The block-store file of SSD table ``name`` in ``storage_dir``."""
+    return os.path.join(storage_dir, f"{name}.blk")
+
+
 def _ssd(spec: StoreSpec) -> RowStore:
-    path = os.path.join(_needs_dir(spec, Tier.SSD), f"{spec.name}.blk")
+    path = ssd_file(_needs_dir(spec, Tier.SSD), spec.name)
     return BlockStore(path, spec.num_rows, spec.row_width_dim, spec.state_slots, spec.dtype,
                       dram_cache_mb=spec.ssd_dram_cache_mb, init_range=spec.init_range,
                       seed=spec.seed, overwrite=True)

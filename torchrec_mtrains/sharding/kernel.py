@@ -28,6 +28,7 @@ from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_mtrains.kernels import TieredConfig, TieredEmbeddingBags
+from torchrec_mtrains.kernels.tier_stores import ssd_file
 from torchrec_mtrains.sharding.checkpoint import load_optimizer_state, optimizer_state_of
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
@@ -97,7 +98,7 @@ def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbed
     links it -- adopts it."""
     if params.tier is not Tier.SSD:
         return
-    free = shutil.disk_usage(directory).free + sum(_allocated(os.path.join(directory, f"{_shard_name(t)}.blk"))
+    free = shutil.disk_usage(directory).free + sum(_allocated(ssd_file(directory, _shard_name(t)))
                                                    for t in tables)
     need = sum(_rows_written(params, t) * b for t, b in zip(tables, row_bytes))
     if need > free:

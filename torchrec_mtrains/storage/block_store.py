@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -207,11 +207,7 @@ class BlockStore(RowStore):
     ) -> "BlockStore":
         """Opens an existing table, validating its header, file sizes and location map."""
         runtime = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
-        store = cls.__new__(cls)
-        store._handle = _new_handle()
-        _raise_for(store._handle.open(check_path(path), runtime.settings()))
-        store._after_open()
-        return store
+        return cls._opened(lambda handle: handle.open(check_path(path), runtime.settings()))
 
     @classmethod
     def open_read_only(
@@ -221,11 +217,7 @@ class BlockStore(RowStore):
         only, e.g. a checkpoint's hard link of a live table: the files are opened read-only
         and the location map is not loaded. ``stats`` and ``close`` work too (``close``
         writes nothing); every other method raises ValueError."""
-        store = cls.__new__(cls)
-        store._handle = _new_handle()
-        _raise_for(store._handle.open_read_only(check_path(path), runtime.settings()))
-        store._after_open()
-        return store
+        return cls._opened(lambda handle: handle.open_read_only(check_path(path), runtime.settings()))
 
     @classmethod
     def open_adopted(
@@ -258,11 +250,14 @@ class BlockStore(RowStore):
                 )
         locations = _as_locations(path, locations, ids.numel())
         check_int("pin_tag", pin_tag, 0, _MAX_TAG)
+        return cls._opened(lambda handle: handle.open_adopted(path, runtime.settings(), ids, locations, pin_tag))
+
+    @classmethod
+    def _opened(cls, open_with: Callable[[torch.ScriptObject], Tuple[int, int, str]]) -> "BlockStore":
+        """A store whose new handle ``open_with`` opened (its status raised if not ok)."""
         store = cls.__new__(cls)
         store._handle = _new_handle()
-        _raise_for(
-            store._handle.open_adopted(path, runtime.settings(), ids, locations, pin_tag)
-        )
+        _raise_for(open_with(store._handle))
         store._after_open()
         return store
 
