@@ -307,6 +307,23 @@ def _write_prefetch_counts(dmp, path: str) -> None:
     ]
     with open(path, "w") as f:
         json.dump(counts, f)
+    # Per tiered kernel on this rank: the tiers of its tables.
+    tiers = [
+        sorted({t.name for t in kernel.emb_module.tiers})
+        for m in dmp.modules() if isinstance(m, ShardedTieredEmbeddingBagCollection)
+        for kernel in m.tiered_kernels()
+    ]
+    with open(path.replace("prefetched_", "kernel_tiers_"), "w") as f:
+        json.dump(tiers, f)
+
+
+def read_kernel_tiers(out_dir: str, world_size: int) -> List[List[List[str]]]:
+    """Per rank, per tiered kernel: the sorted tier names of its tables."""
+    out = []
+    for r in range(world_size):
+        with open(os.path.join(out_dir, f"kernel_tiers_rank{r}.json")) as f:
+            out.append(json.load(f))
+    return out
 
 
 def read_prefetch_counts(out_dir: str, world_size: int) -> List[float]:

@@ -74,6 +74,11 @@ def test_tiered_tables_train_like_fused(runs, world_size: int, sharding_type: st
     # The pipeline prefetched every step of every tiered kernel (3 tables, on some rank).
     counts = harness.read_prefetch_counts(tiered, world_size)
     assert counts and all(c == 30 for c in counts), counts
+    # One tiered kernel (one TBE) per rank, whatever the tiers of its tables.
+    kernels = harness.read_kernel_tiers(tiered, world_size)
+    assert all(len(rank) <= 1 for rank in kernels), kernels
+    if world_size == 1:
+        assert kernels == [[["SCM", "SSD"]]], kernels
 
 
 def _crashed_at_15(runs, workdir_ck: str) -> None:

@@ -186,6 +186,27 @@ def test_several_tables_with_different_dims(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["item.blk", "query.blk", "tiny.blk", "user.blk"]
 
 
+# One kernel over tables of every tier (as a rank's tiered tables share one TBE).
+_MIXED = (Tier.SSD, Tier.DRAM, Tier.SCM, Tier.SSD)
+
+
+@pytest.mark.parametrize("schedule, algo, optimizer", [
+    ("ahead", "lru", EmbOptimType.EXACT_ROWWISE_ADAGRAD),
+    ("inline", "lfu", EmbOptimType.EXACT_ROWWISE_ADAGRAD),
+    ("overlap", "lru", EmbOptimType.EXACT_ADAGRAD),
+    ("ahead", "lfu", EmbOptimType.EXACT_SGD),
+])
+def test_mixed_tier_kernel_matches_fbgemm(tmp_path: Path, schedule: str, algo: str, optimizer: EmbOptimType) -> None:
+    specs = ((700, 4), (300, 12), (1000, 32), (50, 8))
+    model = Model(specs=specs, optimizer=optimizer)
+    pipeline = schedule != "inline"
+    _train_and_compare(tmp_path, model, Workload(steps=150, data_seed=9), _MIXED, schedule,
+                       prefetch_pipeline=pipeline, cache_rows=[1, 20, 64, 100], cache_ways=4,
+                       cache_algorithm=algo, table_names=["user", "item", "query", "tiny"])
+    # Each table's store is on its own tier: files only for the SCM and SSD tables.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["query.scm", "tiny.blk", "user.blk"]
+
+
 @pytest.mark.parametrize("seed", [0, 11])
 def test_initial_weights_are_lazy_init_of_seed(tmp_path: Path, seed: int) -> None:
     model = Model(seed=seed)

@@ -106,7 +106,8 @@ _TIMING = ("plan_seconds", "tier_seconds", "prefetch_wait_seconds")
 def _quiesce(ker: TieredEmbeddingBags) -> None:
     """Waits until every plan handed to the prefetch workers has run (internal: the pipeline
     runs plans, then moves, in submission order, so a no-op job finishing means all have)."""
-    ker._pipeline.submit(lambda: None, lambda: None).result()
+    pipeline = ker._pipeline
+    pipeline.wait(pipeline.submit(lambda: None, lambda: None))
 
 
 def _snapshot(ker: TieredEmbeddingBags) -> Tuple[dict, List[Tuple[float, float]]]:

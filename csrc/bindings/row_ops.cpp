@@ -11,6 +11,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "bindings/row_copy.h"
 #include "common/crc32c.h"
 #include "storage/lazy_init.h"
 
@@ -33,6 +34,8 @@ void CheckSlots(const at::Tensor& slots, int64_t rows, const char* what) {
 }
 
 size_t RowBytes(const at::Tensor& t) { return size_t(t.size(1)) * t.element_size(); }
+
+}  // namespace
 
 // rows[i] = weights[slots[i]] ++ state[slots[i]] (bytes), in `out_dtype`.
 at::Tensor PackRows(const at::Tensor& weights, const c10::optional<at::Tensor>& state,
@@ -83,6 +86,8 @@ void UnpackRows(const at::Tensor& rows, const at::Tensor& slots, const at::Tenso
     if (sb) std::memcpy(st + s[i] * sb, r + i * (wb + sb) + wb, sb);
   }
 }
+
+namespace {
 
 DType DTypeOf(at::ScalarType t) {
   if (t == at::kFloat) return DType::kFloat32;

@@ -45,7 +45,7 @@ def _local_counters(dmp) -> Dict[str, Dict[str, float]]:
             for t, name in enumerate(emb.table_names):
                 store = emb.store_stats(t)
                 row_bytes = emb.layouts[t].row_bytes
-                entry = {"tier": emb.tier.name, "row_bytes": float(row_bytes),
+                entry = {"tier": emb.tiers[t].name, "row_bytes": float(row_bytes),
                          **{f"store_{k}": float(store[k]) for k in _STORE_KEYS if k in store},
                          **{f"cache_{k}": float(caches[name][k]) for k in _CACHE_KEYS if k in caches[name]}}
                 materialised = store.get("live_rows", store.get("rows_materialised"))

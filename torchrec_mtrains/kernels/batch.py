@@ -17,11 +17,17 @@ _BAD_ENDS, _DECREASING, _ID_OUT_OF_RANGE = 1, 2, 3  # csrc/bindings/batch_ops.cp
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """A checked batch: int64 ``indices`` and ``offsets``, and each table's indices (views)."""
+    """A checked batch: int64 ``indices`` and ``offsets``; table t's indices are
+    ``indices[bounds[t]:bounds[t + 1]]``."""
 
     indices: torch.Tensor
     offsets: torch.Tensor
-    per_table: List[torch.Tensor]
+    bounds: List[int]
+
+    @property
+    def per_table(self) -> List[torch.Tensor]:
+        """Each table's indices (views)."""
+        return [self.indices[lo:hi] for lo, hi in zip(self.bounds, self.bounds[1:])]
 
 
 def check_index_tensor(name: str, t: object) -> torch.Tensor:
@@ -76,8 +82,7 @@ def split_batch(
     if problem == _ID_OUT_OF_RANGE:
         raise IndexError(
             f"table {names[table]}: id {value} at position {pos} of indices is outside [0, {specs[table][0]})")
-    per_table = [indices[bounds[t] : bounds[t + 1]] for t in range(len(specs))]
-    return Batch(indices, offsets, per_table)
+    return Batch(indices, offsets, list(bounds))
 
 
 def check_feature_table_map(feature_table_map: Optional[Sequence[int]], num_tables: int) -> Optional[List[int]]:

@@ -91,8 +91,7 @@ class CheckpointRows:
             self._broken = f"table {self.table_names[table]}: its store file could not be replaced by {source}: {e}"
             raise
         self._stores[table] = store
-        self._caches[table] = torch.classes.mtrains.SetAssociativeCache(
-            self.cache_rows[table], self.config.cache_ways, self.config.cache_algorithm)
+        self._index.reset(table)
         self._deferred = [d for d in self._deferred if d.table != table]
         self._dirty[table].clear()
         return store

@@ -31,17 +31,17 @@ InitRange = Tuple[float, float]
 class TieredConfig:
     """The settings of a ``TieredEmbeddingBags`` (see its docstring for each one).
 
-    Sequences (``cache_rows`` per table, ``init_range`` per table, ``table_names``,
+    Sequences (``tier``, ``cache_rows`` and ``init_range`` per table, ``table_names``,
     ``feature_table_map``) are kept as tuples; ``optimizer`` and ``weights_precision`` may
     be given as FBGEMM's enums or their string values and are kept as the enums. Settings
     that depend on the number of tables are checked against the tables by the methods
-    taking them (``cache_sizes``, ``init_ranges``, ``names``).
+    taking them (``tiers``, ``cache_sizes``, ``init_ranges``, ``names``).
 
     Raises:
         ValueError: naming the bad setting and its value.
     """
 
-    tier: Tier = Tier.SSD
+    tier: Union[Tier, Tuple[Tier, ...]] = Tier.SSD
     cache_rows: Optional[Union[int, Tuple[int, ...]]] = None
     cache_load_factor: Optional[float] = None
     storage_dir: Optional[str] = None
@@ -62,6 +62,7 @@ class TieredConfig:
     def __post_init__(self) -> None:
         self._replace("optimizer", EmbOptimType(optimizer_name(self.optimizer, "optimizer")))
         self._replace("weights_precision", SparseType(precision_name(self.weights_precision, "weights_precision")))
+        self._replace("tier", _tier(self.tier))
         _check_choices(self)
         for name in ("learning_rate", "eps", "ssd_dram_cache_mb"):
             self._replace(name, _number(name, getattr(self, name), lo=0.0))
@@ -81,6 +82,19 @@ class TieredConfig:
     def layout(self, dim: int) -> TableLayout:
         """The row layout of a table of ``dim`` columns under these settings."""
         return TableLayout(dim, self.weights_precision, self.optimizer)
+
+    def tiers(self, num_tables: int) -> List[Tier]:
+        """Each table's tier (``tier`` is one for all tables, or one per table).
+
+        Raises:
+            ValueError: ``tier`` given per table for another number of tables.
+        """
+        if isinstance(self.tier, Tier):
+            return [self.tier] * num_tables
+        if len(self.tier) != num_tables:
+            raise ValueError(f"tier={[t.name for t in self.tier]} must be one Tier or one per table "
+                             f"({num_tables} tables)")
+        return list(self.tier)
 
     def cache_sizes(self, num_rows: Sequence[int]) -> List[int]:
         """Cache slots of each table, given each table's rows.
@@ -156,8 +170,16 @@ def _check_choices(config: TieredConfig) -> None:
         raise ValueError(f"pooling_mode={config.pooling_mode} must be PoolingMode.SUM or PoolingMode.MEAN")
     if config.cache_algorithm not in CACHE_ALGORITHMS:
         raise ValueError(f"cache_algorithm={config.cache_algorithm!r} must be 'lru' or 'lfu'")
-    if not isinstance(config.tier, Tier):
-        raise ValueError(f"tier={config.tier!r} must be a torchrec_mtrains.Tier")
+
+
+def _tier(tier: Any) -> Union[Tier, Tuple[Tier, ...]]:
+    """One Tier for every table, or a tuple of one per table."""
+    if isinstance(tier, Tier):
+        return tier
+    tiers = tuple(tier) if isinstance(tier, Iterable) and not isinstance(tier, str) else ()
+    if not tiers or not all(isinstance(t, Tier) for t in tiers):
+        raise ValueError(f"tier={tier!r} must be a torchrec_mtrains.Tier or one per table")
+    return tiers
 
 
 def _number(name: str, value: Any, lo: float) -> float:

@@ -1,13 +1,16 @@
 """DirtyRows: which rows of a table changed since a point in time.
 
 One bit per row (a ``uint8`` bitmap), so a 1e9-row table costs 125 MB. The kernel marks
-the rows each training step looks up (the only rows its update touches); a differential
+the rows each training step looks up (the only rows its update touches), every table's in
+one C++ call per step (``torch.ops.mtrains.mark_row_bits`` on ``bits``); a differential
 checkpoint saves the marked rows and clears the marks once the checkpoint is complete.
 """
 
 from __future__ import annotations
 
 import torch
+
+from torchrec_mtrains._ops import load_extension
 
 __all__ = ["DirtyRows"]
 
@@ -28,18 +31,20 @@ class DirtyRows:
     def nbytes(self) -> int:
         return self._bits.numel()
 
+    @property
+    def bits(self) -> torch.Tensor:
+        """The bitmap itself (row r is bit ``r & 7`` of byte ``r >> 3``), cleared in place."""
+        return self._bits
+
     def mark(self, ids: torch.Tensor) -> None:
-        """Marks rows ``ids`` (int64, in range; repeats allowed)."""
-        if ids.numel() == 0:
-            return
-        ids = ids.reshape(-1)
-        byte, bit = ids >> 3, ids & 7
-        # One pass per bit position: within a pass, bytes that repeat get the same value,
-        # so plain indexed assignment ORs correctly.
-        for b in range(8):
-            at = byte[bit == b]
-            if at.numel():
-                self._bits[at] = self._bits[at] | _BIT[b]
+        """Marks rows ``ids`` (int64, in range; repeats allowed).
+
+        Raises:
+            IndexError: an id outside the bitmap.
+        """
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        load_extension()
+        torch.ops.mtrains.mark_row_bits([self._bits], ids, [0, ids.numel()])
 
     def clear(self) -> None:
         self._bits.zero_()

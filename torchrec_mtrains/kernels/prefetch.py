@@ -1,62 +1,108 @@
 """PrefetchPipeline: runs the jobs of cache plans in two stages, each in submission order.
 
-A job is a plan (the C++ cache index, packing the rows it evicts) and a move (tier I/O:
-writing the evicted rows back, loading the missing ones into their slots). Plans run on
-one background worker and moves on another, so the plan of step i+2 overlaps the tier
-I/O of step i+1, which overlaps the compute of step i. Both stages' heavy parts release
-the GIL. A move starts only after its own plan and every earlier move, so moves reach the
-tier in step order. With ``background=False`` both stages run inline in the caller.
+A job is a plan (the C++ cache index of every table, packing the rows it evicts) and a move
+(tier I/O: writing the evicted rows back, loading the missing ones). Plans run on one
+background thread and moves on another, so the plan of step i+2 overlaps the tier I/O of
+step i+1, which overlaps the compute of step i. Both stages' heavy parts release the GIL.
+A move starts only after its own plan and every earlier move, so moves reach the tier in
+step order. With ``background=False`` both stages run inline in the caller.
+
+The hand-offs are one queue operation each: the caller puts a job on the plan queue, the
+plan thread puts it on the move queue, the move thread puts it on the done queue, and
+``wait`` takes finished jobs off the done queue in order until its own is among them.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-from typing import Callable, Optional
+import queue
+import threading
+from typing import Callable, List, Optional
 
-__all__ = ["PrefetchPipeline"]
+__all__ = ["PrefetchPipeline", "Ticket"]
+
+
+class Ticket:
+    """One submitted job: its stages and, once it has run, its outcome."""
+
+    __slots__ = ("plan", "move", "error", "done")
+
+    def __init__(self, plan: Callable[[], None], move: Callable[[], None]) -> None:
+        self.plan: Optional[Callable[[], None]] = plan
+        self.move: Optional[Callable[[], None]] = move
+        self.error: Optional[BaseException] = None
+        self.done = False  # set by ``wait`` in the consuming thread only
 
 
 class PrefetchPipeline:
+    """Two stage threads (or none). ``submit`` and ``wait`` are for one consuming thread."""
+
     def __init__(self, background: bool) -> None:
         self.background = background
-        self._plans: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._moves: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._failed: Optional[BaseException] = None
+        self._done: "queue.SimpleQueue[Ticket]" = queue.SimpleQueue()
+        self._plans: "queue.SimpleQueue[Optional[Ticket]]" = queue.SimpleQueue()
+        self._moves: "queue.SimpleQueue[Optional[Ticket]]" = queue.SimpleQueue()
+        self._threads: List[threading.Thread] = []
         if background:
-            self._plans = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mtrains-plan")
-            self._moves = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mtrains-move")
+            # Daemon threads: a process that never closes its kernel still exits.
+            self._threads = [
+                threading.Thread(target=self._plan_loop, name="mtrains-plan", daemon=True),
+                threading.Thread(target=self._move_loop, name="mtrains-move", daemon=True),
+            ]
+            for thread in self._threads:
+                thread.start()
 
-    def submit(self, plan: Callable[[], None], move: Callable[[], None]) -> "concurrent.futures.Future[None]":
-        """Queues ``plan`` then ``move`` (or runs both now, inline). The future completes
-        when the move has; an exception of either surfaces in its ``result()`` (a failed
-        plan's move does not run)."""
-        if self._plans is not None and self._moves is not None:
-            planned = self._plans.submit(self._guarded, plan)
-            return self._moves.submit(self._after, planned, move)
-        future: "concurrent.futures.Future[None]" = concurrent.futures.Future()
-        try:
-            self._guarded(plan)
-            self._guarded(move)
-            future.set_result(None)
-        except BaseException as e:  # re-raised by future.result() in the caller
-            future.set_exception(e)
-        return future
+    def submit(self, plan: Callable[[], None], move: Callable[[], None]) -> Ticket:
+        """Queues ``plan`` then ``move`` (or runs both now, inline). A failed plan's move
+        does not run; once a stage failed, every later job fails too."""
+        ticket = Ticket(plan, move)
+        if self._threads:
+            self._plans.put(ticket)
+        else:
+            self._run(ticket, "plan")
+            self._run(ticket, "move")
+            ticket.done = True
+        return ticket
+
+    def wait(self, ticket: Ticket) -> None:
+        """Returns once ``ticket``'s job has run; raises its exception if a stage failed."""
+        while not ticket.done:
+            self._done.get().done = True  # jobs finish in submission order
+        if ticket.error is not None:
+            raise ticket.error
 
     def shutdown(self) -> None:
-        for executor in (self._plans, self._moves):
-            if executor is not None:
-                executor.shutdown(wait=True)
-        self._plans = self._moves = None
+        """Lets queued jobs finish and stops the threads. Idempotent."""
+        if self._threads:
+            self._plans.put(None)
+            for thread in self._threads:
+                thread.join()
+        self._threads = []
 
-    def _guarded(self, stage: Callable[[], None]) -> None:
+    def _run(self, ticket: Ticket, stage: str) -> None:
+        """Runs one stage of ``ticket`` unless it (or an earlier job) already failed."""
+        if stage == "plan":
+            work, ticket.plan = ticket.plan, None
+        else:
+            work, ticket.move = ticket.move, None
+        if ticket.error is not None:
+            return
         if self._failed is not None:
-            raise RuntimeError(f"an earlier prefetch failed ({type(self._failed).__name__}: {self._failed})")
+            ticket.error = RuntimeError(
+                f"an earlier prefetch failed ({type(self._failed).__name__}: {self._failed})")
+            return
         try:
-            stage()
-        except BaseException as e:
-            self._failed = e
-            raise
+            work()
+        except BaseException as e:  # re-raised by wait() in the consuming thread
+            self._failed = ticket.error = e
 
-    def _after(self, planned: "concurrent.futures.Future[None]", move: Callable[[], None]) -> None:
-        planned.result()  # raises the plan's exception
-        self._guarded(move)
+    def _plan_loop(self) -> None:
+        while (ticket := self._plans.get()) is not None:
+            self._run(ticket, "plan")
+            self._moves.put(ticket)
+        self._moves.put(None)
+
+    def _move_loop(self) -> None:
+        while (ticket := self._moves.get()) is not None:
+            self._run(ticket, "move")
+            self._done.put(ticket)

@@ -1,6 +1,7 @@
-"""TieredEmbeddingBags: FBGEMM's TBE computing on a row cache over a DRAM, SCM or SSD tier.
+"""TieredEmbeddingBags: FBGEMM's TBE computing on a row cache over DRAM, SCM or SSD tiers.
 
-Each table's rows live in a backing store on its tier; a set-associative row cache
+Each table's rows live in a backing store on its tier (one tier per table: a rank's tables
+of several tiers share one kernel, so one TBE); a set-associative row cache
 (csrc/cache) keeps the rows in use in the weights of one FBGEMM
 ``SplitTableBatchedEmbeddingBagsCodegen`` (HOST/CPU), whose table t has one row per cache
 slot. A step's indices are remapped to slots, so forward, backward and the fused optimizer
@@ -37,7 +38,7 @@ from torchrec_mtrains.kernels.batch import (
 from torchrec_mtrains.kernels.checkpoint_rows import CheckpointRows
 from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
-from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
+from torchrec_mtrains.kernels.prefetch import PrefetchPipeline, Ticket
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
 from torchrec_mtrains.layout import TableLayout
@@ -64,16 +65,16 @@ class _Step:
     step: int
     batch: Batch
     train: bool = True
-    future: "object" = None
-    slots: List[torch.Tensor] = dataclasses.field(default_factory=list)  # per table
+    ticket: Optional[Ticket] = None
     remapped: Optional[torch.Tensor] = None
-    moves: List["_Move"] = dataclasses.field(default_factory=list)  # per table, until moved
+    moves: List["_Move"] = dataclasses.field(default_factory=list)  # tables with rows to move
 
 
 @dataclasses.dataclass
 class _Move:
     """Rows one table's plan moves: loads into slots, evictions packed out of them."""
 
+    table: int
     load_rows: torch.Tensor
     load_slots: torch.Tensor
     evict_rows: torch.Tensor
@@ -98,7 +99,6 @@ class _Deferred:
 class _TableCounters:
     rows_loaded: int = 0
     rows_written_back: int = 0
-    plan_seconds: float = 0.0  # cache index work
     tier_seconds: float = 0.0  # moving rows to and from the tier
 
 
@@ -113,7 +113,8 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
 
     Args:
         embedding_specs: ``(num_rows, dim)`` per table; dims must be multiples of 4.
-        tier: where the tables live (Tier.DRAM, Tier.SCM or Tier.SSD).
+        tier: where the tables live (Tier.DRAM, Tier.SCM or Tier.SSD): one for every table,
+            or one per table.
         cache_rows: cache slots per table (an int for all tables, or one per table);
             may exceed the table. Default: ``cache_load_factor`` of each table's rows.
         cache_load_factor: cache size as a fraction of each table's rows (default
@@ -183,15 +184,15 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         self.config = config
         self.embedding_specs = specs
         self.table_names = config.names(len(specs))
+        self.tiers = config.tiers(len(specs))  # each table's
         self.feature_table_map = check_feature_table_map(config.feature_table_map, len(specs))
         self.cache_rows = config.cache_sizes(num_rows)
         self._codecs = [RowCodec(config.layout(dim)) for _, dim in specs]
         self._init_ranges = config.init_ranges(num_rows)
         self._stores = self._create_stores(self._init_ranges)
-        self._caches = [
-            torch.classes.mtrains.SetAssociativeCache(n, config.cache_ways, config.cache_algorithm)
-            for n in self.cache_rows
-        ]
+        # Every table's cache index, planned in one C++ call per step.
+        self._index = torch.classes.mtrains.KernelCacheIndex(
+            list(self.cache_rows), config.cache_ways, config.cache_algorithm)
         self._tbe_rows = [n + max(config.cache_ways, n // 8) for n in self.cache_rows]
         self._tbe = self._make_tbe(self._tbe_rows)
         self._pipeline = PrefetchPipeline(background=config.prefetch_pipeline)
@@ -206,11 +207,13 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         # saves. Marked as a training forward looks them up, so rows a prefetch loaded for
         # a step not yet computed are not among them.
         self._dirty = [DirtyRows(rows) for rows in num_rows]
+        self._dirty_bits = [d.bits for d in self._dirty]
         # False once a flush left the tiers holding every row as the cache has it; any
         # training step, write-back or set_rows makes it True again.
         self._unflushed = True
         self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
         self._wait_seconds = 0.0
+        self._plan_seconds = 0.0  # the cache index's work, every table at once
         self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
 
     def _create_stores(self, ranges: List[Tuple[float, float]]) -> List[RowStore]:
@@ -218,7 +221,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         config = self.config
         return [
             create_store(
-                config.tier,
+                self.tiers[t],
                 StoreSpec(
                     name=self.table_names[t], num_rows=rows, row_width_dim=dim,
                     state_slots=self._codecs[t].layout.state_slots, dtype=self._codecs[t].dtype,
@@ -276,11 +279,13 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         self._weights = [_alias(w) for w in tbe.split_embedding_weights()]
         states = tbe.split_optimizer_states() if self._codecs[0].layout.state_values else []
         self._states = [_alias(s[0]) for s in states] if states else [None] * len(rows)
+        # The plan call's view of the same tensors: an empty tensor where there is no state.
+        self._plan_states = [_NO_STATE if s is None else s for s in self._states]
         return tbe
 
     def _grow_tbe(self) -> None:
         """Resizes the TBE when an overflow pool grew past it. Call only between steps."""
-        need = [c.capacity() for c in self._caches]
+        need = self._index.capacities()
         if all(n <= r for n, r in zip(need, self._tbe_rows)):
             return
         old_w, old_s, old_rows = self._weights, self._states, self._tbe_rows
@@ -330,14 +335,14 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         else:
             job = self._submit(indices, offsets)
         self._finish(job)
+        bounds = job.batch.bounds
         if self.training and not job.train:
             # Planned in eval mode, computed in train mode: its rows are about to change.
-            for t, cache in enumerate(self._caches):
-                cache.mark_dirty(job.slots[t])
+            for t in range(len(self.embedding_specs)):
+                self._index.mark_dirty(t, job.remapped[bounds[t] : bounds[t + 1]])
         if self.training:  # the rows this step trains may change: the next delta saves them
             self._unflushed = True
-            for t, part in enumerate(job.batch.per_table):
-                self._dirty[t].mark(part)
+            torch.ops.mtrains.mark_row_bits(self._dirty_bits, job.batch.indices, bounds)
         self._last_forward_step = job.step
         fault_point("forward")
         return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
@@ -350,7 +355,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         # planned after it stay locked.
         oldest_live = max(0, self._last_forward_step)
         job.train = train = self.training
-        job.future = self._pipeline.submit(lambda: self._plan(job, oldest_live, train), lambda: self._move(job))
+        job.ticket = self._pipeline.submit(lambda: self._plan(job, oldest_live, train), lambda: self._move(job))
         return job
 
     def _plan(self, job: _Step, oldest_live: int, train: bool) -> None:
@@ -359,23 +364,16 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         Runs while the row moves of earlier steps are still in flight: the slots it
         displaces are not locked by any live step, so none of them is being filled or
         computed on, and their rows are copied out here, before any later load reuses them.
+        One C++ call plans every table; only tables with rows to move get a ``_Move``.
         """
         fault_point("prefetch.before")
-        remapped, moves = [], []
-        for t, part in enumerate(job.batch.per_table):
-            counters = self._counters[t]
-            t0 = time.perf_counter()
-            slots, load_rows, load_slots, evict_rows, evict_slots = self._caches[t].plan(
-                part.contiguous(), job.step, oldest_live, train
-            )
-            t1 = time.perf_counter()
-            counters.plan_seconds += t1 - t0
-            evicted = self._codecs[t].gather(self._weights[t], self._states[t], evict_slots)
-            moves.append(_Move(load_rows, load_slots, evict_rows, evicted, time.perf_counter() - t1))
-            remapped.append(slots)
-        job.moves = moves
-        job.slots = remapped
-        job.remapped = torch.cat(remapped) if len(remapped) > 1 else remapped[0]
+        batch = job.batch
+        remapped, tables, load_rows, load_slots, evict_rows, evicted, plan_s, pack_s = self._index.plan_step(
+            batch.indices, batch.bounds, job.step, oldest_live, train, self._weights, self._plan_states,
+            self.weights_dtype)
+        self._plan_seconds += plan_s
+        job.moves = [_Move(*move) for move in zip(tables, load_rows, load_slots, evict_rows, evicted, pack_s)]
+        job.remapped = remapped
         fault_point("prefetch.after")
 
     def _move(self, job: _Step) -> None:
@@ -384,7 +382,8 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         Steps move in order, so a row evicted by one step and loaded again by a later one
         is read after its write-back was accepted. The rows read wait in ``job.moves``
         for ``_unpack`` (by the consumer), so the worker goes on to the next step's I/O."""
-        for t, m in enumerate(job.moves):
+        for m in job.moves:
+            t = m.table
             t0 = time.perf_counter()
             n_load = m.load_rows.numel()
             if n_load or m.evict_rows.numel():
@@ -399,7 +398,8 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
     def _unpack(self, job: _Step) -> None:
         """Copies a moved step's rows into their slots (the consumer thread, before the
         step computes or anything reads the slots). Idempotent."""
-        for t, m in enumerate(job.moves):
+        for m in job.moves:
+            t = m.table
             counters = self._counters[t]
             codec = self._codecs[t]
             t0 = time.perf_counter()
@@ -433,13 +433,13 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         TBE (between steps) if the cache overflowed."""
         t0 = time.perf_counter()
         try:
-            job.future.result()
+            self._pipeline.wait(job.ticket)
             self._wait_seconds += time.perf_counter() - t0
             self._unpack(job)
         except BaseException as e:
             self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
             raise
-        if self._deferred or any(c.capacity() > r for c, r in zip(self._caches, self._tbe_rows)):
+        if self._deferred:  # a load went to an overflow slot past the TBE
             self._drain()
             self._grow_tbe()
 
@@ -447,7 +447,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         """Waits for every queued job and puts its rows in their slots."""
         for job in list(self._pending):
             try:
-                job.future.result()
+                self._pipeline.wait(job.ticket)
                 self._unpack(job)
             except BaseException as e:
                 self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
@@ -460,7 +460,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         try:
             yield
         except OSError as e:
-            raise type(e)(e.errno, f"table {self.table_names[t]} on {self.tier.name}: {e.strerror or e}") from e
+            raise type(e)(e.errno, f"table {self.table_names[t]} on {self.tiers[t].name}: {e.strerror or e}") from e
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -486,8 +486,8 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         if not self._unflushed:
             return  # nothing changed since a flush that left every row on the tier
         live = max(0, self._last_forward_step + (1 if steps_done else 0))
-        for t, cache in enumerate(self._caches):
-            rows, slots = cache.take_dirty(live)
+        for t in range(len(self.embedding_specs)):
+            rows, slots = self._index.take_dirty(t, live)
             ready = slots < self._tbe_rows[t]
             rows, slots = rows[ready], slots[ready]
             with self._naming(t):
@@ -547,7 +547,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         def new_rows_of(row_ids: torch.Tensor) -> torch.Tensor:
             return rows[order[torch.searchsorted(sorted_ids, row_ids, right=True) - 1]]
 
-        cached_rows, slots = self._caches[table].occupied()
+        cached_rows, slots = self._index.occupied(table)
         hit = torch.isin(cached_rows, ids) & (slots < self._tbe_rows[table])
         if bool(hit.any()):
             codec.scatter(self._weights[table], self._states[table], slots[hit], new_rows_of(cached_rows[hit]))
@@ -576,7 +576,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         loads came from the tier, which is still current for them."""
         if not self._unflushed:
             return  # the tier holds every row as the cache does
-        cached, slots = self._caches[t].occupied()
+        cached, slots = self._index.occupied(t)
         keep = slots < self._tbe_rows[t]
         cached, slots = cached[keep], slots[keep]
         hit = torch.isin(ids, cached)
@@ -614,12 +614,14 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
 
     def cache_stats(self) -> Dict[str, Dict[str, float]]:
         """Per table: lookups, unique rows, hits, misses, hit_rate, evictions, rows and bytes
-        moved to and from the tier, seconds spent planning (cache index) and moving rows
-        (tier I/O, packing); plus forward's wait for prefetches and how many forwards
-        found their rows prefetched."""
+        moved to and from the tier, seconds moving rows (tier I/O, packing); plus, the same
+        in every table's entry as they are the kernel's: seconds planning (the cache index of
+        every table, one call per step), forward's wait for prefetches and how many
+        forwards found their rows prefetched."""
         out: Dict[str, Dict[str, float]] = {}
+        capacities = self._index.capacities()
         for t, name in enumerate(self.table_names):
-            c = dict(self._caches[t].counters())
+            c = dict(self._index.counters(t))
             k = self._counters[t]
             unique = max(1, c["unique_rows"])
             row_bytes = self._codecs[t].layout.row_bytes
@@ -630,9 +632,9 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
                 "rows_written_back": float(k.rows_written_back),
                 "bytes_read_from_tier": float(k.rows_loaded * row_bytes),
                 "bytes_written_to_tier": float(k.rows_written_back * row_bytes),
-                "plan_seconds": k.plan_seconds,
+                "plan_seconds": self._plan_seconds,
                 "tier_seconds": k.tier_seconds,
-                "cache_capacity_rows": float(self._caches[t].capacity()),
+                "cache_capacity_rows": float(capacities[t]),
                 "prefetch_wait_seconds": self._wait_seconds,
                 "steps_prefetched": float(self._steps_prefetched),
             }
@@ -655,6 +657,9 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         for store in self._stores:
             store.close()
         self._closed = True
+
+
+_NO_STATE = torch.empty(0)  # a table without optimizer state, in plan calls
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:

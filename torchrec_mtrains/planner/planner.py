@@ -183,7 +183,9 @@ class StorageAwarePlanner(ShardingPlanner):
                 **{k: getattr(ps, k) for k in ps.__dataclass_fields__},
                 tiered=TieredParams(
                     where.tier, cache_rows=max(1, where.cache_rows), cache_algorithm=self.cache_algorithm,
-                    storage_dir=self.storage_dir if where.tier in (Tier.SCM, Tier.SSD) else None,
+                    # Every tier's tables name the directory, so that they agree on it and
+                    # share a kernel (a DRAM table keeps no file there).
+                    storage_dir=self.storage_dir,
                     rows_written=option.table.rows_written,
                 ),
             )

@@ -91,16 +91,19 @@ def _rows_written(params: TieredParams, table: ShardedEmbeddingTable) -> int:
     return min(table.local_rows, math.ceil(params.rows_written * table.local_rows / table.num_embeddings))
 
 
-def _check_space(params: TieredParams, directory: str, tables: List[ShardedEmbeddingTable], row_bytes: List[int]) -> None:
+def _check_space(params: List[TieredParams], directory: str, tables: List[ShardedEmbeddingTable],
+                 row_bytes: List[int]) -> None:
     """A rank's SSD shards must fit the free space of its directory once written: fully, or
-    their share of ``params.rows_written``. The space of a table file already at a shard's
-    path counts as free: the new store replaces it, or -- a resume from a checkpoint that
-    links it -- adopts it."""
-    if params.tier is not Tier.SSD:
+    their share of their table's ``rows_written``. The space of a table file already at a
+    shard's path counts as free: the new store replaces it, or -- a resume from a checkpoint
+    that links it -- adopts it."""
+    ssd = [(p, t, b) for p, t, b in zip(params, tables, row_bytes) if p.tier is Tier.SSD]
+    if not ssd:
         return
+    tables = [t for _, t, _ in ssd]
     free = shutil.disk_usage(directory).free + sum(_allocated(ssd_file(directory, _shard_name(t)))
                                                    for t in tables)
-    need = sum(_rows_written(params, t) * b for t, b in zip(tables, row_bytes))
+    need = sum(_rows_written(p, t) * b for p, t, b in ssd)
     if need > free:
         names = ", ".join(sorted({t.name for t in tables}))
         raise ValueError(
@@ -116,12 +119,14 @@ def _allocated(path: str) -> int:
         return 0
 
 
-def _kernel_config(params: TieredParams, config: GroupedEmbeddingConfig, storage_dir: Optional[str]) -> TieredConfig:
-    """The kernel config of a group of local shards: one kernel table per shard, named
-    after its table and offsets, in the rank's storage directory."""
+def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
+                   storage_dir: Optional[str]) -> TieredConfig:
+    """The kernel config of a group of local shards: one kernel table per shard on its
+    table's tier, named after its table and offsets, in the rank's storage directory."""
     tables = list(config.embedding_tables)
-    return params.kernel_config(
-        cache_rows=[_shard_cache_rows(params, t) for t in tables],
+    return params[0].kernel_config(
+        tier=tuple(p.tier for p in params),
+        cache_rows=[_shard_cache_rows(p, t) for p, t in zip(params, tables)],
         storage_dir=storage_dir,
         pooling_mode=_POOLING[config.pooling],
         weights_precision=_PRECISION[config.data_type],
@@ -150,18 +155,21 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         tables = list(config.embedding_tables)
         names = sorted({t.name for t in tables})
         try:
-            self.params = TieredParams.from_fused_params(fused)
+            # Per table: tier and rows written may differ within a kernel; the rest is the group's.
+            self.table_params = [TieredParams.from_fused_params(fused, t.name) for t in tables]
         except ValueError as e:
             raise ValueError(f"tables {', '.join(names)}: {e}") from None
+        self.params = self.table_params[0]
         if config.pooling not in _POOLING:
             raise ValueError(f"tables {', '.join(names)}: pooling {config.pooling} is not SUM or MEAN")
         if config.data_type not in _PRECISION:
             raise ValueError(f"tables {', '.join(names)}: data type {config.data_type} is not FP32 or FP16")
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.storage_dir = rank_storage_dir(self.params.storage_dir, self.rank)
-        where = f"tables {', '.join(names)} on tier {self.params.tier.name}"
+        tiers = sorted({p.tier.name for p in self.table_params})
+        where = f"tables {', '.join(names)} on tier{'s' if len(tiers) > 1 else ''} {', '.join(tiers)}"
         try:
-            kernel_config = _kernel_config(self.params, config, self.storage_dir)
+            kernel_config = _kernel_config(self.table_params, config, self.storage_dir)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         if self.storage_dir is not None:
@@ -170,7 +178,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             except OSError as e:
                 raise ValueError(f"{where}: cannot create {self.storage_dir}: {e.strerror}") from None
             row_bytes = [kernel_config.layout(t.local_cols).row_bytes for t in tables]
-            _check_space(self.params, self.storage_dir, tables, row_bytes)
+            _check_space(self.table_params, self.storage_dir, tables, row_bytes)
         self._tables = tables
         try:
             self._emb = TieredEmbeddingBags([(t.local_rows, t.local_cols) for t in tables], config=kernel_config)

@@ -1,0 +1,198 @@
+// TorchScript binding of KernelCacheIndex (torch.classes.mtrains.KernelCacheIndex): one
+// call per step plans every table's cache and packs the dirty rows it displaces; and
+// torch.ops.mtrains.mark_row_bits, which records a step's rows in per-table bitmaps.
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings/row_copy.h"
+#include "cache/kernel_cache_index.h"
+
+namespace mtrains {
+namespace {
+
+at::Tensor ToTensor(const std::vector<int64_t>& v) {
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+  if (!v.empty()) std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+void CheckIndexVector(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous(),
+                    name, " must be a contiguous 1-D int64 CPU tensor");
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class KernelCacheIndexHandle : public torch::CustomClassHolder {
+ public:
+  KernelCacheIndexHandle(const std::vector<int64_t>& slots, int64_t ways, const std::string& policy) {
+    TORCH_CHECK_VALUE(!slots.empty(), "a kernel cache index needs at least one table");
+    std::vector<uint64_t> n;
+    for (size_t t = 0; t < slots.size(); ++t) {
+      TORCH_CHECK_VALUE(slots[t] >= 1, "cache slots of table ", t, " = ", slots[t], " must be >= 1");
+      n.push_back(uint64_t(slots[t]));
+    }
+    TORCH_CHECK_VALUE(ways >= 1 && ways <= 1024, "cache ways=", ways, " must be in [1, 1024]");
+    TORCH_CHECK_VALUE(policy == "lru" || policy == "lfu", "cache_algorithm='", policy,
+                      "' must be 'lru' or 'lfu'");
+    index_ = std::make_unique<KernelCacheIndex>(
+        n, uint32_t(ways), policy == "lru" ? CachePolicy::kLru : CachePolicy::kLfu);
+  }
+
+  // Plans one step over every table and packs the rows it evicts from `weights[t]` /
+  // `states[t]` (an empty tensor: no optimizer state) into rows of `dtype`.
+  // -> (slot per index, tables with rows to move, and for each of those: load_rows,
+  //     load_slots, evict_rows, evicted rows; seconds planning all tables; seconds packing
+  //     each moved table's rows)
+  std::tuple<at::Tensor, std::vector<int64_t>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+             std::vector<at::Tensor>, std::vector<at::Tensor>, double, std::vector<double>>
+  plan_step(const at::Tensor& indices, const std::vector<int64_t>& bounds, int64_t step,
+            int64_t oldest_live_step, bool train, const std::vector<at::Tensor>& weights,
+            const std::vector<at::Tensor>& states, at::ScalarType dtype) {
+    CheckIndexVector(indices, "indices");
+    const size_t tables = index_->num_tables();
+    TORCH_CHECK_VALUE(weights.size() == tables && states.size() == tables, "weights and states need one "
+                      "tensor per table (", tables, "), got ", weights.size(), " and ", states.size());
+    TORCH_CHECK_VALUE(bounds.size() == tables + 1 && bounds.back() == indices.numel(),
+                      "bounds must have tables + 1 entries ending at len(indices)");
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor remapped = at::empty({indices.numel()}, at::kLong);
+    try {
+      index_->PlanStep(indices.data_ptr<int64_t>(), bounds, step, oldest_live_step, train,
+                       remapped.data_ptr<int64_t>(), &moves_);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    const double plan_seconds = SecondsSince(t0);
+    std::vector<int64_t> moved;
+    std::vector<double> pack_seconds;
+    std::vector<at::Tensor> load_rows, load_slots, evict_rows, evicted;
+    for (const TableMoves& m : moves_) {
+      const auto t1 = std::chrono::steady_clock::now();
+      moved.push_back(m.table);
+      load_rows.push_back(ToTensor(m.load_rows));
+      load_slots.push_back(ToTensor(m.load_slots));
+      evict_rows.push_back(ToTensor(m.evict_rows));
+      const at::Tensor& state = states[size_t(m.table)];
+      c10::optional<at::Tensor> state_2d;
+      if (state.numel()) state_2d = state.view({state.size(0), -1});
+      evicted.push_back(PackRows(weights[size_t(m.table)], state_2d, ToTensor(m.evict_slots), dtype));
+      pack_seconds.push_back(SecondsSince(t1));
+    }
+    return {remapped, moved, load_rows, load_slots, evict_rows, evicted, plan_seconds, pack_seconds};
+  }
+
+  void mark_dirty(int64_t table, const at::Tensor& slots) {
+    CheckIndexVector(slots, "slots");
+    try {
+      Cache(table).MarkDirty(slots.data_ptr<int64_t>(), slots.numel());
+    } catch (const std::out_of_range& e) {
+      TORCH_CHECK_INDEX(false, e.what());
+    }
+  }
+
+  std::tuple<at::Tensor, at::Tensor> take_dirty(int64_t table, int64_t live_step) {
+    std::vector<int64_t> rows, slots;
+    Cache(table).TakeDirty(live_step, &rows, &slots);
+    return {ToTensor(rows), ToTensor(slots)};
+  }
+
+  std::tuple<at::Tensor, at::Tensor> occupied(int64_t table) {
+    std::vector<int64_t> rows, slots;
+    Cache(table).Occupied(&rows, &slots);
+    return {ToTensor(rows), ToTensor(slots)};
+  }
+
+  std::vector<int64_t> capacities() {
+    std::vector<int64_t> out;
+    for (size_t t = 0; t < index_->num_tables(); ++t) out.push_back(int64_t(index_->cache(t).capacity()));
+    return out;
+  }
+
+  c10::Dict<std::string, int64_t> counters(int64_t table) {
+    const CacheCounters c = Cache(table).counters();
+    c10::Dict<std::string, int64_t> d;
+    d.insert("lookups", c.lookups);
+    d.insert("unique_rows", c.unique_rows);
+    d.insert("hits", c.hits);
+    d.insert("misses", c.misses);
+    d.insert("evictions", c.evictions);
+    d.insert("overflow_assignments", c.overflow_assignments);
+    return d;
+  }
+
+  void reset(int64_t table) {
+    Cache(table);  // range check
+    index_->Reset(size_t(table));
+  }
+
+ private:
+  SetAssociativeCache& Cache(int64_t table) {
+    TORCH_CHECK_INDEX(table >= 0 && size_t(table) < index_->num_tables(), "table ", table, " is outside [0, ",
+                      index_->num_tables(), ")");
+    return index_->cache(size_t(table));
+  }
+
+  std::unique_ptr<KernelCacheIndex> index_;
+  std::vector<TableMoves> moves_;  // plan_step's, reused (one planner at a time)
+};
+
+// bitmaps[t] |= bit of each row id of table t (indices[bounds[t], bounds[t+1]), ids checked
+// by the caller against the table: here only against the bitmap's size).
+void MarkRowBits(const std::vector<at::Tensor>& bitmaps, const at::Tensor& indices,
+                 const std::vector<int64_t>& bounds) {
+  CheckIndexVector(indices, "indices");
+  TORCH_CHECK_VALUE(bounds.size() == bitmaps.size() + 1 && bounds.back() <= indices.numel(),
+                    "bounds must have one entry more than bitmaps and end inside indices");
+  const int64_t* idx = indices.data_ptr<int64_t>();
+  for (size_t t = 0; t < bitmaps.size(); ++t) {
+    const at::Tensor& bits = bitmaps[t];
+    TORCH_CHECK_VALUE(bits.device().is_cpu() && bits.scalar_type() == at::kByte && bits.dim() == 1 &&
+                          bits.is_contiguous(), "bitmap ", t, " must be a contiguous 1-D uint8 CPU tensor");
+    uint8_t* b = bits.data_ptr<uint8_t>();
+    const uint64_t limit = uint64_t(bits.numel()) * 8;
+    for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i) {
+      const uint64_t id = uint64_t(idx[i]);
+      TORCH_CHECK_INDEX(id < limit, "row id ", idx[i], " at position ", i, " is outside bitmap ", t, " (", limit,
+                        " rows)");
+      b[id >> 3] |= uint8_t(1u << (id & 7));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mtrains
+
+TORCH_LIBRARY_FRAGMENT(mtrains, m) {
+  using mtrains::KernelCacheIndexHandle;
+  m.class_<KernelCacheIndexHandle>("KernelCacheIndex")
+      .def(torch::init<std::vector<int64_t>, int64_t, std::string>(),
+           "(slots per table, ways, policy 'lru'|'lfu'): the row-cache indexes of a kernel's tables.")
+      .def("plan_step", &KernelCacheIndexHandle::plan_step,
+           "(indices, bounds, step, oldest_live_step, train, weights, states, dtype) -> (slot per "
+           "index, moved tables, load_rows, load_slots, evict_rows, evicted rows, plan seconds, pack seconds of each moved table).")
+      .def("mark_dirty", &KernelCacheIndexHandle::mark_dirty, "(table, slots): marks slots dirty.")
+      .def("take_dirty", &KernelCacheIndexHandle::take_dirty,
+           "(table, live_step) -> (rows, slots) of dirty slots; those not locked by a step >= "
+           "live_step become clean.")
+      .def("occupied", &KernelCacheIndexHandle::occupied, "(table) -> (rows, slots) of occupied slots.")
+      .def("capacities", &KernelCacheIndexHandle::capacities,
+           "Regular + overflow slots of each table: the rows the storage behind it must have.")
+      .def("counters", &KernelCacheIndexHandle::counters,
+           "(table) -> lookups, unique_rows, hits, misses, evictions, overflow_assignments.")
+      .def("reset", &KernelCacheIndexHandle::reset, "(table): empties the table's cache.");
+  m.def("mark_row_bits(Tensor[] bitmaps, Tensor indices, int[] bounds) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(mtrains, CPU, m) { m.impl("mark_row_bits", &mtrains::MarkRowBits); }
