@@ -67,6 +67,10 @@ class ComputeSpec:
         dense_activation_s: seconds per output value of a dense layer, per sample
             (bias, activation, their gradients).
         dense_layer_s: fixed seconds per dense layer per step (op dispatch, optimizer).
+        framework_step_s: the training framework's fixed seconds per step and rank beyond
+            lookups and dense layers (the sharded collection's input and output
+            distribution, interaction, loss, gradient reduction, the train pipeline).
+        framework_table_s: the framework's seconds per step and rank per table of the model.
     """
 
     tbe_bytes_per_s: float
@@ -80,6 +84,8 @@ class ComputeSpec:
     dense_mac_s: float = 0.0
     dense_activation_s: float = 0.0
     dense_layer_s: float = 0.0
+    framework_step_s: float = 0.0
+    framework_table_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

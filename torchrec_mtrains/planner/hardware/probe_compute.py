@@ -13,6 +13,8 @@ budget (``torch.get_num_threads()``):
   prefetched while a step computes), minus FBGEMM on the same table and batches, at three
   batches, in wall and in process CPU time (``tiered_overhead``).
 - The dense fields: ``probe_dense`` (a dense layer's cost from its shape).
+- ``framework_step_s``, ``framework_table_s``: ``probe_framework`` (TorchRec's training
+  step beyond lookups and dense layers).
 
 Each figure is the median of several steps, after warm-up steps.
 """
@@ -27,8 +29,11 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 from torchrec_mtrains.layout import TableLayout
+from torchrec_mtrains.planner.hardware import probe_framework as pf
 from torchrec_mtrains.planner.hardware.probe_dense import dense_costs
+from torchrec_mtrains.planner.hardware.probe_framework import framework_costs
 from torchrec_mtrains.planner.hardware.timing import nonneg_fit, step_clock
+from torchrec_mtrains.planner.model.model_spec import DenseSpec
 from torchrec_mtrains.planner.types import ComputeSpec
 
 __all__ = ["probe_compute"]
@@ -191,8 +196,9 @@ def probe_compute(quick: bool, work: Path) -> Tuple[ComputeSpec, Dict[str, str]]
     tbe, tbe_update, tbe_note = tbe_rates(tbe_rows, steps)
     tiered, tiered_note = tiered_overhead(tiered_rows, steps, work)
     dense, dense_notes = dense_costs(steps)
+    framework, framework_notes = framework_costs(max(5, steps), _modeled_dlrm(tbe, tbe_update, dense))
     spec = ComputeSpec(tbe_bytes_per_s=_r(tbe), tbe_row_update_bytes_per_s=_r(tbe_update),
-                       **{k: _r(v) for k, v in {**tiered, **dense}.items()})
+                       **{k: _r(v) for k, v in {**tiered, **dense, **framework}.items()})
     return spec, {
         "tbe_bandwidth": "pooled lookups; " + tbe_note,
         "tbe_row_update_bandwidth": "distinct rows updated; see tbe_bandwidth",
@@ -205,7 +211,24 @@ def probe_compute(quick: bool, work: Path) -> Tuple[ComputeSpec, Dict[str, str]]
                                "lookup_background_cpu; see step_overhead",
         "lookup_background_cpu": "the worker threads, per lookup; see step_background_cpu",
         **dense_notes,
+        **framework_notes,
     }
+
+
+def _modeled_dlrm(tbe: float, tbe_update: float, dense: Dict[str, float]) -> Callable[[int, int], float]:
+    """What the TBE and dense figures give a step of ``probe_framework``'s DLRM."""
+    row_bytes = TableLayout(pf.DIM, "fp32", "exact_row_wise_adagrad").row_bytes
+
+    def modeled(tables: int, batch: int) -> float:
+        widths = [(pf.DENSE_IN, *pf.DENSE_MLP), (pf.over_in(tables), *pf.OVER_MLP)]
+        spec = DenseSpec.of_shapes([(a, b) for w in widths for a, b in zip(w, w[1:])])
+        lookups = tables * batch  # one id per sample and table
+        unique = tables * min(batch, pf.ROWS)
+        return (lookups * row_bytes / tbe + unique * row_bytes / tbe_update
+                + batch * (spec.macs_per_sample * dense["dense_mac_s"]
+                           + spec.outputs_per_sample * dense["dense_activation_s"])
+                + spec.layers * dense["dense_layer_s"])
+    return modeled
 
 
 def _r(x: float) -> float:

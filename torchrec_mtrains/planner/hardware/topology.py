@@ -16,7 +16,8 @@ A profile describes one node type, per rank::
       dense_time_per_sample: 0.1us  # ComputeSpec.dense_s_per_sample
       # optional, measured by probe-hw: lookup_cost, step_background_cpu,
       # lookup_background_cpu (the tiered kernel); dense_mac_cost, dense_activation_cost,
-      # dense_layer_cost (a dense layer's cost from its shape, see ComputeSpec)
+      # dense_layer_cost (a dense layer's cost from its shape); framework_step_cost,
+      # framework_table_cost (the training framework per step); see ComputeSpec
     tiers:
       hbm: {capacity: 80GB, read_bandwidth: 2TB/s, write_bandwidth: 2TB/s}
       ssd:
@@ -91,9 +92,11 @@ _COMPUTE_FIELDS: Tuple[_Field, ...] = (
     _Field("dense_mac_cost", "dense_mac_s", "time", required=False, positive=False),
     _Field("dense_activation_cost", "dense_activation_s", "time", required=False, positive=False),
     _Field("dense_layer_cost", "dense_layer_s", "time", required=False, positive=False),
+    _Field("framework_step_cost", "framework_step_s", "time", required=False, positive=False),
+    _Field("framework_table_cost", "framework_table_s", "time", required=False, positive=False),
 )
 _OPTIONAL_COMPUTE = frozenset(f.attr for f in _COMPUTE_FIELDS[5:])
-"""Compute fields written only when non-zero: profiles without them read back the same."""
+"""Compute fields written only when non-zero or noted: profiles without them read back the same."""
 _LINK_FIELD = _Field("host_device_bandwidth", "host_device_bytes_per_s", "bandwidth", required=False)
 _CORES_KEY = "cores_per_node"
 _TOP_KEYS = ("name", "source", "compute_device", "ranks_per_node", _CORES_KEY, "compute", "tiers",
@@ -291,7 +294,7 @@ def topology_to_yaml(topo: TieredTopology, notes: Optional[Mapping[str, str]] = 
     emit(0, "compute", "", "compute")
     for f in _COMPUTE_FIELDS:
         value = getattr(topo.compute, f.attr)
-        if value or f.attr not in _OPTIONAL_COMPUTE:
+        if value or f.attr not in _OPTIONAL_COMPUTE or f"compute.{f.key}" in notes:
             emit(1, f.key, format_quantity(value, f.kind), f"compute.{f.key}")
     emit(0, "tiers", "", "tiers")
     for tier, spec in topo.tiers.items():

@@ -20,7 +20,8 @@ With one core per rank they add in full; with many they mostly hide.
 The dense part costs, per rank, each weight matrix's multiply-accumulates and outputs per
 sample of the rank's batch and a fixed cost per matrix and step (``dense_step_seconds``,
 from the model's ``DenseSpec``), or the profile's ``dense_time_per_sample`` for a model
-whose dense layers the planner was not given.
+whose dense layers the planner was not given; the training framework adds a fixed cost per
+step and one per table of the model (every rank handles every feature of its batch).
 """
 
 from __future__ import annotations
@@ -116,12 +117,14 @@ def step_seconds(compute_s: float, io_s: Dict[Tier, float], dense_s: float) -> f
 
 def dense_step_seconds(model: ModelSpec, topo: TieredTopology, world_size: int) -> float:
     """Seconds a rank spends per step on the dense part (forward, backward, optimizer) of
-    its ``model.batch_size / world_size`` samples: from the model's dense layers and the
-    profile's per-MAC, per-output and per-layer costs when both are known, else the
-    profile's ``dense_time_per_sample``."""
+    its ``model.batch_size / world_size`` samples and on the training framework: the dense
+    layers from the model's ``DenseSpec`` and the profile's per-MAC, per-output and
+    per-layer costs when both are known, else the profile's ``dense_time_per_sample``; the
+    framework's fixed cost per step and its cost per table."""
     spec, dense = topo.compute, model.dense
     samples = model.batch_size / world_size
+    framework = spec.framework_step_s + spec.framework_table_s * len(model.tables)
     if dense is None or not (spec.dense_mac_s or spec.dense_activation_s or spec.dense_layer_s):
-        return spec.dense_s_per_sample * samples
+        return spec.dense_s_per_sample * samples + framework
     per_sample = dense.macs_per_sample * spec.dense_mac_s + dense.outputs_per_sample * spec.dense_activation_s
-    return samples * per_sample + dense.layers * spec.dense_layer_s
+    return samples * per_sample + dense.layers * spec.dense_layer_s + framework
