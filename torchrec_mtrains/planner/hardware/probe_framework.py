@@ -119,7 +119,8 @@ def framework_costs(steps: int, modeled: Callable[[int, int], float]) -> Tuple[D
             f"1 rank, batch {BATCH}, tables of {ROWS:,} x {DIM} whole in DRAM, one id per sample each: {seen}")
     return {"framework_step_s": per_step, "framework_table_s": per_table}, {
         "framework_step_cost": "fixed per step and rank; " + what,
-        "framework_table_cost": "per table and step (a rank's share); see framework_step_cost",
+        "framework_table_cost": "per table of the model and step (each rank handles every feature of its batch); "
+                                "see framework_step_cost",
     }
 
 
