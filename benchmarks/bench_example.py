@@ -65,7 +65,8 @@ def main(argv=None) -> int:
         for t, tier in m["placement"].items():
             tiers[tier] = tiers.get(tier, 0) + 1
         print(f"  {name:<26} QPS median {statistics.median(values):>9,.0f}  (runs: "
-              f"{', '.join(f'{v:,.0f}' for v in values)})  tables per tier {tiers}  AUC {m['auc']:.3f}  "
+              f"{', '.join(f'{v:,.0f}' for v in values)}; predicted {m['predicted_qps']:,.0f})  "
+              f"tables per tier {tiers}  AUC {m['auc']:.3f}  "
               f"hit rates {', '.join(f'{k} {v:.3f}' for k, v in m['hit_rate_per_tier'].items()) or '-'}")
     a, b = (statistics.median(qps[k]) for k in budgets)
     ratio = a / b

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,14 @@ def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
         assert spec.capacity_bytes > 0 and spec.read_bytes_per_s > 0 and spec.write_bytes_per_s > 0
     assert topo.tiers[Tier.SSD].read_iops and topo.tiers[Tier.SSD].access_bytes == 4096
     assert topo.compute.tbe_bytes_per_s > 0 and topo.compute.dense_s_per_sample > 0
+    # The tiered kernel's own cost, a dense layer's and the framework's, and the cores.
+    assert topo.compute.step_overhead_s > 0 and topo.compute.framework_step_s > 0
+    assert topo.compute.dense_mac_s > 0 or topo.compute.dense_activation_s > 0
+    assert topo.cores_per_node == os.cpu_count()
+    for key in ("lookup_cost", "step_background_cpu", "lookup_background_cpu", "dense_mac_cost",
+                "dense_activation_cost", "dense_layer_cost", "framework_step_cost", "framework_table_cost",
+                "cores_per_node"):
+        assert f"{key}:" in out.read_text()
     assert "probe-hw --quick" in topo.source
     text = out.read_text()
     assert "PER RANK" in text and "# DramStore.read" in text

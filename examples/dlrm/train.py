@@ -495,7 +495,9 @@ def finish(args, metrics: Dict, rows: List[Dict]) -> None:
         + (f"; hit_after_{warm_from}: over the steps after {warm_from}, warm caches" if warm_from is not None else "")
         + "):",
         format_table(rows),
-        f"QPS (samples/s, all ranks, steps after the first of this run): {metrics['qps']:,.0f}",
+        f"QPS (samples/s, all ranks, steps after the first of this run): {metrics['qps']:,.0f} measured, "
+        f"{metrics['predicted_qps']:,.0f} predicted by the planner (predicted / measured "
+        f"{metrics['predicted_qps'] / metrics['qps']:.2f})",
         "hit rate per tier: " + ", ".join(f"{t} {h:.3f}" for t, h in metrics["hit_rate_per_tier"].items()),
     ]
     if warm_from is not None and metrics["hit_rate_warm_per_tier"]:

@@ -25,7 +25,8 @@ from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
 from torchrec_mtrains.planner.adapters.proposer import TieredProposer
 from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
-from torchrec_mtrains.planner.model.model_spec import ModelSpec, parse_model_spec
+from torchrec_mtrains.planner.model.estimator import dense_step_seconds
+from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, parse_model_spec
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.types import Tier
@@ -105,7 +106,8 @@ class StorageAwarePlanner(ShardingPlanner):
         doc = {"batch_size": self.batch_size, "target_qps": self.target_qps or 1.0,
                "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.optimizer, "tables": tables}
         spec = parse_model_spec(doc)
-        return dataclasses.replace(spec, target_qps=self.target_qps)  # None: no target, place for speed
+        dense = dense_spec_of(module, skip=[ebc for _, ebc in _ebcs(module)])  # its cost from its shapes
+        return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense)  # None: no target, place for speed
 
     def place(self, module: nn.Module, budget_bytes: Optional[Mapping[Tier, float]] = None) -> Placement:
         """Places the module's tables (within ``budget_bytes``, default the planner's)."""
@@ -124,7 +126,6 @@ class StorageAwarePlanner(ShardingPlanner):
         per-rank predicted step seconds)."""
         fast = self.topology.cache_tier()
         pooled = self.budget_bytes.get(fast, self.topology.tiers[fast].capacity_bytes * self.world_size)
-        dense = self.topology.compute.dense_s_per_sample * self.batch_size / self.world_size
         error: Optional[Exception] = None
         for share in (1.0, 0.9, 0.8, 0.65, 0.5):
             try:
@@ -132,6 +133,7 @@ class StorageAwarePlanner(ShardingPlanner):
             except PlacementError as e:
                 error = error or e
                 continue
+            dense = dense_step_seconds(self.last_model, self.topology, self.world_size)
             topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
             estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
             enumerator = TieredEnumerator(topology, self.batch_size, estimator=estimators, model=self.last_model,

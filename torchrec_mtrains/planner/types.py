@@ -51,9 +51,26 @@ class ComputeSpec:
         tbe_row_update_bytes_per_s: row bytes per second of the distinct rows a step
             updates (the fused optimizer: random reads and writes of weights and state);
             0 folds that cost into ``tbe_bytes_per_s``.
-        step_overhead_s: fixed cost of a step of one tiered kernel (plan, bookkeeping).
-        cache_row_s: cost of cache management per unique row a step touches.
-        dense_s_per_sample: the dense part (MLPs, loss) per sample.
+        step_overhead_s: fixed cost of a step of one tiered kernel (plan, bookkeeping) on
+            the step's critical path, seconds.
+        cache_row_s: cost of cache management per unique row a step touches, seconds.
+        dense_s_per_sample: the dense part (MLPs, loss) per sample, seconds: what a model
+            whose dense layers the planner does not know costs.
+        lookup_s: a tiered kernel's cost per lookup on the critical path beyond FBGEMM's
+            (splitting, remapping), seconds.
+        step_background_cpu_s: CPU seconds a tiered kernel's worker threads (prefetch
+            plan, row I/O) take per step beyond what shows on the critical path; on a CPU
+            node it competes with the step for the rank's cores.
+        lookup_background_cpu_s: the same per lookup, seconds.
+        dense_mac_s: seconds per multiply-accumulate of a dense layer, per sample, for a
+            training step (forward, backward, optimizer); 0: use ``dense_s_per_sample``.
+        dense_activation_s: seconds per output value of a dense layer, per sample
+            (bias, activation, their gradients).
+        dense_layer_s: fixed seconds per dense layer per step (op dispatch, optimizer).
+        framework_step_s: the training framework's fixed seconds per step and rank beyond
+            lookups and dense layers (the sharded collection's input and output
+            distribution, interaction, loss, gradient reduction, the train pipeline).
+        framework_table_s: the framework's seconds per step and rank per table of the model.
     """
 
     tbe_bytes_per_s: float
@@ -61,6 +78,14 @@ class ComputeSpec:
     cache_row_s: float = 0.0
     dense_s_per_sample: float = 0.0
     tbe_row_update_bytes_per_s: float = 0.0
+    lookup_s: float = 0.0
+    step_background_cpu_s: float = 0.0
+    lookup_background_cpu_s: float = 0.0
+    dense_mac_s: float = 0.0
+    dense_activation_s: float = 0.0
+    dense_layer_s: float = 0.0
+    framework_step_s: float = 0.0
+    framework_table_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +95,8 @@ class TieredTopology:
     ``tiers`` holds the tiers a rank has (absent = none). ``compute_device`` is "cpu" or
     "cuda"; the cache of a tiered table lives in the fastest tier of the device (HBM on
     cuda, DRAM on cpu). ``host_device_bytes_per_s``: the host-device link (PCIe), cuda only.
+    ``cores_per_node``: CPU cores of the node (None: unknown; a CPU node is then costed as
+    one core per rank).
     """
 
     name: str
@@ -79,9 +106,14 @@ class TieredTopology:
     compute: ComputeSpec
     host_device_bytes_per_s: Optional[float] = None
     source: str = ""  # where the figures come from (measured by probe-hw, a spec sheet, ...)
+    cores_per_node: Optional[int] = None
 
     def cache_tier(self) -> Tier:
         return Tier.HBM if self.compute_device == "cuda" else Tier.DRAM
+
+    def cores_per_rank(self) -> float:
+        """CPU cores one rank has: the node's over its ranks (1 when the profile gives none)."""
+        return self.cores_per_node / self.ranks_per_node if self.cores_per_node else 1.0
 
 
 @dataclasses.dataclass(frozen=True)

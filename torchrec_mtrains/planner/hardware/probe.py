@@ -13,8 +13,13 @@ Per tier, what the kernel's access pattern gets (random rows of 512 B: 127 fp32 
   reopened (cold) file, and random row writes + flush; fio 4 KiB random-read IOPS at QD 32
   (the device limit) as a comment, when fio is installed.
 
-Compute (probe_compute.py): FBGEMM's CPU TBE bytes/s, TieredEmbeddingBags' step overhead and
-cost per unique row against it, and the dense part of a DLRM per sample.
+Compute (probe_compute.py, probe_dense.py): FBGEMM's CPU TBE bytes/s; TieredEmbeddingBags'
+own cost against it, run with its prefetch pipeline as training runs it (per step, per lookup
+and per unique row on the critical path; its worker threads' CPU per step and per lookup);
+a dense layer's cost from its shape (per multiply-accumulate, per output, per layer), so the
+planner costs the dense part of the model it plans. ``cores_per_node`` is this machine's
+core count: the planner's CPU-contention term divides the worker threads' CPU by the cores
+of a rank.
 
 Per-node figures (capacities, memory bandwidth) are divided by ``--ranks-per-node`` and
 measurements use ``cores / ranks_per_node`` threads, as each rank of a job would.
@@ -323,7 +328,7 @@ def probe(cfg: ProbeConfig, command: str = "", progress: Callable[[str], None] =
                 progress(f"{tier.value}: random {ROW_BYTES}-B rows")
                 tiers[tier], tier_notes = fn()
                 notes.update({f"tiers.{tier.value}.{k}": v for k, v in tier_notes.items()})
-            progress("compute: FBGEMM TBE, TieredEmbeddingBags vs FBGEMM, dense MLP")
+            progress("compute: FBGEMM TBE, TieredEmbeddingBags vs FBGEMM, dense layers")
             compute, compute_notes = probe_compute.probe_compute(cfg.quick, work)
             notes.update({f"compute.{k}": v for k, v in compute_notes.items()})
     finally:
@@ -331,7 +336,7 @@ def probe(cfg: ProbeConfig, command: str = "", progress: Callable[[str], None] =
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     source = f"measured {now} on {platform.node()} by `{command or 'torchrec_mtrains.planner.hardware.probe.probe()'}`"
     topo = TieredTopology(name="local", compute_device="cpu", ranks_per_node=cfg.ranks_per_node, tiers=tiers,
-                          compute=compute, source=source)
+                          compute=compute, source=source, cores_per_node=os.cpu_count() or 1)
     header = (f"This machine, measured by mtrains probe-hw{' --quick' if cfg.quick else ''} in "
               f"{time.perf_counter() - t0:.0f} s: {os.cpu_count()} cores, "
               f"MemTotal {meminfo_bytes() / 2**30:.1f} GiB, torch {torch.__version__}.\n"

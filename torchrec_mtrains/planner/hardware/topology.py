@@ -6,6 +6,7 @@ A profile describes one node type, per rank::
     source: public spec sheets (see comments)
     compute_device: cuda            # cpu | cuda
     ranks_per_node: 8
+    cores_per_node: 80              # optional: CPU cores of the node (the contention term)
     host_device_bandwidth: 25GB/s   # cuda only: the PCIe link of one GPU
     compute:
       tbe_bandwidth: 400GB/s        # ComputeSpec.tbe_bytes_per_s
@@ -13,6 +14,10 @@ A profile describes one node type, per rank::
       step_overhead: 0.2ms          # ComputeSpec.step_overhead_s
       cache_row_cost: 20ns          # ComputeSpec.cache_row_s
       dense_time_per_sample: 0.1us  # ComputeSpec.dense_s_per_sample
+      # optional, measured by probe-hw: lookup_cost, step_background_cpu,
+      # lookup_background_cpu (the tiered kernel); dense_mac_cost, dense_activation_cost,
+      # dense_layer_cost (a dense layer's cost from its shape); framework_step_cost,
+      # framework_table_cost (the training framework per step); see ComputeSpec
     tiers:
       hbm: {capacity: 80GB, read_bandwidth: 2TB/s, write_bandwidth: 2TB/s}
       ssd:
@@ -81,9 +86,20 @@ _COMPUTE_FIELDS: Tuple[_Field, ...] = (
     _Field("step_overhead", "step_overhead_s", "time", required=False, positive=False),
     _Field("cache_row_cost", "cache_row_s", "time", required=False, positive=False),
     _Field("dense_time_per_sample", "dense_s_per_sample", "time", required=False, positive=False),
+    _Field("lookup_cost", "lookup_s", "time", required=False, positive=False),
+    _Field("step_background_cpu", "step_background_cpu_s", "time", required=False, positive=False),
+    _Field("lookup_background_cpu", "lookup_background_cpu_s", "time", required=False, positive=False),
+    _Field("dense_mac_cost", "dense_mac_s", "time", required=False, positive=False),
+    _Field("dense_activation_cost", "dense_activation_s", "time", required=False, positive=False),
+    _Field("dense_layer_cost", "dense_layer_s", "time", required=False, positive=False),
+    _Field("framework_step_cost", "framework_step_s", "time", required=False, positive=False),
+    _Field("framework_table_cost", "framework_table_s", "time", required=False, positive=False),
 )
+_OPTIONAL_COMPUTE = frozenset(f.attr for f in _COMPUTE_FIELDS[5:])
+"""Compute fields written only when non-zero or noted: profiles without them read back the same."""
 _LINK_FIELD = _Field("host_device_bandwidth", "host_device_bytes_per_s", "bandwidth", required=False)
-_TOP_KEYS = ("name", "source", "compute_device", "ranks_per_node", "compute", "tiers",
+_CORES_KEY = "cores_per_node"
+_TOP_KEYS = ("name", "source", "compute_device", "ranks_per_node", _CORES_KEY, "compute", "tiers",
              _LINK_FIELD.key, _LINK_FIELD.attr)
 
 
@@ -146,6 +162,9 @@ def parse_topology(text: str, default_name: str = "") -> TieredTopology:
     ranks = _required(top, "ranks_per_node", "")
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks_per_node: {ranks!r} must be an integer >= 1")
+    cores = top.get(_CORES_KEY)
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise ValueError(f"{_CORES_KEY}: {cores!r} must be an integer >= 1")
     tiers_doc = _mapping(_required(top, "tiers", ""), "tiers")
     if not tiers_doc:
         raise ValueError("tiers: at least one tier is needed")
@@ -160,7 +179,7 @@ def parse_topology(text: str, default_name: str = "") -> TieredTopology:
     link = _fields(top, (_LINK_FIELD,), "", check_keys=False).get(_LINK_FIELD.attr)
     topo = TieredTopology(name=name, compute_device=device, ranks_per_node=ranks,
                           tiers=dict(sorted(tiers.items(), key=lambda kv: list(Tier).index(kv[0]))),
-                          compute=compute, host_device_bytes_per_s=link, source=source)
+                          compute=compute, host_device_bytes_per_s=link, source=source, cores_per_node=cores)
     _check_consistent(topo)
     return topo
 
@@ -268,11 +287,15 @@ def topology_to_yaml(topo: TieredTopology, notes: Optional[Mapping[str, str]] = 
     emit(0, "source", _scalar(topo.source), "source")
     emit(0, "compute_device", topo.compute_device, "compute_device")
     emit(0, "ranks_per_node", str(topo.ranks_per_node), "ranks_per_node")
+    if topo.cores_per_node is not None:
+        emit(0, _CORES_KEY, str(topo.cores_per_node), _CORES_KEY)
     if topo.host_device_bytes_per_s is not None:
         emit(0, _LINK_FIELD.key, format_quantity(topo.host_device_bytes_per_s, "bandwidth"), _LINK_FIELD.key)
     emit(0, "compute", "", "compute")
     for f in _COMPUTE_FIELDS:
-        emit(1, f.key, format_quantity(getattr(topo.compute, f.attr), f.kind), f"compute.{f.key}")
+        value = getattr(topo.compute, f.attr)
+        if value or f.attr not in _OPTIONAL_COMPUTE or f"compute.{f.key}" in notes:
+            emit(1, f.key, format_quantity(value, f.kind), f"compute.{f.key}")
     emit(0, "tiers", "", "tiers")
     for tier, spec in topo.tiers.items():
         emit(1, tier.value, "", f"tiers.{tier.value}")

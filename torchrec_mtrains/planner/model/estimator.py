@@ -9,6 +9,19 @@ each access costing at least the tier's access unit. On a GPU node, the misses a
 the host-device link; on a CPU node, moving them (copies, checksums, I/O submission) also
 takes the rank's CPU. The prefetch pipeline overlaps tier I/O with compute, so a rank's
 step takes the larger of its compute and its busiest tier.
+
+A tiered table adds the kernel's own cost: a fixed cost per step and a cost per lookup on
+the step's critical path, and its worker threads' CPU (prefetch plan, row I/O) per step and
+per lookup. On a CPU node those threads share the rank's cores with the step, whose
+operators (TBE, dense) use all of them while they run: the worker threads' CPU seconds
+lengthen the step by themselves over the rank's cores (``TieredTopology.cores_per_rank``).
+With one core per rank they add in full; with many they mostly hide.
+
+The dense part costs, per rank, each weight matrix's multiply-accumulates and outputs per
+sample of the rank's batch and a fixed cost per matrix and step (``dense_step_seconds``,
+from the model's ``DenseSpec``), or the profile's ``dense_time_per_sample`` for a model
+whose dense layers the planner was not given; the training framework adds a fixed cost per
+step and one per table of the model (every rank handles every feature of its batch).
 """
 
 from __future__ import annotations
@@ -17,11 +30,11 @@ import dataclasses
 import math
 from typing import Dict
 
-from torchrec_mtrains.planner.model.model_spec import ModelTable
+from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.types import TieredTopology, TierSpec
 from torchrec_mtrains.types import Tier
 
-__all__ = ["TableCost", "table_cost", "step_seconds"]
+__all__ = ["TableCost", "dense_step_seconds", "table_cost", "step_seconds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +91,8 @@ def table_cost(
     effective = min(float(table.num_embeddings), max(cache_rows, 2.0 * unique))
     hit = table.locality.hit_rate(effective, policy)
     misses = unique * (1.0 - hit)
-    compute += spec.step_overhead_s + spec.cache_row_s * unique
+    compute += spec.step_overhead_s + spec.cache_row_s * unique + spec.lookup_s * lookups
+    background = spec.step_background_cpu_s + spec.lookup_background_cpu_s * lookups  # worker threads
     dev = topo.tiers[tier]
     device_misses = misses
     if l2_rows > effective and topo.compute_device == "cuda" and tier in (Tier.SCM, Tier.SSD):
@@ -88,8 +102,8 @@ def table_cost(
             dram, misses, table.row_bytes, True)
     io[tier] = _device_seconds(dev, device_misses, table.row_bytes, False) + _device_seconds(
         dev, device_misses, table.row_bytes, True, appended=tier is Tier.SSD)
-    if topo.compute_device == "cpu":  # moving rows takes the rank's own cores
-        compute += 2 * device_misses * dev.row_cpu_s
+    if topo.compute_device == "cpu":  # the worker threads and their row moves share the rank's cores
+        compute += (background + 2 * device_misses * dev.row_cpu_s) / topo.cores_per_rank()
     if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
         link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
         io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier
@@ -99,3 +113,18 @@ def table_cost(
 def step_seconds(compute_s: float, io_s: Dict[Tier, float], dense_s: float) -> float:
     """A rank's step: compute (embeddings + dense) overlapped with each tier's I/O."""
     return max([compute_s + dense_s] + list(io_s.values()))
+
+
+def dense_step_seconds(model: ModelSpec, topo: TieredTopology, world_size: int) -> float:
+    """Seconds a rank spends per step on the dense part (forward, backward, optimizer) of
+    its ``model.batch_size / world_size`` samples and on the training framework: the dense
+    layers from the model's ``DenseSpec`` and the profile's per-MAC, per-output and
+    per-layer costs when both are known, else the profile's ``dense_time_per_sample``; the
+    framework's fixed cost per step and its cost per table."""
+    spec, dense = topo.compute, model.dense
+    samples = model.batch_size / world_size
+    framework = spec.framework_step_s + spec.framework_table_s * len(model.tables)
+    if dense is None or not (spec.dense_mac_s or spec.dense_activation_s or spec.dense_layer_s):
+        return spec.dense_s_per_sample * samples + framework
+    per_sample = dense.macs_per_sample * spec.dense_mac_s + dense.outputs_per_sample * spec.dense_activation_s
+    return samples * per_sample + dense.layers * spec.dense_layer_s + framework

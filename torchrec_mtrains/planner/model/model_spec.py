@@ -18,9 +18,10 @@ from torchrec_mtrains.planner.model.locality import (
     zipf_locality,
 )
 
-__all__ = ["LAZY_TIERS", "ModelSpec", "ModelTable", "load_model_spec", "parse_model_spec"]
+__all__ = ["LAZY_TIERS", "DenseSpec", "ModelSpec", "ModelTable", "dense_spec_of", "load_model_spec",
+           "parse_model_spec"]
 
-_TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables"}
+_TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables", "dense_layers"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
                "reuse_trace_steps", "trace", "trace_table", "count", "rows_written", "drift"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
@@ -59,12 +60,34 @@ class ModelTable:
 
 
 @dataclasses.dataclass(frozen=True)
+class DenseSpec:
+    """The dense part of a model as the perf model costs it: its matrix products.
+
+    Attributes:
+        macs_per_sample: multiply-accumulates of the forward pass per sample (a layer of
+            ``n_in`` x ``n_out`` weights: ``n_in * n_out``).
+        outputs_per_sample: values the layers output per sample (their elementwise work).
+        layers: weight matrices (each costs a fixed amount per step).
+    """
+
+    macs_per_sample: float
+    outputs_per_sample: float
+    layers: int
+
+    @classmethod
+    def of_shapes(cls, shapes: Sequence[Tuple[int, int]]) -> "DenseSpec":
+        """From the ``(n_in, n_out)`` of each weight matrix."""
+        return cls(float(sum(i * o for i, o in shapes)), float(sum(o for _, o in shapes)), len(shapes))
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     batch_size: int  # global, per step
     target_qps: Optional[float]  # None (planner use only): no target
     dtype: str
     optimizer: str
     tables: Tuple[ModelTable, ...]
+    dense: Optional[DenseSpec] = None  # None: costed at the profile's dense_time_per_sample
 
     @property
     def embedding_bytes(self) -> float:
@@ -181,7 +204,32 @@ def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"tables: duplicate names {dup[:5]}")
-    return ModelSpec(batch, qps, dtype, optimizer, tuple(tables))
+    dense = _dense_layers(doc["dense_layers"]) if "dense_layers" in doc else None
+    return ModelSpec(batch, qps, dtype, optimizer, tuple(tables), dense)
+
+
+def _dense_layers(doc: Any) -> DenseSpec:
+    """MODEL.yaml's ``dense_layers``: the model's MLPs, each a list of layer widths from its
+    input to its output, e.g. ``[[13, 512, 256, 64], [415, 512, 512, 256, 1]]``."""
+    if not isinstance(doc, list) or not doc:
+        raise ValueError(f"dense_layers={doc!r} must be a non-empty list of MLPs (lists of layer widths)")
+    shapes: List[Tuple[int, int]] = []
+    for i, mlp in enumerate(doc):
+        if not isinstance(mlp, list) or len(mlp) < 2:
+            raise ValueError(f"dense_layers[{i}]={mlp!r} must list at least an input and an output width")
+        widths = [int(_number(f"dense_layers[{i}][{j}]", w, integer=True)) for j, w in enumerate(mlp)]
+        shapes += list(zip(widths, widths[1:]))
+    return DenseSpec.of_shapes(shapes)
+
+
+def dense_spec_of(module: Any, skip: Sequence[Any] = ()) -> Optional[DenseSpec]:
+    """The dense part of a torch module: every 2-D weight outside the ``skip`` modules
+    (the embedding tables) is one matrix product per sample (``nn.Linear`` layers, low-rank
+    cross layers); None if it has none."""
+    skipped = {id(p) for m in skip for p in m.parameters()}
+    shapes = [(int(p.shape[1]), int(p.shape[0])) for p in module.parameters()
+              if p.dim() == 2 and id(p) not in skipped]
+    return DenseSpec.of_shapes(shapes) if shapes else None
 
 
 def load_model_spec(path: str) -> ModelSpec:

@@ -31,7 +31,7 @@ import enum
 import heapq
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from torchrec_mtrains.planner.model.estimator import TableCost, step_seconds, table_cost
+from torchrec_mtrains.planner.model.estimator import TableCost, dense_step_seconds, step_seconds, table_cost
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.types import TablePlacement, TieredTopology
 from torchrec_mtrains.types import Tier
@@ -198,7 +198,7 @@ class _Placer:
         self.qps = target_qps or model.target_qps
         self.backing = [t for t in _BACKING_ORDER if t in caps and t != fast]
         compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
-        dense_s = topo.compute.dense_s_per_sample * model.batch_size
+        dense_s = dense_step_seconds(model, topo, world_size) * world_size
         step_budget = model.batch_size / self.qps if self.qps else (compute_s + dense_s) / world_size
         self.io_budget = step_budget * world_size * max_tier_utilization  # device seconds per step, all ranks
         self.steer = self.io_budget * relax  # the budget step 2 relieves tiers down to
@@ -436,6 +436,6 @@ def _finish(model, topo, world_size, placed, used, caps, policy) -> Placement:
             cost.tier_bytes_per_step * (qps / model.batch_size if qps else 0.0),
             extra={"l2_cache_rows": float(round(l2))} if l2 else {},
         )
-    dense = topo.compute.dense_s_per_sample * model.batch_size
-    step = step_seconds(compute / world_size, {t: s / world_size for t, s in io.items()}, dense / world_size)
+    dense = dense_step_seconds(model, topo, world_size)
+    step = step_seconds(compute / world_size, {t: s / world_size for t, s in io.items()}, dense)
     return Placement(world_size, tables, costs, used, caps, step, model.batch_size / step if step > 0 else float("inf"))

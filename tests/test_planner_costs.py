@@ -1,0 +1,136 @@
+"""The perf model's cost terms: the tiered kernel's own cost, CPU contention by core count,
+the dense part from the model's layers, the framework's cost, and their profile keys."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from torchrec_mtrains import Tier
+from torchrec_mtrains.planner import parse_model_spec
+from torchrec_mtrains.planner.hardware.timing import nonneg_fit
+from torchrec_mtrains.planner.hardware.topology import parse_topology, topology_to_yaml
+from torchrec_mtrains.planner.model.estimator import dense_step_seconds, table_cost
+from torchrec_mtrains.planner.model.model_spec import DenseSpec, dense_spec_of
+from torchrec_mtrains.planner.model.placement import place
+from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
+
+G, M = 2**30, 2**20
+
+
+def _node(cores: int, **compute: float) -> TieredTopology:
+    spec = ComputeSpec(2e9, 0.0005, 0.0, 1e-6, **{"step_background_cpu_s": 0.004, "lookup_background_cpu_s": 5e-8,
+                                                    **compute})
+    return TieredTopology("t", "cpu", 2, {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9), Tier.SCM: TierSpec(16 * G, 2e9, 1e9)},
+                          spec, cores_per_node=cores)
+
+
+def _model(**top: object):
+    doc = {"batch_size": 4096, "target_qps": 1.0, "tables": [
+        {"name": f"s{i}", "num_embeddings": 200_000, "embedding_dim": 64, "pooling_factor": 2, "zipf_alpha": 1.2}
+        for i in range(4)] + [
+        {"name": "big", "num_embeddings": 2_000_000, "embedding_dim": 64, "pooling_factor": 10, "zipf_alpha": 0.9}]}
+    return parse_model_spec({**doc, **top})
+
+
+def test_worker_threads_cpu_is_shared_by_the_cores_of_a_rank() -> None:
+    table = _model().tables[0]
+    lookups = 4096 * 2
+    background = 0.004 + 5e-8 * lookups
+    costs = {c: table_cost(table, Tier.SCM, 40_000, _node(c), 4096).compute_s for c in (2, 8, 64)}
+    assert costs[2] - costs[8] == pytest.approx(background * (1 - 1 / 4))
+    assert costs[8] - costs[64] == pytest.approx(background * (1 / 4 - 1 / 32))
+    # A profile without cores_per_node: one core per rank, as a CPU node was costed before.
+    unknown = dataclasses.replace(_node(2), cores_per_node=None)
+    assert table_cost(table, Tier.SCM, 40_000, unknown, 4096).compute_s == pytest.approx(costs[2])
+    # Whole in DRAM: no tiered kernel, no worker threads, whatever the cores.
+    assert table_cost(table, Tier.DRAM, 0, _node(2), 4096).compute_s == pytest.approx(
+        table_cost(table, Tier.DRAM, 0, _node(64), 4096).compute_s)
+
+
+def test_lookup_cost_is_on_the_critical_path_of_tiered_tables() -> None:
+    table = _model().tables[0]
+    base, more = _node(64), _node(64, lookup_s=1e-7)
+    assert (table_cost(table, Tier.SCM, 40_000, more, 4096).compute_s
+            - table_cost(table, Tier.SCM, 40_000, base, 4096).compute_s) == pytest.approx(1e-7 * 4096 * 2)
+    assert table_cost(table, Tier.DRAM, 0, more, 4096).compute_s == table_cost(table, Tier.DRAM, 0, base, 4096).compute_s
+
+
+def test_few_cores_keep_more_tables_whole_in_dram() -> None:
+    model = dataclasses.replace(_model(), target_qps=None)
+    budget = {Tier.DRAM: 2 * (200_000 * model.tables[0].row_bytes + 60 * M)}
+    whole, qps = {}, {}
+    for cores in (2, 64):
+        p = place(model, _node(cores), 2, budget_bytes=budget)
+        whole[cores] = sorted(n for n, t in p.tables.items() if t.tier is Tier.DRAM and t.cache_rows == 0)
+        qps[cores] = p.predicted_qps
+    assert len(whole[2]) > len(whole[64])
+    assert qps[2] < qps[64]  # the slowdown is seen
+
+
+def test_dense_cost_comes_from_the_model_layers() -> None:
+    spec = ComputeSpec(1e9, dense_s_per_sample=1e-4, dense_mac_s=1e-10, dense_activation_s=1e-8, dense_layer_s=1e-3,
+                       framework_step_s=0.005, framework_table_s=0.0002)
+    node = TieredTopology("t", "cpu", 2, {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9)}, spec)
+    small = _model(dense_layers=[[13, 128, 32], [98, 256, 128, 1]])
+    assert small.dense == DenseSpec(13 * 128 + 128 * 32 + 98 * 256 + 256 * 128 + 128, 128 + 32 + 256 + 128 + 1, 5)
+    framework = 0.005 + 0.0002 * 5
+    per_rank = 2048 * (small.dense.macs_per_sample * 1e-10 + small.dense.outputs_per_sample * 1e-8) + 5 * 1e-3
+    assert dense_step_seconds(small, node, 2) == pytest.approx(per_rank + framework)
+    # A larger MLP costs more; a model without its layers costs the profile's per-sample figure.
+    large = _model(dense_layers=[[13, 512, 256, 64], [415, 512, 512, 256, 1]])
+    assert dense_step_seconds(large, node, 2) > 3 * dense_step_seconds(small, node, 2) - 2 * framework
+    assert dense_step_seconds(_model(), node, 2) == pytest.approx(1e-4 * 2048 + framework)
+
+
+@pytest.mark.parametrize("layers,message", [
+    ([], "non-empty list"), ([[13]], "at least an input"), ([[13, "x"]], "dense_layers[0][1]"),
+    ("13-128", "non-empty list"), ([[13, 0]], "must be > 0"),
+])
+def test_dense_layers_errors_name_the_field(layers: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _model(dense_layers=layers)
+
+
+def test_dense_spec_of_a_module_skips_the_embedding_tables() -> None:
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.models.dlrm import DLRM
+
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{i}", num_embeddings=100, embedding_dim=32,
+                                                            feature_names=[f"f{i}"]) for i in range(11)],
+                                 device=torch.device("meta"))
+    dense = dense_spec_of(DLRM(ebc, 13, [128, 32], [256, 128, 1]), skip=[ebc])
+    assert dense == DenseSpec.of_shapes([(13, 128), (128, 32), (98, 256), (256, 128), (128, 1)])
+    assert dense_spec_of(torch.nn.ReLU()) is None
+
+
+def test_profile_keys_of_the_new_figures_round_trip() -> None:
+    topo = _node(16, lookup_s=9.6e-8, dense_mac_s=8.5e-11, dense_activation_s=3.3e-9, dense_layer_s=5.7e-4,
+                 framework_step_s=6.3e-3, framework_table_s=8.3e-4)
+    text = topology_to_yaml(topo)
+    for key in ("cores_per_node: 16", "lookup_cost:", "step_background_cpu:", "lookup_background_cpu:",
+                "dense_mac_cost:", "dense_activation_cost:", "dense_layer_cost:", "framework_step_cost:",
+                "framework_table_cost:"):
+        assert key in text
+    assert parse_topology(text) == topo
+    # Profiles without them read and write as before.
+    old = dataclasses.replace(topo, cores_per_node=None, compute=ComputeSpec(2e9, 0.0005, 0.0, 1e-6))
+    assert "cores_per_node" not in topology_to_yaml(old) and "lookup_cost" not in topology_to_yaml(old)
+    assert parse_topology(topology_to_yaml(old)) == old
+
+
+@pytest.mark.parametrize("cores", [0, -2, 1.5, True, "8"])
+def test_bad_cores_per_node_is_named(cores: object) -> None:
+    text = topology_to_yaml(_node(2)).replace("cores_per_node: 2", f"cores_per_node: {cores!r}")
+    with pytest.raises(ValueError, match="cores_per_node"):
+        parse_topology(text)
+
+
+def test_nonneg_fit_recovers_costs_and_drops_negative_ones() -> None:
+    points = [((1.0, x, y), 0.002 + 3e-7 * x + 5e-8 * y) for x, y in ((20, 20), (40_000, 28_000), (40_000, 1024))]
+    assert nonneg_fit(points) == pytest.approx([0.002, 3e-7, 5e-8], rel=1e-6)
+    noisy = [((1.0, x), 0.001 - 1e-9 * x) for x in (10, 1000, 5000)]  # a negative slope is noise
+    fit = nonneg_fit(noisy)
+    assert fit[1] == 0.0 and fit[0] > 0
