@@ -218,7 +218,7 @@ class StoreBenchConfig:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
 
 
-CACHE_POLICIES = ("lru", "lfu")
+CACHE_POLICIES = ("lru", "lfu", "tinylfu")
 """Replacement policies of TieredEmbeddingBags' row cache."""
 
 
@@ -238,9 +238,12 @@ class KernelBenchConfig:
         zipf_alpha: Zipf exponent of the main workload (SCM and SSD runs).
         high_locality_alpha: Zipf exponent of the high-locality SSD run.
         cache_load_factor: Row-cache size as a share of the table's rows.
-        cache_algorithm: Policy of the throughput runs ("lru" or "lfu").
+        cache_algorithm: Policy of the throughput runs ("lru", "lfu" or "tinylfu").
         policies: Policies whose hit rates are reported next to Belady's (each one not
-            used by the throughput runs gets a run of its own on the SCM tier).
+            used by the throughput runs gets a run of its own on the SCM tier) and compared
+            by replaying the i.i.d. Zipf and the drifting trace through the cache index.
+        drift: Share of the Zipf ranks that move to a fresh id per step in the drifting
+            trace of the policy comparison, in (0, 1).
         learning_rate: Learning rate of both FBGEMM and TieredEmbeddingBags.
         warmup_steps: Steps before the first measured block (fill the cache and
             reach steady state: evictions and write-backs every step).
@@ -271,6 +274,7 @@ class KernelBenchConfig:
     cache_load_factor: float = 0.1
     cache_algorithm: str = "lru"
     policies: tuple[str, ...] = CACHE_POLICIES
+    drift: float = 0.02
     learning_rate: float = 0.01
     warmup_steps: int = 40
     high_locality_warmup_steps: int = 160
@@ -308,6 +312,8 @@ class KernelBenchConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if isinstance(self.drift, bool) or not isinstance(self.drift, (int, float)) or not 0.0 < self.drift < 1.0:
+            raise ValueError(f"drift must be a number in (0, 1), got {self.drift!r}")
         if not isinstance(self.cache_load_factor, (int, float)) or not 0.0 < self.cache_load_factor <= 1.0:
             raise ValueError(f"cache_load_factor must be in (0, 1], got {self.cache_load_factor!r}")
         if self.cache_algorithm not in CACHE_POLICIES:
