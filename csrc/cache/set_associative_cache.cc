@@ -4,6 +4,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mtrains {
 namespace {
@@ -143,7 +144,7 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
   // One scan: a free slot, the window's unlocked rows (least recent first) and main's victim.
   int64_t empty = kEmpty, victim = kEmpty;
   uint32_t window = 0;
-  int64_t unlocked_window[1024];  // ways <= 1024
+  std::pair<uint64_t, int64_t> unlocked_window[1024];  // (stamp, slot); ways <= 1024
   uint32_t unlocked = 0;
   for (uint64_t s = first; s < first + ways_; ++s) {
     const SlotMeta& m = meta_[s];
@@ -154,7 +155,7 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
       continue;
     }
     if (m.window) {
-      unlocked_window[unlocked++] = static_cast<int64_t>(s);
+      unlocked_window[unlocked++] = {m.stamp, static_cast<int64_t>(s)};
       continue;
     }
     const SlotMeta* b = victim == kEmpty ? nullptr : &meta_[victim];
@@ -167,11 +168,10 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
   }
   // Window rows past the share (left by steps whose new rows outnumbered it) join main,
   // the least recent first: main's order judges them from now on.
-  std::sort(unlocked_window, unlocked_window + unlocked,
-            [this](int64_t a, int64_t b) { return meta_[a].stamp < meta_[b].stamp; });
+  std::sort(unlocked_window, unlocked_window + unlocked);
   uint32_t keep = unlocked;
   while (keep > window_ways_) {
-    const int64_t s = unlocked_window[unlocked - keep];
+    const int64_t s = unlocked_window[unlocked - keep].second;
     meta_[s].window = 0;
     --keep;
     const SlotMeta& b = victim == kEmpty ? meta_[s] : meta_[victim];
@@ -179,7 +179,7 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
         (meta_[s].freq == b.freq && meta_[s].stamp < b.stamp))
       victim = s;
   }
-  const int64_t candidate = keep ? unlocked_window[unlocked - keep] : kEmpty;
+  const int64_t candidate = keep ? unlocked_window[unlocked - keep].second : kEmpty;
   if (candidate != kEmpty && victim != kEmpty) {
     // The contest: the window's least recent row against main's victim.
     const uint32_t fc = tiny_sketch_->Estimate(static_cast<uint64_t>(slot_row_[candidate]));
