@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.lib.belady import OptResult, belady_hits, static_hits
-from benchmarks.lib.types import KernelBenchConfig, PhaseResult
+from benchmarks.lib.types import CACHE_POLICIES, KernelBenchConfig, PhaseResult
 from torchrec_mtrains.kernels.config import DEFAULTS
 
 __all__ = ["POLICY_TRACES", "PolicyTrace", "compare_policies", "drift_trace", "replay_hits"]
@@ -111,10 +111,10 @@ def _capacity(cfg: KernelBenchConfig) -> int:
 
 def compare_policies(cfg: KernelBenchConfig, zipf_steps: list[np.ndarray], zipf_order: np.ndarray,
                      log: Callable[[str], None] = print) -> list[PhaseResult]:
-    """Every policy of ``cfg.policies`` on both traces, with the references.
+    """Every policy (``CACHE_POLICIES``) on both traces, with the references.
 
     Args:
-        cfg: Benchmark settings (rows, cache_load_factor, policies, drift, seed ...).
+        cfg: Benchmark settings (rows, cache_load_factor, drift, seed ...).
         zipf_steps: The main workload's steps (i.i.d. Zipf(cfg.zipf_alpha)).
         zipf_order: Its ids by rank (most probable first).
         log: Progress lines.
@@ -130,7 +130,7 @@ def compare_policies(cfg: KernelBenchConfig, zipf_steps: list[np.ndarray], zipf_
     for make in (lambda: zipf, lambda: drift_trace(cfg, cfg.seed + 2)):
         trace = make()
         log(f"policy hit rates on the {trace.label} trace ({len(trace.steps)} steps, {capacity:,} rows) ...")
-        for policy in cfg.policies:
+        for policy in CACHE_POLICIES:
             t0 = time.perf_counter()
             r = replay_hits(trace.steps, capacity, DEFAULTS.cache_ways, policy, trace.warmup)
             out.append(PhaseResult("policy_replay", f"{trace.name}_{policy}", r.accesses, time.perf_counter() - t0,

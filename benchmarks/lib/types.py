@@ -240,8 +240,8 @@ class KernelBenchConfig:
         cache_load_factor: Row-cache size as a share of the table's rows.
         cache_algorithm: Policy of the throughput runs ("lru", "lfu" or "tinylfu").
         policies: Policies whose hit rates are reported next to Belady's (each one not
-            used by the throughput runs gets a run of its own on the SCM tier) and compared
-            by replaying the i.i.d. Zipf and the drifting trace through the cache index.
+            used by the throughput runs gets a run of its own on the SCM tier). The policy
+            comparison (cache-index replay) runs every policy of ``CACHE_POLICIES``.
         drift: Share of the Zipf ranks that move to a fresh id per step in the drifting
             trace of the policy comparison, in (0, 1).
         learning_rate: Learning rate of both FBGEMM and TieredEmbeddingBags.
@@ -260,6 +260,7 @@ class KernelBenchConfig:
         fio_size_mb: Size of fio's test file in MiB.
         skip_fio, skip_scm, skip_ssd, skip_high_locality, skip_policies, skip_belady:
             Leave that part out.
+        policies_only: Run only the policy comparison (no fio, no TBE runs).
         keep: Keep data files after the run.
         json_path: Where to write every figure as JSON (None: nowhere).
         quick: Whether the quick overlay of the config was applied.
@@ -292,6 +293,7 @@ class KernelBenchConfig:
     skip_high_locality: bool = False
     skip_policies: bool = False
     skip_belady: bool = False
+    policies_only: bool = False
     keep: bool = False
     json_path: Optional[Path] = None
     quick: bool = False
@@ -318,6 +320,8 @@ class KernelBenchConfig:
             raise ValueError(f"cache_load_factor must be in (0, 1], got {self.cache_load_factor!r}")
         if self.cache_algorithm not in CACHE_POLICIES:
             raise ValueError(f"cache_algorithm must be one of {CACHE_POLICIES}, got {self.cache_algorithm!r}")
+        if self.policies_only and self.skip_policies:
+            raise ValueError("policies_only and skip_policies exclude each other")
         policies = _as_policies(self.policies)
         object.__setattr__(self, "policies", policies)
 
