@@ -102,7 +102,7 @@ class Model:
 def scenarios(draw):
     num_slots = draw(st.integers(1, 40))
     ways = draw(st.integers(1, 9))
-    policy = draw(st.sampled_from(["lru", "lfu"]))
+    policy = draw(st.sampled_from(["lru", "lfu", "tinylfu"]))
     universe = draw(st.integers(1, 3 * num_slots + 8))
     ops = []
     step = oldest = 0
@@ -254,6 +254,32 @@ def test_take_dirty_keeps_rows_of_live_steps_dirty() -> None:
     rows, _ = cache.take_dirty(2)
     assert rows.tolist() == [3]
     assert cache.take_dirty(2)[0].tolist() == []
+
+
+def test_tinylfu_keeps_frequent_rows_through_a_scan() -> None:
+    """Rows 0..7 used six times each fill a one-set cache; in a scan of rows used once the
+    first scan row evicts one frequent row (TinyLFU: the window's; LFU: the least recent
+    of the tied ones), the later ones only each other; LRU loses every frequent row."""
+    kept = {}
+    for policy in ("tinylfu", "lfu", "lru"):
+        cache = Cache(8, 8, policy)
+        step = 0
+        for _ in range(6):
+            for row in range(8):
+                _plan(cache, [row], step, step)
+                step += 1
+        for row in range(100, 140):
+            _plan(cache, [row], step, step)
+            step += 1
+        kept[policy] = len(_resident(cache) & set(range(8)))
+    assert kept == {"tinylfu": 7, "lfu": 7, "lru": 0}, kept
+
+
+def test_constructor_names_every_policy() -> None:
+    for policy in ("lru", "lfu", "tinylfu"):
+        assert Cache(4, 4, policy).capacity() == 4
+    with pytest.raises(ValueError, match="'fifo'.*'lru', 'lfu', 'tinylfu'"):
+        Cache(4, 4, "fifo")
 
 
 @pytest.mark.parametrize("args, match", [

@@ -78,6 +78,16 @@ def test_matches_fbgemm_all_in_dram(tmp_path: Path, tier: Tier, cache: str, sche
                        cache_algorithm=algo, **CACHES[cache])
 
 
+@pytest.mark.parametrize("tier, cache, schedule", [
+    (Tier.DRAM, "one_set", "ahead"), (Tier.SCM, "sets", "inline"), (Tier.SSD, "sets", "ahead"),
+    (Tier.SSD, "one_slot", "inline")], ids=lambda x: getattr(x, "name", x))
+def test_tinylfu_matches_fbgemm_all_in_dram(tmp_path: Path, tier: Tier, cache: str, schedule: str) -> None:
+    """The TinyLFU policy moves only slot tags (window / main), never rows: training equals
+    FBGEMM's all-in-DRAM run as with LRU and LFU."""
+    _train_and_compare(tmp_path, Model(), Workload(steps=200), tier, schedule,
+                       cache_algorithm="tinylfu", **CACHES[cache])
+
+
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
 def test_plan_of_next_step_overlaps_backward(tmp_path: Path, tier: Tier) -> None:
     """forward(b[s]); prefetch(b[s+1]); backward(b[s]): the next plan (evictions, loads)

@@ -4,14 +4,17 @@ Trains one table (default 4M rows x 128 fp32, batch 8192 x pooling 20, Zipf ids)
 FBGEMM's CPU TBE holding the whole table in DRAM (the baseline) and with
 TieredEmbeddingBags on the SCM tier (a memory-mapped file) and the SSD tier (the block
 store, every row written first), both with a 10% row cache; measures fio's device limits
-in the same run; reports LRU and LFU hit rates next to Belady's optimum on the same trace;
-prints the benchmark's targets (PASS/MISS). Defaults come from
+in the same run; reports the cache policies' hit rates next to Belady's optimum on the same
+trace, and compares every policy (replaying the cache index alone) on the i.i.d. Zipf trace
+and on a drifting one (``benchmarks/lib/kernel_policies.py``); prints the benchmark's
+targets (PASS/MISS). Defaults come from
 ``benchmarks/configs/kernel.yaml``; CLI flags override it; ``--quick`` applies the config's
 ``quick:`` overlay (flags still win).
 
 Usage::
 
     python benchmarks/bench_kernel.py [--quick] [--json out.json] [...]
+    python benchmarks/bench_kernel.py --policies-only [--quick]   # the policy comparison alone
     mtrains bench kernel [...]
 """
 
@@ -47,8 +50,9 @@ _FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
     ("zipf_alpha", float, "Zipf exponent of the main workload (SCM and SSD runs)"),
     ("high_locality_alpha", float, "Zipf exponent of the high-locality SSD run"),
     ("cache_load_factor", float, "row cache as a share of the table's rows"),
-    ("cache_algorithm", str, "cache policy of the throughput runs: lru | lfu"),
+    ("cache_algorithm", str, "cache policy of the throughput runs: lru | lfu | tinylfu"),
     ("policies", str, "comma-separated policies whose hit rates are compared with Belady's"),
+    ("drift", float, "share of the Zipf ranks moving to fresh ids per step (drifting trace)"),
     ("learning_rate", float, "learning rate of both systems"),
     ("warmup_steps", int, "steps before the first measured block"),
     ("high_locality_warmup_steps", int, "warm-up steps of the high-locality table"),
@@ -65,7 +69,8 @@ _SWITCHES = {
     "skip_scm": "do not run the SCM tier",
     "skip_ssd": "do not run the SSD tier (Zipf alpha workload)",
     "skip_high_locality": "do not run the high-locality SSD table",
-    "skip_policies": "do not run the extra cache policies (hit rates)",
+    "skip_policies": "do not run the extra cache policies (hit rates) nor the policy comparison",
+    "policies_only": "only the policy comparison (every policy, cache-index replay; no fio, no TBE runs)",
     "skip_belady": "do not compute Belady's optimal hit rate",
     "no_fill_scm": "do not write the SCM table first (misses read lazily initialised rows)",
     "keep": "keep data files",
@@ -200,6 +205,14 @@ class _Runner:
         self.add(PhaseResult("belady", key, opt.accesses, time.perf_counter() - t0, None, extra))
 
 
+def _compare_policies(r: _Runner, batches: Any) -> None:
+    """Every policy on the i.i.d. Zipf and the drifting trace (cache-index replay)."""
+    from benchmarks.lib.kernel_policies import compare_policies
+
+    for x in compare_policies(r.cfg, batches.step_ids(), batches.order, r.log):
+        r.add(x)
+
+
 def _cache_rows(cfg: KernelBenchConfig) -> int:
     """Cache rows of the kernel: ceil(rows x cache_load_factor), as TieredEmbeddingBags sizes it."""
     return max(1, math.ceil(cfg.rows * cfg.cache_load_factor))
@@ -233,6 +246,10 @@ def _run_parts(r: _Runner) -> None:
     read_job = FioJob(f"randread_4k_qd{qd}", "randread", 4096, qd)
     log(f"generating {cfg.warmup_steps + measured} batches of Zipf {cfg.zipf_alpha} ids ...")
     main_batches = ks.make_batches(cfg, cfg.zipf_alpha, cfg.seed, cfg.warmup_steps)
+    if not cfg.skip_policies:
+        _compare_policies(r, main_batches)
+    if cfg.policies_only:
+        return
     r.fio([read_job, FioJob(f"randwrite_4k_qd{qd}", "randwrite", 4096, qd),
            FioJob("write_1m_seq", "write", MIB, 8)])
     if not cfg.skip_ssd:
@@ -279,7 +296,8 @@ def run(cfg: KernelBenchConfig,
     load_before = os.getloadavg()
     cfg.dir.mkdir(parents=True, exist_ok=True)
     work_dir = Path(tempfile.mkdtemp(prefix="mtrains-bench-kernel-", dir=cfg.dir))
-    fs = check_filesystem(work_dir, need_bytes=4 * cfg.rows * cfg.row_bytes + cfg.fio_size_mb * MIB)
+    need = 0 if cfg.policies_only else 4 * cfg.rows * cfg.row_bytes + cfg.fio_size_mb * MIB
+    fs = check_filesystem(work_dir, need_bytes=need)
     r = _Runner(cfg, work_dir, log)
     meta: dict[str, Any] = {"fs": dataclasses.asdict(fs), "work_dir": str(work_dir), **settings.tool_versions(),
                             "torch_threads": torch.get_num_threads(), "store_queue_depth": r.queue_depth}

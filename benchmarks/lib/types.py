@@ -218,7 +218,7 @@ class StoreBenchConfig:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
 
 
-CACHE_POLICIES = ("lru", "lfu")
+CACHE_POLICIES = ("lru", "lfu", "tinylfu")
 """Replacement policies of TieredEmbeddingBags' row cache."""
 
 
@@ -238,9 +238,12 @@ class KernelBenchConfig:
         zipf_alpha: Zipf exponent of the main workload (SCM and SSD runs).
         high_locality_alpha: Zipf exponent of the high-locality SSD run.
         cache_load_factor: Row-cache size as a share of the table's rows.
-        cache_algorithm: Policy of the throughput runs ("lru" or "lfu").
+        cache_algorithm: Policy of the throughput runs ("lru", "lfu" or "tinylfu").
         policies: Policies whose hit rates are reported next to Belady's (each one not
-            used by the throughput runs gets a run of its own on the SCM tier).
+            used by the throughput runs gets a run of its own on the SCM tier). The policy
+            comparison (cache-index replay) runs every policy of ``CACHE_POLICIES``.
+        drift: Share of the Zipf ranks that move to a fresh id per step in the drifting
+            trace of the policy comparison, in (0, 1).
         learning_rate: Learning rate of both FBGEMM and TieredEmbeddingBags.
         warmup_steps: Steps before the first measured block (fill the cache and
             reach steady state: evictions and write-backs every step).
@@ -257,6 +260,7 @@ class KernelBenchConfig:
         fio_size_mb: Size of fio's test file in MiB.
         skip_fio, skip_scm, skip_ssd, skip_high_locality, skip_policies, skip_belady:
             Leave that part out.
+        policies_only: Run only the policy comparison (no fio, no TBE runs).
         keep: Keep data files after the run.
         json_path: Where to write every figure as JSON (None: nowhere).
         quick: Whether the quick overlay of the config was applied.
@@ -271,6 +275,7 @@ class KernelBenchConfig:
     cache_load_factor: float = 0.1
     cache_algorithm: str = "lru"
     policies: tuple[str, ...] = CACHE_POLICIES
+    drift: float = 0.02
     learning_rate: float = 0.01
     warmup_steps: int = 40
     high_locality_warmup_steps: int = 160
@@ -288,6 +293,7 @@ class KernelBenchConfig:
     skip_high_locality: bool = False
     skip_policies: bool = False
     skip_belady: bool = False
+    policies_only: bool = False
     keep: bool = False
     json_path: Optional[Path] = None
     quick: bool = False
@@ -308,10 +314,14 @@ class KernelBenchConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if isinstance(self.drift, bool) or not isinstance(self.drift, (int, float)) or not 0.0 < self.drift < 1.0:
+            raise ValueError(f"drift must be a number in (0, 1), got {self.drift!r}")
         if not isinstance(self.cache_load_factor, (int, float)) or not 0.0 < self.cache_load_factor <= 1.0:
             raise ValueError(f"cache_load_factor must be in (0, 1], got {self.cache_load_factor!r}")
         if self.cache_algorithm not in CACHE_POLICIES:
             raise ValueError(f"cache_algorithm must be one of {CACHE_POLICIES}, got {self.cache_algorithm!r}")
+        if self.policies_only and self.skip_policies:
+            raise ValueError("policies_only and skip_policies exclude each other")
         policies = _as_policies(self.policies)
         object.__setattr__(self, "policies", policies)
 

@@ -23,10 +23,13 @@ class CacheHandle : public torch::CustomClassHolder {
   CacheHandle(int64_t num_slots, int64_t ways, const std::string& policy) {
     TORCH_CHECK_VALUE(num_slots >= 1, "cache num_slots=", num_slots, " must be >= 1");
     TORCH_CHECK_VALUE(ways >= 1 && ways <= 1024, "cache ways=", ways, " must be in [1, 1024]");
-    TORCH_CHECK_VALUE(policy == "lru" || policy == "lfu", "cache_algorithm='", policy,
-                      "' must be 'lru' or 'lfu'");
-    cache_ = std::make_unique<SetAssociativeCache>(
-        num_slots, static_cast<uint32_t>(ways), policy == "lru" ? CachePolicy::kLru : CachePolicy::kLfu);
+    CachePolicy parsed = CachePolicy::kLru;
+    try {
+      parsed = ParseCachePolicy(policy);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    cache_ = std::make_unique<SetAssociativeCache>(num_slots, static_cast<uint32_t>(ways), parsed);
   }
 
   // -> (slot per index, load_rows, load_slots, evict_rows, evict_slots)
@@ -89,7 +92,7 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
   using mtrains::CacheHandle;
   m.class_<CacheHandle>("SetAssociativeCache")
       .def(torch::init<int64_t, int64_t, std::string>(),
-           "(num_slots, ways, policy 'lru'|'lfu'): a set-associative row-cache index.")
+           "(num_slots, ways, policy 'lru'|'lfu'|'tinylfu'): a set-associative row-cache index.")
       .def("plan", &CacheHandle::plan,
            "(indices, step, oldest_live_step, train) -> (slot per index, load_rows, "
            "load_slots, evict_rows, evict_slots): assigns and locks slots for one step.")

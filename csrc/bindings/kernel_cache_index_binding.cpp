@@ -44,10 +44,13 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
       n.push_back(uint64_t(slots[t]));
     }
     TORCH_CHECK_VALUE(ways >= 1 && ways <= 1024, "cache ways=", ways, " must be in [1, 1024]");
-    TORCH_CHECK_VALUE(policy == "lru" || policy == "lfu", "cache_algorithm='", policy,
-                      "' must be 'lru' or 'lfu'");
-    index_ = std::make_unique<KernelCacheIndex>(
-        n, uint32_t(ways), policy == "lru" ? CachePolicy::kLru : CachePolicy::kLfu);
+    CachePolicy parsed;
+    try {
+      parsed = ParseCachePolicy(policy);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    index_ = std::make_unique<KernelCacheIndex>(n, uint32_t(ways), parsed);
   }
 
   // Plans one step over every table and packs the rows it evicts from `weights[t]` /
@@ -178,7 +181,7 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
   using mtrains::KernelCacheIndexHandle;
   m.class_<KernelCacheIndexHandle>("KernelCacheIndex")
       .def(torch::init<std::vector<int64_t>, int64_t, std::string>(),
-           "(slots per table, ways, policy 'lru'|'lfu'): the row-cache indexes of a kernel's tables.")
+           "(slots per table, ways, policy 'lru'|'lfu'|'tinylfu'): the row-cache indexes of a kernel's tables.")
       .def("plan_step", &KernelCacheIndexHandle::plan_step,
            "(indices, bounds, step, oldest_live_step, train, weights, states, dtype) -> (slot per "
            "index, moved tables, load_rows, load_slots, evict_rows, evicted rows, plan seconds, pack seconds of each moved table).")

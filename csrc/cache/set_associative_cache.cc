@@ -4,12 +4,22 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mtrains {
 namespace {
 
 constexpr int64_t kNeverLocked = std::numeric_limits<int64_t>::min();
 constexpr size_t kPrefetchAhead = 8;  // indices between a set's prefetch and its scan
+// TinyLFU: the window's share of a set's ways (at least one way), as Caffeine's 1% window.
+constexpr double kWindowShare = 0.01;
+
+struct PolicyName {
+  const char* name;
+  CachePolicy policy;
+};
+constexpr PolicyName kPolicies[] = {
+    {"lru", CachePolicy::kLru}, {"lfu", CachePolicy::kLfu}, {"tinylfu", CachePolicy::kTinyLfu}};
 
 inline uint64_t Mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -19,24 +29,42 @@ inline uint64_t Mix(uint64_t z) {
 
 }  // namespace
 
+CachePolicy ParseCachePolicy(const std::string& name) {
+  std::string valid;
+  for (const PolicyName& p : kPolicies) {
+    if (name == p.name) return p.policy;
+    valid += std::string(valid.empty() ? "'" : ", '") + p.name + "'";
+  }
+  throw std::invalid_argument("cache_algorithm='" + name + "' must be one of " + valid);
+}
+
+const char* CachePolicyName(CachePolicy policy) {
+  for (const PolicyName& p : kPolicies)
+    if (p.policy == policy) return p.name;
+  return "unknown";
+}
+
 SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy)
     : num_slots_(num_slots),
       ways_(static_cast<uint32_t>(std::min<uint64_t>(ways, num_slots))),
       num_sets_(ways == 0 || num_slots == 0
                     ? 0
                     : num_slots / std::min<uint64_t>(ways, num_slots)),
-      policy_(policy) {
+      policy_(policy),
+      window_ways_(std::max<uint32_t>(
+          1, static_cast<uint32_t>(kWindowShare * std::min<uint64_t>(ways, num_slots) + 0.5))) {
   if (num_slots == 0) throw std::invalid_argument("cache must have at least one slot");
   if (ways == 0 || ways > 1024)
     throw std::invalid_argument("ways=" + std::to_string(ways) + " must be in [1, 1024]");
   // Slots past num_sets * ways (when num_slots is not a multiple) join the overflow pool.
   slot_row_.assign(num_slots, kEmpty);
-  meta_.assign(num_slots, SlotMeta{kNeverLocked, 0, 0, 0});
+  meta_.assign(num_slots, SlotMeta{kNeverLocked, 0, 0, 0, 0});
   if (policy_ == CachePolicy::kLfu) {
     sketch_width_ = 1024;
     while (sketch_width_ < num_slots * 4) sketch_width_ <<= 1;
     sketch_.assign(4 * sketch_width_, 0);
   }
+  if (policy_ == CachePolicy::kTinyLfu) tiny_sketch_ = std::make_unique<FrequencySketch>(num_slots);
 }
 
 uint64_t SetAssociativeCache::SetOf(int64_t row) const {
@@ -106,6 +134,68 @@ int64_t SetAssociativeCache::PickVictim(uint64_t first, uint64_t count,
   return best;
 }
 
+uint32_t SetAssociativeCache::TouchTinyLfu(int64_t row) {
+  if (tiny_sketch_->Add(static_cast<uint64_t>(row)))
+    for (auto& m : meta_) m.freq >>= 1;  // the sketch halved its counters
+  return tiny_sketch_->Estimate(static_cast<uint64_t>(row));
+}
+
+int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step) {
+  // One scan: a free slot, the window's unlocked rows (least recent first) and main's victim.
+  int64_t empty = kEmpty, victim = kEmpty;
+  uint32_t window = 0;
+  std::pair<uint64_t, int64_t> unlocked_window[1024];  // (stamp, slot); ways <= 1024
+  uint32_t unlocked = 0;
+  for (uint64_t s = first; s < first + ways_; ++s) {
+    const SlotMeta& m = meta_[s];
+    window += m.window;
+    if (m.step >= oldest_live_step) continue;  // locked by a live step
+    if (slot_row_[s] == kEmpty) {
+      if (empty == kEmpty) empty = static_cast<int64_t>(s);
+      continue;
+    }
+    if (m.window) {
+      unlocked_window[unlocked++] = {m.stamp, static_cast<int64_t>(s)};
+      continue;
+    }
+    const SlotMeta* b = victim == kEmpty ? nullptr : &meta_[victim];
+    if (b == nullptr || m.freq < b->freq || (m.freq == b->freq && m.stamp < b->stamp))
+      victim = static_cast<int64_t>(s);
+  }
+  if (empty != kEmpty) {  // filling: everything is admitted, the first rows as the window
+    meta_[empty].window = window < window_ways_ ? 1 : 0;
+    return empty;
+  }
+  // Window rows past the share (left by steps whose new rows outnumbered it) join main,
+  // the least recent first: main's order judges them from now on.
+  std::sort(unlocked_window, unlocked_window + unlocked);
+  uint32_t keep = unlocked;
+  while (keep > window_ways_) {
+    const int64_t s = unlocked_window[unlocked - keep].second;
+    meta_[s].window = 0;
+    --keep;
+    const SlotMeta& b = victim == kEmpty ? meta_[s] : meta_[victim];
+    if (victim == kEmpty || meta_[s].freq < b.freq ||
+        (meta_[s].freq == b.freq && meta_[s].stamp < b.stamp))
+      victim = s;
+  }
+  const int64_t candidate = keep ? unlocked_window[unlocked - keep].second : kEmpty;
+  if (candidate != kEmpty && victim != kEmpty) {
+    // The contest: the window's least recent row against main's victim.
+    const uint32_t fc = tiny_sketch_->Estimate(static_cast<uint64_t>(slot_row_[candidate]));
+    const uint32_t fv = tiny_sketch_->Estimate(static_cast<uint64_t>(slot_row_[victim]));
+    if (fc > fv) {
+      meta_[candidate].window = 0;
+      meta_[victim].window = 1;
+      return victim;
+    }
+    return candidate;
+  }
+  if (candidate != kEmpty) return candidate;
+  if (victim != kEmpty) meta_[victim].window = 1;  // every window row is locked: lend a main slot
+  return victim;
+}
+
 int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
   const uint64_t first = num_sets_ * ways_;
   const uint64_t pool = slot_row_.size() - first;
@@ -118,7 +208,7 @@ int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
   }
   // Every overflow slot is locked: grow the pool (the caller grows the storage behind it).
   slot_row_.push_back(kEmpty);
-  meta_.push_back(SlotMeta{kNeverLocked, 0, 0, 0});
+  meta_.push_back(SlotMeta{kNeverLocked, 0, 0, 0, 0});
   return static_cast<int64_t>(slot_row_.size() - 1);
 }
 
@@ -139,7 +229,9 @@ void SetAssociativeCache::Place(int64_t row, int64_t slot, int64_t step, bool tr
   m.dirty = train ? 1 : 0;
   m.step = step;
   m.stamp = ++clock_;
-  m.freq = policy_ == CachePolicy::kLfu ? Frequency(row) : 0;
+  m.freq = policy_ == CachePolicy::kLfu       ? Frequency(row)
+           : policy_ == CachePolicy::kTinyLfu ? tiny_sketch_->Estimate(static_cast<uint64_t>(row))
+                                              : 0;
   if (overflow) {
     overflow_map_[row] = slot;
     ++counters_.overflow_assignments;
@@ -158,6 +250,7 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
   plan->evict_slots.clear();
   counters_.lookups += n;
   const bool lfu = policy_ == CachePolicy::kLfu;
+  const bool tiny = policy_ == CachePolicy::kTinyLfu;
   int64_t* slot_of = plan->slot_of_index.data();
   // Pass 1: find every index's slot (set tags prefetched a few indices ahead).
   for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) PrefetchSet(indices[i]);
@@ -184,6 +277,7 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
         CountAccess(indices[i]);
         if (m.freq < std::numeric_limits<uint32_t>::max()) ++m.freq;
       }
+      if (tiny) m.freq = TouchTinyLfu(indices[i]);
     }
     m.stamp = ++clock_;
   }
@@ -198,7 +292,9 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
       ++counters_.unique_rows;
       ++counters_.misses;
       if (lfu) CountAccess(row);
-      slot = PickVictim(SetOf(row) * ways_, ways_, oldest_live_step);
+      if (tiny) TouchTinyLfu(row);
+      slot = tiny ? AdmitSlot(SetOf(row) * ways_, oldest_live_step)
+                  : PickVictim(SetOf(row) * ways_, ways_, oldest_live_step);
       if (slot == kEmpty) slot = TakeOverflowSlot(oldest_live_step);
       Place(row, slot, step, train, plan);
     }

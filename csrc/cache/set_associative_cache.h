@@ -8,8 +8,17 @@
 // slots [num_slots, num_slots + overflow)), which grows on demand: callers must size the
 // storage behind the slots to capacity() before touching slots at or above its old value.
 //
-// Replacement: LRU (least recently used step) or LFU (fewest accesses, counted in a
-// count-min sketch with periodic halving so that counts outlive eviction, as in TinyLFU).
+// Replacement: LRU (least recently used step), LFU (fewest accesses, counted in a
+// count-min sketch with periodic halving so that counts outlive eviction) or TinyLFU
+// (W-TinyLFU as in Caffeine, made slot-neutral for a set-associative cache): each slot is
+// tagged "window" or "main". New rows enter the set's window (LRU); a row that needs a
+// slot takes the window's least recently used unlocked row's slot, unless that row is
+// estimated more frequent (FrequencySketch: count-min + doorkeeper + aging) than the main
+// region's victim (fewest accesses, then least recent): then the window row's slot is
+// retagged main and the victim's slot becomes the window slot the new row takes. Only
+// tags change, no row moves. Rows of a live step stay where they are, so a window whose
+// rows are all locked lends itself the main victim's slot; unlocked window rows past the
+// window's share are retagged main (the main region's order then judges them).
 // Thread-safe: every method but num_slots() takes one mutex. TieredEmbeddingBags plans on its
 // prefetch thread while the training thread calls MarkDirty, capacity() and counters() (the
 // binding releases the GIL), so the index must not rely on its callers taking turns.
@@ -17,15 +26,25 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "cache/frequency_sketch.h"
 
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 
 namespace mtrains {
 
-enum class CachePolicy { kLru, kLfu };
+enum class CachePolicy { kLru, kLfu, kTinyLfu };
+
+// "lru", "lfu" or "tinylfu" -> the policy; throws std::invalid_argument naming the bad value
+// and the valid ones.
+CachePolicy ParseCachePolicy(const std::string& name);
+// The policy's name as ParseCachePolicy takes it.
+const char* CachePolicyName(CachePolicy policy);
 
 struct CacheCounters {
   uint64_t lookups = 0;       // indices seen
@@ -87,20 +106,29 @@ class SetAssociativeCache {
   int64_t TakeOverflowSlot(int64_t oldest_live_step) REQUIRES(mu_);
   uint32_t Frequency(int64_t row) const REQUIRES(mu_);
   void CountAccess(int64_t row) REQUIRES(mu_);
+  // TinyLFU: counts an access of `row` in the sketch (aging the slots' frequencies with
+  // it) and returns its estimate.
+  uint32_t TouchTinyLfu(int64_t row) REQUIRES(mu_);
+  // TinyLFU: the slot of set [first, first + ways) a new row takes (tagged window), or
+  // kEmpty when every way is locked.
+  int64_t AdmitSlot(uint64_t first, int64_t oldest_live_step) REQUIRES(mu_);
   void Place(int64_t row, int64_t slot, int64_t step, bool train, StepPlan* plan)
       REQUIRES(mu_);
 
   struct SlotMeta {
     int64_t step;    // last step that locked the slot
     uint64_t stamp;  // last access time (LRU; LFU tie-break)
-    uint32_t freq;   // LFU: the row's access frequency (sketch estimate, then hits)
+    uint32_t freq;   // LFU: the row's access frequency (sketch estimate, then hits);
+                     // TinyLFU: the sketch's estimate at the row's last access
     uint8_t dirty;
+    uint8_t window;  // TinyLFU: the slot belongs to its set's window (else to main)
   };
 
   const uint64_t num_slots_;
   const uint32_t ways_;
   const uint64_t num_sets_;
   const CachePolicy policy_;
+  const uint32_t window_ways_;  // TinyLFU: unlocked window rows a set keeps
   mutable Mutex mu_;
   // Row in each slot, kEmpty if none (a set's ways adjacent).
   std::vector<int64_t> slot_row_ GUARDED_BY(mu_);
@@ -112,6 +140,8 @@ class SetAssociativeCache {
   // distinct row per step, halved periodically (aging).
   std::vector<uint16_t> sketch_ GUARDED_BY(mu_);
   uint64_t sketch_width_ GUARDED_BY(mu_) = 0, sketch_adds_ GUARDED_BY(mu_) = 0;
+  // TinyLFU's sketch (null for the other policies).
+  std::unique_ptr<FrequencySketch> tiny_sketch_ GUARDED_BY(mu_);
   CacheCounters counters_ GUARDED_BY(mu_);
 };
 

@@ -9,11 +9,15 @@
 #include <deque>
 #include <mutex>
 #include <random>
+#include <cmath>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "cache/frequency_sketch.h"
 #include "cache/set_associative_cache.h"
 #include "tests/check.h"
 
@@ -157,6 +161,117 @@ void TestPrefetchPipeline(CachePolicy policy) {
   CHECK(polls == uint64_t(kSteps));
 }
 
+
+// Count-min bound on a Zipf(1.05) stream with a fixed seed, within one sample period (no
+// aging): every estimate >= min(true count, 15); the over-estimate exceeds e / width * N + 1
+// (N: additions that reached the counters; +1: a doorkeeper false positive) for at most
+// delta = e^-4 of the keys, unseen keys included.
+void TestSketchErrorBound() {
+  FrequencySketch sketch(4096);  // width 4096, sample 40960 additions
+  CHECK(sketch.width() == 4096 && sketch.sample_size() == 40960);
+  constexpr uint64_t kKeys = 50000, kAdds = 30000;
+  std::vector<double> cdf(kKeys);
+  double sum = 0;
+  for (uint64_t k = 0; k < kKeys; ++k) cdf[k] = sum += std::pow(double(k + 1), -1.05);
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(0, sum);
+  std::unordered_map<uint64_t, uint32_t> truth;
+  for (uint64_t i = 0; i < kAdds; ++i) {
+    const uint64_t rank = std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin();
+    const uint64_t key = rank * 0x9E3779B97F4A7C15ull + 17;  // scattered ids
+    CHECK(!sketch.Add(key)) << "aged within the first sample";
+    ++truth[key];
+  }
+  uint64_t counted = 0;  // additions past a key's first: what reached the counters
+  for (const auto& [key, c] : truth) counted += c - 1;
+  const double bound = std::exp(1.0) / sketch.width() * counted + 1;
+  uint64_t over = 0, keys = 0;
+  auto check = [&](uint64_t key, uint32_t c) {
+    const uint32_t est = sketch.Estimate(key);
+    CHECK(est >= std::min<uint32_t>(c, FrequencySketch::kMaxCount + 1))
+        << "key " << key << " estimate " << est << " below its count " << c;
+    over += est > c + bound;
+    ++keys;
+  };
+  for (const auto& [key, c] : truth) check(key, c);
+  for (uint64_t k = 0; k < kKeys; ++k) {  // unseen keys too (their true count is 0)
+    const uint64_t key = k * 0x9E3779B97F4A7C15ull + 17;
+    if (!truth.count(key)) check(key, 0);
+  }
+  CHECK(over <= std::exp(-4.0) * keys) << over << " of " << keys << " keys over the bound " << bound;
+  CHECK(sketch.Estimate(truth.begin()->first) >= 1);
+}
+
+// Aging: after sample_size additions every counter is halved and the doorkeeper cleared.
+void TestSketchAgingHalves() {
+  FrequencySketch sketch(64);  // width 64, sample 640
+  for (int i = 0; i < 12; ++i) CHECK(!sketch.Add(7));
+  CHECK(sketch.Estimate(7) == 12) << sketch.Estimate(7);  // doorkeeper 1 + counters 11
+  CHECK(sketch.Estimate(8) == 0);
+  bool aged = false;
+  while (!aged) aged = sketch.Add(1000);  // one other key fills the sample
+  CHECK(sketch.additions() == 0);
+  CHECK(sketch.Estimate(7) == 5) << sketch.Estimate(7);  // 11 / 2, doorkeeper cleared
+  CHECK(sketch.Estimate(1000) == 7) << sketch.Estimate(1000);  // saturated 15 / 2
+  sketch.Add(7);  // first addition of the new period: the doorkeeper only
+  CHECK(sketch.Estimate(7) == 6) << sketch.Estimate(7);
+}
+
+// TinyLFU: a row seen once takes the window's slot rather than evicting a frequent row,
+// and a frequent row in the window wins the contest against main's victim.
+void TestTinyLfuAdmission() {
+  SetAssociativeCache cache(8, 8, CachePolicy::kTinyLfu);  // one set, a one-way window
+  StepPlan plan;
+  int64_t step = 0;
+  for (int rep = 0; rep < 6; ++rep)  // rows 0..7, each in six steps: all frequent
+    for (int64_t r = 0; r < 8; ++r, ++step) cache.Plan(&r, 1, step, step, false, &plan);
+  for (int64_t r = 100; r < 140; ++r, ++step) {  // a scan of rows seen once
+    cache.Plan(&r, 1, step, step, false, &plan);
+    CHECK(plan.load_rows.size() == 1);
+  }
+  std::vector<int64_t> rows, slots;
+  cache.Occupied(&rows, &slots);
+  const std::set<int64_t> resident(rows.begin(), rows.end());
+  int frequent = 0;
+  int64_t lost = -1;
+  for (int64_t r = 0; r < 8; ++r) {
+    frequent += resident.count(r);
+    if (!resident.count(r)) lost = r;
+  }
+  CHECK(frequent == 7) << "the scan evicted " << 8 - frequent << " frequent rows (one window way: 1 expected)";
+  CHECK(resident.count(139) == 1);
+  // The one frequent row lost was the window's first occupant (a tie with main's victim
+  // does not promote). Coming back it takes the window slot...
+  cache.Plan(&lost, 1, step, step, false, &plan);
+  ++step;
+  CHECK(plan.load_rows == std::vector<int64_t>{lost});
+  // ...then a new row pushes it out of the window: now seen seven times, more than main's
+  // victim (six), it moves to main and the victim leaves; the scan rows after it only
+  // ever take the window slot.
+  for (int64_t x = 200; x < 210; ++x, ++step) cache.Plan(&x, 1, step, step, false, &plan);
+  cache.Occupied(&rows, &slots);
+  const std::set<int64_t> after(rows.begin(), rows.end());
+  CHECK(after.count(lost) == 1) << "the frequent window row lost to main's victim";
+  frequent = 0;
+  for (int64_t r = 0; r < 8; ++r) frequent += after.count(r);
+  CHECK(frequent == 7 && after.count(209) == 1) << frequent << " frequent rows left";
+}
+
+void TestParsePolicy() {
+  CHECK(ParseCachePolicy("lru") == CachePolicy::kLru);
+  CHECK(ParseCachePolicy("lfu") == CachePolicy::kLfu);
+  CHECK(ParseCachePolicy("tinylfu") == CachePolicy::kTinyLfu);
+  for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kTinyLfu})
+    CHECK(ParseCachePolicy(CachePolicyName(p)) == p);
+  std::string what;
+  try {
+    ParseCachePolicy("fifo");
+  } catch (const std::invalid_argument& e) {
+    what = e.what();
+  }
+  CHECK(what.find("'fifo'") != std::string::npos && what.find("'tinylfu'") != std::string::npos) << what;
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -166,6 +281,13 @@ int main() {
   Run("cache: sequential plans vs model (lfu)", [] { TestSequentialModel(CachePolicy::kLfu); });
   Run("cache: prefetch thread + training thread (lru)", [] { TestPrefetchPipeline(CachePolicy::kLru); });
   Run("cache: prefetch thread + training thread (lfu)", [] { TestPrefetchPipeline(CachePolicy::kLfu); });
+  Run("cache: sequential plans vs model (tinylfu)", [] { TestSequentialModel(CachePolicy::kTinyLfu); });
+  Run("cache: prefetch thread + training thread (tinylfu)",
+      [] { TestPrefetchPipeline(CachePolicy::kTinyLfu); });
+  Run("sketch: count-min error bound on a Zipf stream", TestSketchErrorBound);
+  Run("sketch: aging halves the counts", TestSketchAgingHalves);
+  Run("cache: tinylfu keeps frequent rows through a scan", TestTinyLfuAdmission);
+  Run("cache: policy names", TestParsePolicy);
   std::fprintf(stderr, "test_set_associative_cache: all passed\n");
   return 0;
 }

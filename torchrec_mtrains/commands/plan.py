@@ -90,7 +90,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--hardware", required=True, help="a hardware YAML or a shipped profile (local, gpu-scm-node)")
     parser.add_argument("--target-qps", type=float, help="override the model's target_qps")
     parser.add_argument("--max-nodes", type=int, default=100_000, help="largest cluster to consider")
-    parser.add_argument("--policy", choices=("lru", "lfu"), default="lru", help="cache policy of the predictions")
+    parser.add_argument("--policy", choices=("lru", "lfu", "tinylfu"), default="lru",
+                        help="cache policy of the predictions (tinylfu is predicted with the LFU curve)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--plot", metavar="DIR", help="write hit-rate and placement plots (PNG) into DIR")
     args = parser.parse_args(argv)

@@ -124,7 +124,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         optimizer: EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD or EXACT_SGD (fused, FBGEMM's).
         learning_rate, eps: optimizer hyper-parameters.
         pooling_mode: PoolingMode.SUM or PoolingMode.MEAN.
-        cache_algorithm: "lru" or "lfu".
+        cache_algorithm: "lru", "lfu" or "tinylfu" (LFU behind a TinyLFU admission filter).
         prefetch_pipeline: run ``prefetch()`` on a background thread (False: inline).
         weights_precision: SparseType.FP32 or SparseType.FP16.
         cache_ways: ways per cache set (default 32, at most 1024).

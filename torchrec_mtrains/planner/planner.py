@@ -52,7 +52,8 @@ class StorageAwarePlanner(ShardingPlanner):
         budget_bytes: caps on a tier's bytes for the whole job (e.g. {Tier.DRAM: 8 << 30}).
         storage_dir: where tiered tables keep their files (each rank a subdirectory).
         tiers: tiers the plan may use (default: all the node has).
-        cache_algorithm: "lru" or "lfu", for the caches and the predicted hit rates.
+        cache_algorithm: "lru", "lfu" or "tinylfu" (predicted with LFU's curve), for the caches
+            and the predicted hit rates.
         optimizer: "rowwise_adagrad", "adagrad" or "sgd" (the optimizer state's bytes).
     """
 

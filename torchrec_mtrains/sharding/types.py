@@ -50,7 +50,7 @@ class TieredParams:
         cache_rows: row-cache slots for the whole table; a shard gets its share by rows.
         cache_load_factor: cache size as a fraction of the rows (default
             ``DEFAULT_CACHE_LOAD_FACTOR`` when neither this nor ``cache_rows`` is given).
-        cache_algorithm: "lru" or "lfu".
+        cache_algorithm: "lru", "lfu" or "tinylfu".
         storage_dir: where SCM/SSD files go; each rank uses ``storage_dir/rank_<r>``.
         state_dict_ram_mb: a local shard larger than this is staged for ``state_dict()``
             in a memory-mapped file in the rank's storage directory instead of in RAM.

@@ -38,15 +38,20 @@ class LocalityCurve:
     lru_hit_rate: np.ndarray
     lfu_hit_rate: np.ndarray
 
+    def _curve(self, policy: str) -> np.ndarray:
+        # "tinylfu" (and "lfu") use the static-optimum LFU curve: TinyLFU is a frequency
+        # policy and has no curve of its own here; its measured hit rates are close to LFU's.
+        return self.lru_hit_rate if policy == "lru" else self.lfu_hit_rate
+
     def hit_rate(self, cache_rows: float, policy: str = "lru") -> float:
-        curve = self.lru_hit_rate if policy == "lru" else self.lfu_hit_rate
+        curve = self._curve(policy)
         if cache_rows <= 0:
             return 0.0
         return float(np.interp(cache_rows, self.cache_rows, curve, left=0.0, right=float(curve[-1])))
 
     def rows_for_hit_rate(self, target: float, policy: str = "lru") -> Optional[float]:
         """The smallest cache reaching ``target`` (None if no size does)."""
-        curve = self.lru_hit_rate if policy == "lru" else self.lfu_hit_rate
+        curve = self._curve(policy)
         if target > curve[-1]:
             return None
         k = int(np.searchsorted(curve, target, side="left"))

@@ -63,7 +63,7 @@ def plan_report(model: ModelSpec, topo: TieredTopology, max_nodes: int, policy: 
         model: the model, with its target QPS.
         topo: the node type.
         max_nodes: the largest cluster to consider.
-        policy: cache policy of the predictions, "lru" or "lfu".
+        policy: cache policy of the predictions, "lru", "lfu" or "tinylfu" (LFU's curve).
 
     Raises:
         PlacementError: ``max_nodes`` nodes do not hold the model with all tiers (with HBM +
