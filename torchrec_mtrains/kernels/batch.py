@@ -41,7 +41,11 @@ def check_index_tensor(name: str, t: object) -> torch.Tensor:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if t.device.type != "cpu":
         raise ValueError(f"{name} must be on the CPU, got {t.device}")
-    return t.to(torch.int64).contiguous()
+    # Each tensor call releases and retakes the GIL (a hand-off to the prefetch thread):
+    # none when the tensor is already what it must be.
+    if t.dtype is not torch.int64:
+        t = t.to(torch.int64)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def split_batch(

@@ -95,6 +95,25 @@ class _Deferred:
     rows: torch.Tensor
 
 
+class _RunState:
+    """The scalars every step updates, in a plain object: an ``nn.Module`` attribute
+    assignment costs microseconds (``Module.__setattr__``), which each step would pay for
+    each of these."""
+
+    __slots__ = ("next_step", "last_forward_step", "unflushed", "wait_seconds", "plan_seconds",
+                 "steps_prefetched")
+
+    def __init__(self) -> None:
+        self.next_step = 0
+        self.last_forward_step = -1
+        # False once a flush left the tiers holding every row as the cache has it; any
+        # training step, write-back or set_rows makes it True again.
+        self.unflushed = True
+        self.wait_seconds = 0.0  # forward's wait for prefetches
+        self.plan_seconds = 0.0  # the cache index's work, every table at once
+        self.steps_prefetched = 0  # forwards whose rows a prefetch() loaded
+
+
 @dataclasses.dataclass
 class _TableCounters:
     rows_loaded: int = 0
@@ -198,8 +217,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         self._pipeline = PrefetchPipeline(background=config.prefetch_pipeline)
         self._pending: Deque[_Step] = collections.deque()
         self._deferred: List[_Deferred] = []
-        self._next_step = 0
-        self._last_forward_step = -1
+        self._run = _RunState()
         self._broken: Optional[str] = None
         self._closed = False
         self._counters = [_TableCounters() for _ in specs]
@@ -208,13 +226,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         # a step not yet computed are not among them.
         self._dirty = [DirtyRows(rows) for rows in num_rows]
         self._dirty_bits = [d.bits for d in self._dirty]
-        # False once a flush left the tiers holding every row as the cache has it; any
-        # training step, write-back or set_rows makes it True again.
-        self._unflushed = True
         self._free_bufs: List[List[torch.Tensor]] = [[] for _ in specs]  # read buffers
-        self._wait_seconds = 0.0
-        self._plan_seconds = 0.0  # the cache index's work, every table at once
-        self._steps_prefetched = 0  # forwards whose rows a prefetch() loaded
 
     def _create_stores(self, ranges: List[Tuple[float, float]]) -> List[RowStore]:
         """Each table's backing store on the tier, its rows initialised from ``ranges``."""
@@ -331,7 +343,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
             if not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets):
                 raise ValueError("forward() got a batch different from the one prefetch() was given")
             self._pending.popleft()
-            self._steps_prefetched += 1
+            self._run.steps_prefetched += 1
         else:
             job = self._submit(indices, offsets)
         self._finish(job)
@@ -341,19 +353,19 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
             for t in range(len(self.embedding_specs)):
                 self._index.mark_dirty(t, job.remapped[bounds[t] : bounds[t + 1]])
         if self.training:  # the rows this step trains may change: the next delta saves them
-            self._unflushed = True
+            self._run.unflushed = True
             torch.ops.mtrains.mark_row_bits(self._dirty_bits, job.batch.indices, bounds)
-        self._last_forward_step = job.step
+        self._run.last_forward_step = job.step
         fault_point("forward")
         return self._tbe(job.remapped, job.batch.offsets, per_sample_weights)
 
     def _submit(self, indices: torch.Tensor, offsets: torch.Tensor) -> _Step:
         batch = split_batch(indices, offsets, self.embedding_specs, self.table_names, self.feature_table_map)
-        job = _Step(self._next_step, batch)
-        self._next_step += 1
+        job = _Step(self._run.next_step, batch)
+        self._run.next_step += 1
         # Rows of the step that may still be running (its backward) and of every step
         # planned after it stay locked.
-        oldest_live = max(0, self._last_forward_step)
+        oldest_live = max(0, self._run.last_forward_step)
         job.train = train = self.training
         job.ticket = self._pipeline.submit(lambda: self._plan(job, oldest_live, train), lambda: self._move(job))
         return job
@@ -371,7 +383,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         remapped, tables, load_rows, load_slots, evict_rows, evicted, plan_s, pack_s = self._index.plan_step(
             batch.indices, batch.bounds, job.step, oldest_live, train, self._weights, self._plan_states,
             self.weights_dtype)
-        self._plan_seconds += plan_s
+        self._run.plan_seconds += plan_s
         job.moves = [_Move(*move) for move in zip(tables, load_rows, load_slots, evict_rows, evicted, pack_s)]
         job.remapped = remapped
         fault_point("prefetch.after")
@@ -390,7 +402,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
                 m.buffer = self._take_buffer(t, n_load)
                 with self._naming(t):
                     if m.evict_rows.numel():
-                        self._unflushed = True
+                        self._run.unflushed = True
                     m.rows = self._stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
                 m.evicted = None
             m.move_seconds = time.perf_counter() - t0
@@ -434,7 +446,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         t0 = time.perf_counter()
         try:
             self._pipeline.wait(job.ticket)
-            self._wait_seconds += time.perf_counter() - t0
+            self._run.wait_seconds += time.perf_counter() - t0
             self._unpack(job)
         except BaseException as e:
             self._broken = f"a prefetch failed ({type(e).__name__}: {e})"
@@ -483,9 +495,9 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         """
         self._check_usable()
         self._drain()
-        if not self._unflushed:
+        if not self._run.unflushed:
             return  # nothing changed since a flush that left every row on the tier
-        live = max(0, self._last_forward_step + (1 if steps_done else 0))
+        live = max(0, self._run.last_forward_step + (1 if steps_done else 0))
         for t in range(len(self.embedding_specs)):
             rows, slots = self._index.take_dirty(t, live)
             ready = slots < self._tbe_rows[t]
@@ -500,7 +512,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
                     self._counters[t].rows_written_back += rows[chunk].numel()
                 self._stores[t].flush()
             fault_point("flush.table")
-        self._unflushed = not steps_done  # else rows of a step still running stay dirty
+        self._run.unflushed = not steps_done  # else rows of a step still running stay dirty
 
     def set_rows(
         self,
@@ -537,7 +549,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         )
         rows = rows.contiguous()
         self._drain()
-        self._unflushed = True
+        self._run.unflushed = True
         self._stores[table].write(ids, rows)
         self._dirty[table].mark(ids)
         # The new row of each given id, the last occurrence winning as in the store.
@@ -574,7 +586,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         """Overwrites ``out`` (rows ``ids`` of table t as the tier holds them) with the cached
         copy of each row the cache holds, which may be newer. Rows of deferred (overflow)
         loads came from the tier, which is still current for them."""
-        if not self._unflushed:
+        if not self._run.unflushed:
             return  # the tier holds every row as the cache does
         cached, slots = self._index.occupied(t)
         keep = slots < self._tbe_rows[t]
@@ -632,11 +644,11 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
                 "rows_written_back": float(k.rows_written_back),
                 "bytes_read_from_tier": float(k.rows_loaded * row_bytes),
                 "bytes_written_to_tier": float(k.rows_written_back * row_bytes),
-                "plan_seconds": self._plan_seconds,
+                "plan_seconds": self._run.plan_seconds,
                 "tier_seconds": k.tier_seconds,
                 "cache_capacity_rows": float(capacities[t]),
-                "prefetch_wait_seconds": self._wait_seconds,
-                "steps_prefetched": float(self._steps_prefetched),
+                "prefetch_wait_seconds": self._run.wait_seconds,
+                "steps_prefetched": float(self._run.steps_prefetched),
             }
         return out
 
