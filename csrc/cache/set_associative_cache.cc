@@ -1,6 +1,9 @@
 #include "cache/set_associative_cache.h"
 
 #include <algorithm>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -72,15 +75,29 @@ uint64_t SetAssociativeCache::SetOf(int64_t row) const {
   return static_cast<uint64_t>((__uint128_t(Mix(static_cast<uint64_t>(row))) * num_sets_) >> 64);
 }
 
-void SetAssociativeCache::PrefetchSet(int64_t row) const {
-  const int64_t* tags = slot_row_.data() + SetOf(row) * ways_;
+void SetAssociativeCache::PrefetchSet(uint64_t first) const {
+  const int64_t* tags = slot_row_.data() + first;
   for (uint32_t w = 0; w < ways_; w += 8) __builtin_prefetch(tags + w);
 }
 
-int64_t SetAssociativeCache::FindSlot(int64_t row) const {
-  const uint64_t first = SetOf(row) * ways_;
+int64_t SetAssociativeCache::FindSlot(int64_t row) const { return FindSlotFrom(row, SetOf(row) * ways_); }
+
+int64_t SetAssociativeCache::FindSlotFrom(int64_t row, uint64_t first) const {
   const int64_t* tags = slot_row_.data() + first;
-  for (uint32_t w = 0; w < ways_; ++w)
+  uint32_t w = 0;
+#if defined(__SSE2__)
+  // Four ways per round: two 64-bit compares made of 32-bit ones (SSE2 has no 64-bit
+  // compare), a way matching when both its halves do.
+  const __m128i key = _mm_set1_epi64x(row);
+  for (; w + 4 <= ways_; w += 4) {
+    const __m128i a = _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tags + w)), key);
+    const __m128i b = _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tags + w + 2)), key);
+    const int hit = _mm_movemask_pd(_mm_castsi128_pd(_mm_and_si128(a, _mm_shuffle_epi32(a, 0xB1)))) |
+                    (_mm_movemask_pd(_mm_castsi128_pd(_mm_and_si128(b, _mm_shuffle_epi32(b, 0xB1)))) << 2);
+    if (hit) return static_cast<int64_t>(first + w + uint32_t(__builtin_ctz(unsigned(hit))));
+  }
+#endif
+  for (; w < ways_; ++w)
     if (tags[w] == row) return static_cast<int64_t>(first + w);
   if (!overflow_map_.empty()) {
     auto it = overflow_map_.find(row);
@@ -252,11 +269,20 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
   const bool lfu = policy_ == CachePolicy::kLfu;
   const bool tiny = policy_ == CachePolicy::kTinyLfu;
   int64_t* slot_of = plan->slot_of_index.data();
-  // Pass 1: find every index's slot (set tags prefetched a few indices ahead).
-  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) PrefetchSet(indices[i]);
+  // Pass 1: find every index's slot (set tags prefetched a few indices ahead; each set's
+  // first slot, hashed once, waits in a ring until its scan).
+  uint64_t first_of[kPrefetchAhead];
+  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) {
+    first_of[i] = SetOf(indices[i]) * ways_;
+    PrefetchSet(first_of[i]);
+  }
   for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) PrefetchSet(indices[i + kPrefetchAhead]);
-    slot_of[i] = FindSlot(indices[i]);
+    const uint64_t first = first_of[i % kPrefetchAhead];
+    if (i + kPrefetchAhead < n) {
+      first_of[i % kPrefetchAhead] = SetOf(indices[i + kPrefetchAhead]) * ways_;
+      PrefetchSet(first_of[i % kPrefetchAhead]);
+    }
+    slot_of[i] = FindSlotFrom(indices[i], first);
   }
   // Pass 2: lock every hit before any miss takes a victim, so no row this step uses is
   // evicted by it (and no row is both written back and loaded in one step).

@@ -99,8 +99,10 @@ class SetAssociativeCache {
  private:
   static constexpr int64_t kEmpty = -1;
   uint64_t SetOf(int64_t row) const;
-  void PrefetchSet(int64_t row) const REQUIRES(mu_);
+  void PrefetchSet(uint64_t first) const REQUIRES(mu_);
   int64_t FindSlot(int64_t row) const REQUIRES(mu_);
+  // FindSlot for a row whose set starts at slot `first`.
+  int64_t FindSlotFrom(int64_t row, uint64_t first) const REQUIRES(mu_);
   int64_t PickVictim(uint64_t first, uint64_t count, int64_t oldest_live_step) const
       REQUIRES(mu_);
   int64_t TakeOverflowSlot(int64_t oldest_live_step) REQUIRES(mu_);
