@@ -121,6 +121,8 @@ def run_cold_case(BlockStore: Any, cfg: StoreBenchConfig, directory: Path, progr
         for r in range(cfg.case_repeats):
             fio_step()
             reads.append(_read_once(BlockStore, torch, cfg, path, r))
+            log(f"{CASE}: read {r + 1}: {cfg.case_batch / reads[-1][0].seconds:,.0f} rows/s"
+                + (f" (fio before it: {float(fio_runs[-1].extra['iops']):,.0f} IOPS)" if fio_runs else ""))
             update(1)
         fio_step()
     finally:
