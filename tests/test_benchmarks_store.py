@@ -126,3 +126,37 @@ def test_tiny_run_rocksdb_and_fio(tmp_path: Path) -> None:
     r = doc["results"]["rocksdb"]
     assert r["read_cold_uniform"]["errors"] == 0 and r["read_warm_rowcache"]["row_cache_hits"] > 0
     assert r["write_flush_each"]["rows"] == 2 * 256
+
+
+def test_cold_case_target_from_figures() -> None:
+    cfg = StoreBenchConfig(case="cold_uniform_32k")
+    extra = {"batch": 32768, "table_rows": 4_000_000, "ratios": "0.70,0.90,0.85", "ratio_to_fio": 0.85,
+             "rows_per_s_each": "1,2,3", "fio_iops_each": "1,2,3,4", "device_reads": 3.0, "io_engine": "io_uring"}
+    res = {"ours": {"cold_uniform_32k": PhaseResult("ours", "cold_uniform_32k", 98_304, 1.0, 0.5, extra)}}
+    targets = evaluate_targets(res, cfg)
+    assert [t.status for t in targets] == ["PASS"] and targets[0].ratio == 0.85
+    res["ours"]["cold_uniform_32k"].extra["ratio_to_fio"] = 0.79
+    assert evaluate_targets(res, cfg)[0].status == "MISS"
+    del res["ours"]["cold_uniform_32k"].extra["ratio_to_fio"]
+    assert evaluate_targets(res, cfg)[0].status == "SKIP"
+    assert "cold_uniform_32k: ours" in format_report(res, cfg, ["header"], {})
+    with pytest.raises(ValueError, match="case must be one of"):
+        StoreBenchConfig(case="cold")
+    with pytest.raises(ValueError, match="case_batch"):
+        StoreBenchConfig(case_rows=10, case_batch=11)
+
+
+def test_tiny_cold_case(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = ["--case", "cold_uniform_32k", "--case-rows", "3000", "--case-batch", "256", "--case-repeats", "2",
+            "--case-fio-runtime-s", "1", "--fio-size-mb", "16", "--dir", str(tmp_path), "--json", str(out)]
+    if shutil.which("fio") is None:
+        args.append("--skip-fio")
+    assert store.main(args) == 0
+    doc = json.loads(out.read_text())
+    if "ours" in doc["results"]:  # the store may not be built in this checkout
+        case = doc["results"]["ours"]["cold_uniform_32k"]
+        assert case["errors"] == 0 and case["rows"] == 2 * 256
+        if shutil.which("fio"):
+            assert case["ratio_to_fio"] > 0 and len(case["ratios"].split(",")) == 2
+    assert not list(tmp_path.glob("mtrains-bench-store-*")), "data files must be cleaned up"

@@ -20,7 +20,7 @@ from benchmarks.lib.common import (
 )
 from benchmarks.lib.types import BaselineUnavailable, PhaseResult, StoreBenchConfig
 
-__all__ = ["run_store"]
+__all__ = ["import_store", "run_store"]
 
 Progress = Callable[[str, int], Callable[[int], None]]
 
@@ -34,7 +34,8 @@ GAUGES = ("read_latency_p50_us", "read_latency_p99_us", "write_latency_p50_us",
 """``store.stats()`` keys reported as they are at the end of a phase."""
 
 
-def _import_store() -> Any:
+def import_store() -> Any:
+    """The BlockStore class; BaselineUnavailable when the extension cannot be imported."""
     try:
         import torch  # noqa: F401
         from torchrec_mtrains.storage import BlockStore
@@ -207,7 +208,7 @@ def run_store(cfg: StoreBenchConfig, work: IdWorkload, directory: Path, progress
     Raises:
         BaselineUnavailable: the store cannot be imported.
     """
-    BlockStore = _import_store()
+    BlockStore = import_store()
     import torch
 
     path = directory / "blockstore.tbl"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from benchmarks.lib import settings
+from benchmarks.lib.cold_case import CASE, run_cold_case
 from benchmarks.lib.common import check_filesystem, drop_page_cache, make_workload
 from benchmarks.lib.report import Results, format_report, write_json
 from benchmarks.lib.types import BaselineUnavailable, StoreBenchConfig
@@ -54,6 +55,12 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("fio_runtime_s", float, "seconds per fio job"),
     ("fio_size_mb", int, "fio test file size in MiB"),
     ("memmap_madvise", str, "memmap readahead advice: random | normal"),
+    ("case", str, "what runs: main (every system, every phase) | cold_uniform_32k (one cold "
+                  "read call of the store vs fio, alternated) | all"),
+    ("case_rows", int, "rows of the cold_uniform_32k table"),
+    ("case_batch", int, "ids of the cold_uniform_32k read call"),
+    ("case_repeats", int, "fio / read alternations of cold_uniform_32k (ratio: their median)"),
+    ("case_fio_runtime_s", float, "seconds per fio run of cold_uniform_32k"),
 ]
 _SWITCHES = ("skip_rocksdb", "skip_fio", "skip_memmap", "skip_ours", "keep", "quick")
 
@@ -99,7 +106,9 @@ def run(cfg: StoreBenchConfig,
         raise ValueError("dir must be set (build_config fills in the default)")
     cfg.dir.mkdir(parents=True, exist_ok=True)
     work_dir = Path(tempfile.mkdtemp(prefix="mtrains-bench-store-", dir=cfg.dir))
-    fs = check_filesystem(work_dir, need_bytes=4 * cfg.table_bytes + cfg.fio_size_mb * 2**20)
+    main_bytes = 4 * cfg.table_bytes if cfg.case in ("main", "all") else 0
+    case_bytes = 2 * cfg.case_rows * cfg.row_bytes if cfg.case in (CASE, "all") else 0
+    fs = check_filesystem(work_dir, need_bytes=max(main_bytes, case_bytes) + cfg.fio_size_mb * 2**20)
     meta = {"fs": dataclasses.asdict(fs), "work_dir": str(work_dir), **settings.tool_versions(),
             "cache_drop": drop_page_cache([])}
     header = [
@@ -111,6 +120,11 @@ def run(cfg: StoreBenchConfig,
         f"page cache dropped via {meta['cache_drop']}; {meta['cpus']} CPUs; kernel {meta['kernel']}; "
         f"rocksdb {meta.get('rocksdb', '?')}; {meta.get('fio', 'fio ?')}",
     ]
+    if cfg.case in (CASE, "all"):
+        header.append(
+            f"{CASE}: {cfg.case_rows:,} rows ({cfg.case_rows * cfg.row_bytes / 2**20:,.1f} MiB), one read "
+            f"call of {cfg.case_batch:,} uniform ids, DRAM cache off, QD {cfg.queue_depth}; "
+            f"{cfg.case_repeats} reads alternated with fio runs of {cfg.case_fio_runtime_s:g} s")
     work = make_workload(cfg.rows, cfg.batch, cfg.batches, cfg.zipf_batches, cfg.write_batches,
                          cfg.zipf_alpha, cfg.seed)
     progress = settings.progress_factory()
@@ -129,6 +143,8 @@ def run(cfg: StoreBenchConfig,
             cfg, work, work_dir, REPO_ROOT / "build" / "bench", log)),
         ("memmap", cfg.skip_memmap, lambda: memmap.run_memmap(cfg, work, work_dir, progress, log)),
     ]
+    if cfg.case == CASE:
+        steps = []
     try:
         for system, skip, step in steps:
             if skip:
@@ -142,10 +158,33 @@ def run(cfg: StoreBenchConfig,
             except BaselineUnavailable as e:
                 skipped[system] = str(e)
                 log(f"SKIPPED {system}: {e}")
+        if cfg.case in (CASE, "all"):
+            _run_case(cfg, work_dir, progress, log, res, skipped)
     finally:
         if not cfg.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
     return res, skipped, header, meta
+
+
+def _run_case(cfg: StoreBenchConfig, work_dir: Path, progress: Any, log: Callable[[str], None],
+              res: Results, skipped: dict[str, str]) -> None:
+    """Runs the cold_uniform_32k case into ``res`` (its reasons to skip into ``skipped``)."""
+    from benchmarks.lib.blockstore import import_store
+
+    if cfg.skip_ours:
+        skipped.setdefault(CASE, "disabled by --skip-ours")
+        return
+    log(f"running {CASE} ...")
+    try:
+        figures, fio_skip = run_cold_case(import_store(), cfg, work_dir, progress, log)
+    except BaselineUnavailable as e:
+        skipped[CASE] = str(e)
+        log(f"SKIPPED {CASE}: {e}")
+        return
+    for system, phases in figures.items():
+        res.setdefault(system, {}).update(phases)
+    if fio_skip is not None or cfg.skip_fio:
+        skipped[CASE + " fio"] = fio_skip or "disabled by --skip-fio"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

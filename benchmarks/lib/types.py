@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 
 __all__ = [
     "BaselineUnavailable",
+    "CASES",
     "KernelBenchConfig",
     "PHASES",
     "PhaseResult",
@@ -98,6 +99,10 @@ class PhaseResult:
         return d
 
 
+CASES: tuple[str, ...] = ("main", "cold_uniform_32k", "all")
+"""Values of ``StoreBenchConfig.case``: which parts of the store benchmark run."""
+
+
 @dataclass(frozen=True)
 class StoreBenchConfig:
     """Settings of the store benchmark (``benchmarks/configs/store.yaml`` + CLI flags).
@@ -125,6 +130,13 @@ class StoreBenchConfig:
         fio_runtime_s: Seconds each fio job runs.
         fio_size_mb: Size of fio's test file in MiB (>= 1024 recommended).
         memmap_madvise: "random" (MADV_RANDOM: no readahead) or "normal" for memmap.
+        case: Which cases run: "main" (the phases above, every system), "cold_uniform_32k"
+            (one cold read call of the block store against fio, alternated; see
+            ``benchmarks.lib.cold_case``) or "all".
+        case_rows: Rows of the cold_uniform_32k table (fully written).
+        case_batch: Uniform random ids of its one read call.
+        case_repeats: fio / read alternations of the case (its ratio: their median).
+        case_fio_runtime_s: Seconds of each of the case's fio runs.
         skip_rocksdb: Do not run the RocksDB baseline.
         skip_fio: Do not run fio.
         skip_memmap: Do not run the memmap baseline.
@@ -153,6 +165,11 @@ class StoreBenchConfig:
     fio_runtime_s: float = 10.0
     fio_size_mb: int = 1024
     memmap_madvise: str = "random"
+    case: str = "main"
+    case_rows: int = 4_000_000
+    case_batch: int = 32_768
+    case_repeats: int = 5
+    case_fio_runtime_s: float = 2.0
     skip_rocksdb: bool = False
     skip_fio: bool = False
     skip_memmap: bool = False
@@ -163,7 +180,8 @@ class StoreBenchConfig:
 
     def __post_init__(self) -> None:
         positive = ("rows", "dim", "batch", "batches", "zipf_batches", "write_batches",
-                    "queue_depth", "io_threads", "fio_size_mb")
+                    "queue_depth", "io_threads", "fio_size_mb", "case_rows", "case_batch",
+                    "case_repeats")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -180,6 +198,12 @@ class StoreBenchConfig:
             raise ValueError(f"zipf_alpha must be > 0, got {self.zipf_alpha!r}")
         if self.fio_runtime_s <= 0:
             raise ValueError(f"fio_runtime_s must be > 0, got {self.fio_runtime_s!r}")
+        if self.case not in CASES:
+            raise ValueError(f"case must be one of {'|'.join(CASES)}, got {self.case!r}")
+        if self.case_batch > self.case_rows:
+            raise ValueError(f"case_batch ({self.case_batch}) must be <= case_rows ({self.case_rows})")
+        if self.case_fio_runtime_s <= 0:
+            raise ValueError(f"case_fio_runtime_s must be > 0, got {self.case_fio_runtime_s!r}")
         if self.io_engine not in ("auto", "uring", "threads"):
             raise ValueError(f"io_engine must be auto|uring|threads, got {self.io_engine!r}")
         if self.memmap_madvise not in ("random", "normal"):

@@ -29,8 +29,15 @@ uint32_t SoftwareCrc(uint32_t crc, const uint8_t* p, size_t len) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t HardwareCrc(uint32_t crc, const uint8_t* p,
-                                                        size_t len) {
+// Bytes per stream of the three-way loop below. The crc32 instruction has a latency of 3
+// cycles and a throughput of 1 per cycle: one dependent chain runs at a third of the
+// instruction's rate, three independent chains over adjacent stretches at nearly all of
+// it (a 4 KiB block: about 3x faster), joined by shifting the earlier chains' registers
+// over the later stretches' length (ShiftTable).
+constexpr size_t kStride = 256;
+
+__attribute__((target("sse4.2"))) uint32_t SingleStream(uint32_t crc, const uint8_t* p,
+                                                         size_t len) {
   uint64_t c = crc;
   while (len >= 8) {
     uint64_t v;
@@ -42,6 +49,43 @@ __attribute__((target("sse4.2"))) uint32_t HardwareCrc(uint32_t crc, const uint8
   uint32_t c32 = static_cast<uint32_t>(c);
   while (len--) c32 = _mm_crc32_u8(c32, *p++);
   return c32;
+}
+
+// The CRC register is linear over GF(2): running it over kStride zero bytes from state x
+// gives the xor of that run from each of x's bytes alone, tabulated per byte position.
+struct ShiftTable {
+  uint32_t t[4][256];
+  ShiftTable() {
+    static const uint8_t zeros[kStride] = {};
+    for (int k = 0; k < 4; ++k)
+      for (uint32_t b = 0; b < 256; ++b) t[k][b] = SingleStream(b << (8 * k), zeros, kStride);
+  }
+  uint32_t Shift(uint32_t x) const {
+    return t[0][x & 0xFF] ^ t[1][(x >> 8) & 0xFF] ^ t[2][(x >> 16) & 0xFF] ^ t[3][x >> 24];
+  }
+};
+
+__attribute__((target("sse4.2"))) uint32_t HardwareCrc(uint32_t crc, const uint8_t* p,
+                                                        size_t len) {
+  static const ShiftTable shift;
+  while (len >= 3 * kStride) {
+    uint64_t c0 = crc, c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kStride; i += 8) {
+      uint64_t v0, v1, v2;
+      std::memcpy(&v0, p + i, 8);
+      std::memcpy(&v1, p + kStride + i, 8);
+      std::memcpy(&v2, p + 2 * kStride + i, 8);
+      c0 = _mm_crc32_u64(c0, v0);
+      c1 = _mm_crc32_u64(c1, v1);
+      c2 = _mm_crc32_u64(c2, v2);
+    }
+    // crc over A|B|C = shift(shift(crc over A) ^ crc0 over B) ^ crc0 over C.
+    crc = shift.Shift(shift.Shift(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^
+          static_cast<uint32_t>(c2);
+    p += 3 * kStride;
+    len -= 3 * kStride;
+  }
+  return SingleStream(crc, p, len);
 }
 
 bool HasSse42() {

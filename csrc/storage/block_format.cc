@@ -265,15 +265,16 @@ Status VerifyLogBlock(const uint8_t* block, uint32_t block_size, uint64_t uuid,
   std::memcpy(&stored, f + 4, 4);
   std::memcpy(&got_uuid, f + 8, 8);
   std::memcpy(&got_index, f + 16, 8);
-  const std::string where = "log block " + std::to_string(block_index);
+  // Named only on failure: this runs once per block read, the message is rarely needed.
+  auto where = [block_index] { return "log block " + std::to_string(block_index); };
   if (magic != kLogBlockMagic)
-    return Status::Corruption(where + ": bad block magic (block lost or overwritten)");
+    return Status::Corruption(where() + ": bad block magic (block lost or overwritten)");
   uint32_t crc = Crc32c(0, block, block_size - 20);
   crc = Crc32c(crc, f + 8, 16);
-  if (crc != stored) return Status::Corruption(where + ": crc32c mismatch");
-  if (got_uuid != uuid) return Status::Corruption(where + ": block belongs to another table");
+  if (crc != stored) return Status::Corruption(where() + ": crc32c mismatch");
+  if (got_uuid != uuid) return Status::Corruption(where() + ": block belongs to another table");
   if (got_index != block_index)
-    return Status::Corruption(where + ": block claims index " + std::to_string(got_index) +
+    return Status::Corruption(where() + ": block claims index " + std::to_string(got_index) +
                               " (misdirected write)");
   return Status::Ok();
 }
