@@ -30,6 +30,7 @@ _GRID = 2048
 _T_GRID = np.geomspace(1e-3, 1e9, 400)  # steps of history T at which Che's equation is solved
 # Below this exponent exp() is under 2**-59, a sixteenth of an ulp of 1: expm1 rounds to exactly -1.
 _SATURATED = -41.0
+_FEW_ROWS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,18 +76,27 @@ def _rank_grid(n: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def _touched(t_grid: np.ndarray, log1mq: np.ndarray) -> np.ndarray:
-    """``-expm1(outer(t_grid, log1mq))`` (t_grid > 0, log1mq <= 0), bit for bit, without
-    taking exp() where it saturates: for the many (T, row) pairs where ``T * log1mq`` is
-    below ``_SATURATED`` the row was surely touched (1.0). Those pairs are a prefix of each
-    T's rows because log1mq rises with the rank, bounded here by its running maximum."""
+    """``-expm1(outer(t_grid, log1mq))`` (t_grid > 0 ascending, log1mq <= 0), bit for bit,
+    without taking exp() where it saturates: where ``T * log1mq`` is below ``_SATURATED``
+    the row was surely touched (1.0). Those (T, row) pairs are a prefix of each T's rows, as
+    log1mq rises with the rank (bounded here by its running maximum), and a longer one the
+    larger T: the first Ts saturate no row and the last ones every row."""
+    if len(log1mq) < _FEW_ROWS:  # a reuse histogram's bins: a loop over T would cost more than it saves
+        return -np.expm1(np.outer(t_grid, log1mq))
     out = np.empty((len(t_grid), len(log1mq)))
     starts = np.searchsorted(np.maximum.accumulate(log1mq), _SATURATED / t_grid)
-    for row, t, start in zip(out, t_grid, starts):
+    none, every = int(np.searchsorted(starts, 0, side="right")), int(np.searchsorted(starts, len(log1mq)))
+    head = out[:none]
+    np.outer(t_grid[:none], log1mq, out=head)
+    np.expm1(head, out=head)
+    np.negative(head, out=head)
+    for row, t, start in zip(out[none:every], t_grid[none:every], starts[none:every]):
         row[:start] = 1.0
         tail = row[start:]
         np.multiply(t, log1mq[start:], out=tail)
         np.expm1(tail, out=tail)
         np.negative(tail, out=tail)
+    out[every:] = 1.0
     return out
 
 

@@ -262,6 +262,9 @@ class _Placer:
         self.state: Dict[str, _State] = {}
         self.io: Dict[Tier, float] = {}
         self.phase = _Phase.RELIEVE
+        self._over: Optional[Tuple[Tier, ...]] = None  # over_tiers(), until io or the phase changes
+        # used[t] <= these for every t: the capacities, in the order of ``used`` (that of caps).
+        self._cap_limits = tuple(caps[t] * (1 + 1e-9) for t in caps)
         self.started: Optional[_Started] = None  # set by step 1
         self._heap: List[Tuple[float, str, int, Tier, int, int]] = []
         self._seq = 0  # insertion order: ties in the heap go to the earlier action
@@ -273,7 +276,7 @@ class _Placer:
             self.start()
         else:
             self.state, self.used, self.io = (dict(d) for d in started)
-            self.started = started
+            self.started, self._over = started, None
         self.relieve_busy_tiers()
         self.spend_leftover()
         if self.relax != 1.0:  # step 2 steered by a looser budget: check the real one
@@ -317,9 +320,9 @@ class _Placer:
     def relieve_busy_tiers(self) -> None:
         """Step 2: the best actions on tables of tiers over the steering budget, until none is
         over it (or no action is left: then tiers over it fail a target)."""
-        self.phase = _Phase.RELIEVE
+        self.phase, self._over = _Phase.RELIEVE, None
         self._refill()
-        while self._heap and any(self.over(t) for t in self.io):
+        while self._heap and self.over_tiers():
             self._take_best()
         self.check_busy(self.steer)
 
@@ -327,7 +330,7 @@ class _Placer:
         """Step 3: what the compute tier has left goes to the remaining device time and the
         caches' own compute: it costs nothing (the bytes are the job's anyway) and shortens
         the step. Every action with a gain is taken."""
-        self.phase = _Phase.SPEND
+        self.phase, self._over = _Phase.SPEND, None
         self._refill()
         while self._heap:
             self._take_best()
@@ -356,14 +359,23 @@ class _Placer:
             self.used[t] += sign * b
         for t, sec in self.cost(table, tier, k, k2).io_s.items():
             self.io[t] = self.io.get(t, 0.0) + sign * sec
+        self._over = None
 
     def _past(self, tier: Tier, budget: float) -> bool:
         return self.io.get(tier, 0.0) > budget * (1 + 1e-9)
 
+    def over_tiers(self) -> Tuple[Tier, ...]:
+        """The tiers whose device time counts as relief (``over``), worked out once per
+        change of the device times or the phase: the heap's loop asks for them per action."""
+        if self._over is None:
+            limit = (self.steer if self.phase is _Phase.RELIEVE else 0.0) * (1 + 1e-9)
+            self._over = tuple(t for t, sec in self.io.items() if sec > limit)
+        return self._over
+
     def over(self, tier: Tier) -> bool:
         """Whether a tier's device time counts as relief: past the steering budget while
         relieving, any at all while spending."""
-        return self._past(tier, self.steer if self.phase is _Phase.RELIEVE else 0.0)
+        return tier in self.over_tiers()
 
     def over_guard(self, tier: Tier) -> bool:
         """Whether a tier is past what growing a cache on it may leave: the steering budget
@@ -384,8 +396,8 @@ class _Placer:
         tier, k, k2 = self.state[table.name]
         if k < 0:
             return
-        now = self.cost(table, tier, k, k2).io_s
-        relief = sum(s for t, s in now.items() if self.over(t))
+        now, over = self.cost(table, tier, k, k2).io_s, self.over_tiers()
+        relief = sum(s for t, s in now.items() if t in over)
         if relief <= 0 and self.phase is _Phase.RELIEVE:
             return
         for faster in self.backing[self.backing.index(tier) + 1:] if tier in self.backing else []:
@@ -405,8 +417,9 @@ class _Placer:
         """Device seconds (and, while spending, compute seconds) an action saves."""
         table = self.by_name[name]
         before, after = self.cost(table, *self.state[name]), self.cost(table, tier, k, k2)
-        saved = (sum(s for t, s in before.io_s.items() if self.over(t))
-                 - sum(s for t, s in after.io_s.items() if self.over(t)))
+        over = self.over_tiers()
+        saved = (sum(s for t, s in before.io_s.items() if t in over)
+                 - sum(s for t, s in after.io_s.items() if t in over))
         if self.phase is _Phase.SPEND:
             saved += before.compute_s - after.compute_s
         return saved
@@ -445,7 +458,7 @@ class _Placer:
         dram_was_over = self.over_guard(Tier.DRAM)
         self.apply(table, old_tier, old_k, old_k2, -1.0)
         self.apply(table, tier, k, k2, 1.0)
-        fits = all(self.used[t] <= self.caps[t] * (1 + 1e-9) for t in self.used)
+        fits = all(u <= cap for u, cap in zip(self.used.values(), self._cap_limits))
         moved_onto_busy = (tier != self.fast and tier != old_tier and self.over(tier)) or (
             k2 > old_k2 and self.over_guard(Tier.DRAM) and not dram_was_over)
         if not fits or moved_onto_busy:
