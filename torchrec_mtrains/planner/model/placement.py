@@ -207,6 +207,26 @@ class _BusyTiers(PlacementError):
     """Tiers stay over their device-time budget."""
 
 
+def _place(
+    model: ModelSpec,
+    topo: TieredTopology,
+    world_size: int,
+    tiers: Optional[Sequence[Tier]],
+    target_qps: Optional[float],
+    budget_bytes: Optional[Mapping[Tier, float]],
+    policy: str,
+    max_tier_utilization: float,
+    relax: float,
+    fastest_first: bool,
+    memo: Optional[PlacementMemo] = None,
+) -> Placement:
+    """One attempt of ``place`` with one strategy, from step 1: step 2 steers by ``relax`` x
+    the real budget, and step 1 starts tables on the fastest backing tier if ``fastest_first``."""
+    memo = memo or PlacementMemo(model, topo, policy)
+    return _Placer(model, topo, world_size, tiers, target_qps, budget_bytes, policy, max_tier_utilization,
+                   relax, fastest_first, memo).run()
+
+
 class _Phase(enum.Enum):
     """Which device time an action is credited for relieving."""
 
