@@ -117,7 +117,7 @@ class PlacementMemo:
         self.fast = fast = topo.cache_tier()
         self.sizes = {t.name: _cache_sizes(t) for t in model.tables}
         self.l2_sizes = {t.name: _l2_sizes(t) for t in model.tables}
-        # Step time of every table whole in the compute tier (the step budget without a target).
+        # Compute seconds of all tables whole in the compute tier (sets the step budget without a target).
         self.compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
         self.costs: Dict[Tuple[str, Tier, int, int], TableCost] = {}
         self.bytes: Dict[Tuple[str, Tier, int, int], Tuple[Tuple[Tier, float], ...]] = {}
