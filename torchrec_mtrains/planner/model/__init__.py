@@ -4,7 +4,7 @@ perf model, the placement of tables on tiers, and cluster sizing."""
 from torchrec_mtrains.planner.model.estimator import TableCost, step_seconds, table_cost
 from torchrec_mtrains.planner.model.locality import LocalityCurve, histogram_locality, zipf_locality
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable, load_model_spec, parse_model_spec
-from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place, tier_bytes
+from torchrec_mtrains.planner.model.placement import Placement, PlacementError, PlacementMemo, place, tier_bytes
 from torchrec_mtrains.planner.model.sizing import plan_report, size_cluster
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "ModelTable",
     "Placement",
     "PlacementError",
+    "PlacementMemo",
     "TableCost",
     "histogram_locality",
     "load_model_spec",

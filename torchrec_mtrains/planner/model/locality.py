@@ -27,6 +27,10 @@ __all__ = ["LocalityCurve", "histogram_locality", "zipf_locality"]
 
 _EXACT_RANKS = 4096
 _GRID = 2048
+_T_GRID = np.geomspace(1e-3, 1e9, 400)  # steps of history T at which Che's equation is solved
+# Below this exponent exp() is under 2**-59, a sixteenth of an ulp of 1: expm1 rounds to exactly -1.
+_SATURATED = -41.0
+_FEW_ROWS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,31 @@ def _rank_grid(n: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.concatenate([exact, tail]), np.concatenate([np.ones_like(exact), w])
 
 
+def _touched(t_grid: np.ndarray, log1mq: np.ndarray) -> np.ndarray:
+    """``-expm1(outer(t_grid, log1mq))`` (t_grid > 0 ascending, log1mq <= 0), bit for bit,
+    without taking exp() where it saturates: where ``T * log1mq`` is below ``_SATURATED``
+    the row was surely touched (1.0). Those (T, row) pairs are a prefix of each T's rows, as
+    log1mq rises with the rank (bounded here by its running maximum), and a longer one the
+    larger T: the first Ts saturate no row and the last ones every row."""
+    if len(log1mq) < _FEW_ROWS:  # a reuse histogram's bins: a loop over T would cost more than it saves
+        return -np.expm1(np.outer(t_grid, log1mq))
+    out = np.empty((len(t_grid), len(log1mq)))
+    starts = np.searchsorted(np.maximum.accumulate(log1mq), _SATURATED / t_grid)
+    none, every = int(np.searchsorted(starts, 0, side="right")), int(np.searchsorted(starts, len(log1mq)))
+    head = out[:none]
+    np.outer(t_grid[:none], log1mq, out=head)
+    np.expm1(head, out=head)
+    np.negative(head, out=head)
+    for row, t, start in zip(out[none:every], t_grid[none:every], starts[none:every]):
+        row[:start] = 1.0
+        tail = row[start:]
+        np.multiply(t, log1mq[start:], out=tail)
+        np.expm1(tail, out=tail)
+        np.negative(tail, out=tail)
+    out[every:] = 1.0
+    return out
+
+
 def _curves(p: np.ndarray, weights: np.ndarray, num_rows: int, lookups_per_step: float, points: int,
             drift: float = 0.0) -> LocalityCurve:
     """Curves of rows with popularity ``p`` (descending; ``weights[k]`` rows each). With
@@ -95,8 +124,7 @@ def _curves(p: np.ndarray, weights: np.ndarray, num_rows: int, lookups_per_step:
     lfu = np.interp(sizes, cum_w, cum_q) / unique
     # LRU (Che): for each T, the cache size it corresponds to and the hit rate it gives.
     log1mq = np.log1p(-np.minimum(q, 1 - 1e-15))
-    t_grid = np.geomspace(1e-3, 1e9, 400)
-    touched = -np.expm1(np.outer(t_grid, log1mq))  # [T, rows]: touched in the last T steps
+    touched = _touched(_T_GRID, log1mq)  # [T, rows]: touched in the last T steps
     occ = touched @ weights
     hit = touched @ weights_hit / unique
     lru = np.interp(sizes, occ, hit, left=0.0, right=float(hit[-1]))

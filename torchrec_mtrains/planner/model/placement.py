@@ -36,7 +36,7 @@ from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.types import TablePlacement, TieredTopology
 from torchrec_mtrains.types import Tier
 
-__all__ = ["Placement", "PlacementError", "place", "tier_bytes", "CACHE_FRACTIONS"]
+__all__ = ["Placement", "PlacementError", "PlacementMemo", "place", "tier_bytes", "CACHE_FRACTIONS"]
 
 CACHE_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
 _SMALL_TABLE_BYTES = 4 << 20
@@ -100,6 +100,57 @@ def _l2_sizes(table: ModelTable) -> List[float]:
     return [f * table.num_embeddings for f in _L2_FRACTIONS]
 
 
+class PlacementMemo:
+    """What placing one model on one node type under one cache policy works out again and
+    again whatever the number of ranks, the budgets or the strategy: each table's cache
+    sizes, the compute of all tables whole, and the perf model's cost and the bytes per
+    tier of each table state. ``size_cluster`` shares one over all the sizes it tries.
+
+    Args:
+        model: the model placed.
+        topo: the node type.
+        policy: cache policy of the predicted hit rates, "lru" or "lfu".
+    """
+
+    def __init__(self, model: ModelSpec, topo: TieredTopology, policy: str = "lru") -> None:
+        self.model, self.topo, self.policy = model, topo, policy
+        self.fast = fast = topo.cache_tier()
+        self.sizes = {t.name: _cache_sizes(t) for t in model.tables}
+        self.l2_sizes = {t.name: _l2_sizes(t) for t in model.tables}
+        # Compute seconds of all tables whole in the compute tier (sets the step budget without a target).
+        self.compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
+        self.costs: Dict[Tuple[str, Tier, int, int], TableCost] = {}
+        self.bytes: Dict[Tuple[str, Tier, int, int], Tuple[Tuple[Tier, float], ...]] = {}
+
+    def check(self, model: ModelSpec, topo: TieredTopology, policy: str) -> None:
+        """Raises ValueError if the memo was made for another model, node type or policy."""
+        if model is not self.model or topo is not self.topo or policy != self.policy:
+            raise ValueError(f"a PlacementMemo of {self.topo.name} / {self.policy!r} was given for another model, "
+                             f"node type ({topo.name}) or policy ({policy!r})")
+
+    def l2_rows(self, table: ModelTable, k2: int) -> float:
+        return 0.0 if k2 < 0 else self.l2_sizes[table.name][k2]
+
+    def cost(self, table: ModelTable, tier: Tier, k: int, k2: int) -> TableCost:
+        """The perf model's cost of ``table`` in a state (memoized)."""
+        key = (table.name, tier, k, k2)
+        cost = self.costs.get(key)
+        if cost is None:
+            rows = 0.0 if k < 0 else self.sizes[table.name][k]
+            cost = self.costs[key] = table_cost(table, tier, rows, self.topo, self.model.batch_size, self.policy,
+                                                self.l2_rows(table, k2))
+        return cost
+
+    def tier_bytes(self, table: ModelTable, tier: Tier, k: int, k2: int) -> Tuple[Tuple[Tier, float], ...]:
+        """``tier_bytes`` of ``table`` in a state, as (tier, bytes) pairs (memoized)."""
+        key = (table.name, tier, k, k2)
+        out = self.bytes.get(key)
+        if out is None:
+            rows = 0.0 if k < 0 else self.sizes[table.name][k]
+            out = self.bytes[key] = tuple(tier_bytes(table, tier, rows, self.l2_rows(table, k2), self.fast).items())
+        return out
+
+
 def place(
     model: ModelSpec,
     topo: TieredTopology,
@@ -109,6 +160,7 @@ def place(
     budget_bytes: Optional[Mapping[Tier, float]] = None,
     policy: str = "lru",
     max_tier_utilization: float = MAX_TIER_UTILIZATION,
+    memo: Optional[PlacementMemo] = None,
 ) -> Placement:
     """Places ``model`` on ``world_size`` ranks of ``topo`` using ``tiers`` (default: all
     the node has); ``budget_bytes`` caps a tier's bytes for the whole job (e.g. the DRAM
@@ -122,22 +174,32 @@ def place(
     the faster tiers first, step 3 then grows every cache), and the result is checked
     against the real budget.
 
+    ``memo`` (optional) keeps what does not depend on ``world_size`` for the next call on
+    the same model, node type and policy (``size_cluster`` passes one to all its sizes).
+
     Raises:
-        ValueError: ``max_tier_utilization`` is not a finite number > 0, or the target QPS
-            (``target_qps``, or when that is 0 or None the model's) is not finite and >= 0.
+        ValueError: ``max_tier_utilization`` is not a finite number > 0, the target QPS
+            (``target_qps``, or when that is 0 or None the model's) is not finite and >= 0,
+            or ``memo`` was made for another model, node type or policy.
     """
     if not 0 < max_tier_utilization < float("inf"):
         raise ValueError(f"max_tier_utilization={max_tier_utilization!r} must be a finite number > 0")
     qps = target_qps or model.target_qps
     if qps is not None and not 0 <= qps < float("inf"):
         raise ValueError(f"target QPS {qps!r} must be a finite number >= 0")
+    if memo is None:
+        memo = PlacementMemo(model, topo, policy)
+    memo.check(model, topo, policy)
     first: Optional[PlacementError] = None
+    started: Dict[bool, _Started] = {}  # step 1 does not depend on the step-2 budget: run it once
     for fastest_first, relax in _STRATEGIES:
+        placer = _Placer(model, topo, world_size, tiers, target_qps, budget_bytes, policy, max_tier_utilization,
+                         relax, fastest_first, memo)
         try:
-            return _place(model, topo, world_size, tiers, target_qps, budget_bytes, policy, max_tier_utilization,
-                          relax, fastest_first)
+            return placer.run(started.get(fastest_first))
         except _BusyTiers as e:
             first = first or e
+            started.setdefault(fastest_first, placer.started)
     raise first
 
 
@@ -156,11 +218,13 @@ def _place(
     max_tier_utilization: float,
     relax: float,
     fastest_first: bool,
+    memo: Optional[PlacementMemo] = None,
 ) -> Placement:
-    """One attempt of ``place`` with one strategy: step 2 steers by ``relax`` x the real
-    budget, and step 1 starts tables on the fastest backing tier if ``fastest_first``."""
+    """One attempt of ``place`` with one strategy, from step 1: step 2 steers by ``relax`` x
+    the real budget, and step 1 starts tables on the fastest backing tier if ``fastest_first``."""
+    memo = memo or PlacementMemo(model, topo, policy)
     return _Placer(model, topo, world_size, tiers, target_qps, budget_bytes, policy, max_tier_utilization,
-                   relax, fastest_first).run()
+                   relax, fastest_first, memo).run()
 
 
 class _Phase(enum.Enum):
@@ -173,10 +237,14 @@ class _Phase(enum.Enum):
 # A table's state: (tier, cache size index or -1 = whole in the compute tier, L2 cache size
 # index or -1 = none). An action is the state it moves the table to, with its extra bytes.
 _State = Tuple[Tier, int, int]
+# What step 1 leaves: the tables' states, the bytes used and the device seconds per tier.
+_Started = Tuple[Dict[str, _State], Dict[Tier, float], Dict[Tier, float]]
 
 
 class _Placer:
-    """One placement attempt: steps 1-3 of the module doc as methods over explicit state.
+    """One placement attempt: steps 1-3 of the module doc as methods over explicit state,
+    with one strategy: step 2 steers by ``relax`` x the real budget, and step 1 starts
+    tables on the fastest backing tier if ``fastest_first``.
 
     State: ``state`` (table name -> ``_State``), the bytes ``used`` and device seconds ``io``
     per tier (whole job) that the states add up to, the heap of candidate actions (best
@@ -186,8 +254,8 @@ class _Placer:
 
     def __init__(self, model: ModelSpec, topo: TieredTopology, world_size: int, tiers: Optional[Sequence[Tier]],
                  target_qps: Optional[float], budget_bytes: Optional[Mapping[Tier, float]], policy: str,
-                 max_tier_utilization: float, relax: float, fastest_first: bool) -> None:
-        self.model, self.topo, self.world_size, self.policy = model, topo, world_size, policy
+                 max_tier_utilization: float, relax: float, fastest_first: bool, memo: PlacementMemo) -> None:
+        self.model, self.topo, self.world_size, self.policy, self.memo = model, topo, world_size, policy, memo
         self.relax, self.fastest_first = relax, fastest_first
         self.fast = fast = topo.cache_tier()
         tiers = list(tiers) if tiers is not None else list(topo.tiers)
@@ -197,15 +265,15 @@ class _Placer:
         self.used = {t: 0.0 for t in caps}
         self.qps = target_qps or model.target_qps
         self.backing = [t for t in _BACKING_ORDER if t in caps and t != fast]
-        compute_s = sum(table_cost(t, fast, 0.0, topo, model.batch_size).compute_s for t in model.tables)
+        compute_s = memo.compute_s
         dense_s = dense_step_seconds(model, topo, world_size) * world_size
         step_budget = model.batch_size / self.qps if self.qps else (compute_s + dense_s) / world_size
         self.io_budget = step_budget * world_size * max_tier_utilization  # device seconds per step, all ranks
         self.steer = self.io_budget * relax  # the budget step 2 relieves tiers down to
-        self.sizes = {t.name: _cache_sizes(t) for t in model.tables}
+        self.sizes = memo.sizes
         # On a GPU node a SCM/SSD table may also get a host-DRAM cache under its HBM one.
         self.l2_ok = topo.compute_device == "cuda" and Tier.DRAM in caps
-        self.l2_sizes = {t.name: _l2_sizes(t) for t in model.tables} if self.l2_ok else {}
+        self.l2_sizes = memo.l2_sizes if self.l2_ok else {}
         # Host-DRAM bytes weigh what HBM bytes do, scaled by how much more of them there is.
         self.l2_weight = caps[fast] / caps[Tier.DRAM] if self.l2_ok and caps[Tier.DRAM] > 0 else 1.0
         self.by_name = {t.name: t for t in model.tables}
@@ -214,20 +282,29 @@ class _Placer:
         self.state: Dict[str, _State] = {}
         self.io: Dict[Tier, float] = {}
         self.phase = _Phase.RELIEVE
-        self._costs: Dict[Tuple[str, Tier, int, int], TableCost] = {}
+        self._over: Optional[Tuple[Tier, ...]] = None  # over_tiers(), until io or the phase changes
+        # used[t] <= these for every t: the capacities, in the order of ``used`` (that of caps).
+        self._cap_limits = tuple(caps[t] * (1 + 1e-9) for t in caps)
+        self.started: Optional[_Started] = None  # set by step 1
         self._heap: List[Tuple[float, str, int, Tier, int, int]] = []
         self._seq = 0  # insertion order: ties in the heap go to the earlier action
 
-    def run(self) -> Placement:
-        """Steps 1-3; raises PlacementError (``_BusyTiers`` for tiers over budget)."""
-        self.start()
+    def run(self, started: Optional[_Started] = None) -> Placement:
+        """Steps 1-3, or 2-3 from what step 1 of this strategy's start left (``started``);
+        raises PlacementError (``_BusyTiers`` for tiers over budget)."""
+        if started is None:
+            self.start()
+        else:
+            self.state, self.used, self.io = (dict(d) for d in started)
+            self.started, self._over = started, None
         self.relieve_busy_tiers()
         self.spend_leftover()
         if self.relax != 1.0:  # step 2 steered by a looser budget: check the real one
             self.check_busy(self.io_budget)
         placed = {name: (tier, 0.0 if k < 0 else self.sizes[name][k], self.l2_rows(self.by_name[name], k2))
                   for name, (tier, k, k2) in self.state.items()}
-        return _finish(self.model, self.topo, self.world_size, placed, self.used, self.caps, self.policy)
+        costs = {name: self.cost(self.by_name[name], *where) for name, where in self.state.items()}
+        return _finish(self.model, self.topo, self.world_size, placed, costs, self.used, self.caps)
 
     # ------------------------------------------------------------------ phases ----
     def start(self) -> None:
@@ -258,13 +335,14 @@ class _Placer:
             self.apply(table, *self.state[table.name], 1.0)
         if self.used[fast] > self.caps[fast]:
             raise _no_room(self.model, self.topo, self.world_size, self.caps, self.used, self.qps, homeless=homeless)
+        self.started = (dict(self.state), dict(self.used), dict(self.io))
 
     def relieve_busy_tiers(self) -> None:
         """Step 2: the best actions on tables of tiers over the steering budget, until none is
         over it (or no action is left: then tiers over it fail a target)."""
-        self.phase = _Phase.RELIEVE
+        self.phase, self._over = _Phase.RELIEVE, None
         self._refill()
-        while self._heap and any(self.over(t) for t in self.io):
+        while self._heap and self.over_tiers():
             self._take_best()
         self.check_busy(self.steer)
 
@@ -272,7 +350,7 @@ class _Placer:
         """Step 3: what the compute tier has left goes to the remaining device time and the
         caches' own compute: it costs nothing (the bytes are the job's anyway) and shortens
         the step. Every action with a gain is taken."""
-        self.phase = _Phase.SPEND
+        self.phase, self._over = _Phase.SPEND, None
         self._refill()
         while self._heap:
             self._take_best()
@@ -289,12 +367,7 @@ class _Placer:
 
     def cost(self, table: ModelTable, tier: Tier, k: int, k2: int = -1) -> TableCost:
         """The perf model's cost of ``table`` in a state (memoized)."""
-        key = (table.name, tier, k, k2)
-        if key not in self._costs:
-            rows = 0.0 if k < 0 else self.sizes[table.name][k]
-            self._costs[key] = table_cost(table, tier, rows, self.topo, self.model.batch_size, self.policy,
-                                          self.l2_rows(table, k2))
-        return self._costs[key]
+        return self.memo.cost(table, tier, k, k2)
 
     def fast_bytes(self, table: ModelTable, k: int) -> float:
         """Bytes of the compute tier the table takes: whole (k < 0) or its cache."""
@@ -302,19 +375,27 @@ class _Placer:
 
     def apply(self, table: ModelTable, tier: Tier, k: int, k2: int, sign: float) -> None:
         """Adds (sign 1) or removes (sign -1) a table's bytes and device time in a state."""
-        cache_rows = 0.0 if k < 0 else self.sizes[table.name][k]
-        for t, b in tier_bytes(table, tier, cache_rows, self.l2_rows(table, k2), self.fast).items():
+        for t, b in self.memo.tier_bytes(table, tier, k, k2):
             self.used[t] += sign * b
         for t, sec in self.cost(table, tier, k, k2).io_s.items():
             self.io[t] = self.io.get(t, 0.0) + sign * sec
+        self._over = None
 
     def _past(self, tier: Tier, budget: float) -> bool:
         return self.io.get(tier, 0.0) > budget * (1 + 1e-9)
 
+    def over_tiers(self) -> Tuple[Tier, ...]:
+        """The tiers whose device time counts as relief (``over``), worked out once per
+        change of the device times or the phase: the heap's loop asks for them per action."""
+        if self._over is None:
+            limit = (self.steer if self.phase is _Phase.RELIEVE else 0.0) * (1 + 1e-9)
+            self._over = tuple(t for t, sec in self.io.items() if sec > limit)
+        return self._over
+
     def over(self, tier: Tier) -> bool:
         """Whether a tier's device time counts as relief: past the steering budget while
         relieving, any at all while spending."""
-        return self._past(tier, self.steer if self.phase is _Phase.RELIEVE else 0.0)
+        return tier in self.over_tiers()
 
     def over_guard(self, tier: Tier) -> bool:
         """Whether a tier is past what growing a cache on it may leave: the steering budget
@@ -335,8 +416,8 @@ class _Placer:
         tier, k, k2 = self.state[table.name]
         if k < 0:
             return
-        now = self.cost(table, tier, k, k2).io_s
-        relief = sum(s for t, s in now.items() if self.over(t))
+        now, over = self.cost(table, tier, k, k2).io_s, self.over_tiers()
+        relief = sum(s for t, s in now.items() if t in over)
         if relief <= 0 and self.phase is _Phase.RELIEVE:
             return
         for faster in self.backing[self.backing.index(tier) + 1:] if tier in self.backing else []:
@@ -356,8 +437,9 @@ class _Placer:
         """Device seconds (and, while spending, compute seconds) an action saves."""
         table = self.by_name[name]
         before, after = self.cost(table, *self.state[name]), self.cost(table, tier, k, k2)
-        saved = (sum(s for t, s in before.io_s.items() if self.over(t))
-                 - sum(s for t, s in after.io_s.items() if self.over(t)))
+        over = self.over_tiers()
+        saved = (sum(s for t, s in before.io_s.items() if t in over)
+                 - sum(s for t, s in after.io_s.items() if t in over))
         if self.phase is _Phase.SPEND:
             saved += before.compute_s - after.compute_s
         return saved
@@ -396,7 +478,7 @@ class _Placer:
         dram_was_over = self.over_guard(Tier.DRAM)
         self.apply(table, old_tier, old_k, old_k2, -1.0)
         self.apply(table, tier, k, k2, 1.0)
-        fits = all(self.used[t] <= self.caps[t] * (1 + 1e-9) for t in self.used)
+        fits = all(u <= cap for u, cap in zip(self.used.values(), self._cap_limits))
         moved_onto_busy = (tier != self.fast and tier != old_tier and self.over(tier)) or (
             k2 > old_k2 and self.over_guard(Tier.DRAM) and not dram_was_over)
         if not fits or moved_onto_busy:
@@ -420,13 +502,13 @@ def _no_room(model, topo, world_size, caps, used, qps, busy=(), homeless=()) -> 
     )
 
 
-def _finish(model, topo, world_size, placed, used, caps, policy) -> Placement:
+def _finish(model, topo, world_size, placed, state_costs, used, caps) -> Placement:
     tables, costs = {}, {}
     compute, io = 0.0, {}
     qps = model.target_qps or 0.0
     for table in model.tables:
         tier, rows, l2 = placed[table.name]
-        cost = table_cost(table, tier, rows, topo, model.batch_size, policy, l2)
+        cost = state_costs[table.name]
         costs[table.name] = cost
         compute += cost.compute_s
         for t, s in cost.io_s.items():

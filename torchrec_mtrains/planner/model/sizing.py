@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from torchrec_mtrains.planner.model.model_spec import ModelSpec
-from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
+from torchrec_mtrains.planner.model.placement import Placement, PlacementError, PlacementMemo, place
 from torchrec_mtrains.planner.types import TieredTopology
 from torchrec_mtrains.types import Tier
 
@@ -22,10 +22,11 @@ def size_cluster(
 ) -> Tuple[int, Placement]:
     """(nodes, placement) of the fewest nodes of ``topo`` that hold ``model`` and meet its
     target QPS with ``tiers``. Raises PlacementError if ``max_nodes`` do not."""
+    memo = PlacementMemo(model, topo, policy)  # what does not depend on the size, for every size tried
 
     def attempt(nodes: int) -> Optional[Placement]:
         try:
-            p = place(model, topo, nodes * topo.ranks_per_node, tiers, policy=policy)
+            p = place(model, topo, nodes * topo.ranks_per_node, tiers, policy=policy, memo=memo)
         except PlacementError:
             return None
         return p if p.predicted_qps >= model.target_qps * (1 - 1e-9) else None
@@ -34,7 +35,7 @@ def size_cluster(
     while found is None:
         if hi >= max_nodes:
             try:  # the reason, from the largest cluster tried
-                place(model, topo, max_nodes * topo.ranks_per_node, tiers, policy=policy)
+                place(model, topo, max_nodes * topo.ranks_per_node, tiers, policy=policy, memo=memo)
             except PlacementError as e:
                 raise PlacementError(f"the model does not fit even {max_nodes:,} nodes: {e}") from None
             raise PlacementError(
