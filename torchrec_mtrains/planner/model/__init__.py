@@ -1,7 +1,7 @@
 """The planner's models: the model a plan is for (MODEL.yaml), each table's locality, the
 perf model, the placement of tables on tiers, and cluster sizing."""
 
-from torchrec_mtrains.planner.model.estimator import TableCost, step_seconds, table_cost
+from torchrec_mtrains.planner.model.estimator import TableCost, kernel_step_seconds, step_seconds, table_cost
 from torchrec_mtrains.planner.model.locality import LocalityCurve, histogram_locality, zipf_locality
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable, load_model_spec, parse_model_spec
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, PlacementMemo, place, tier_bytes
@@ -21,6 +21,7 @@ __all__ = [
     "place",
     "plan_report",
     "size_cluster",
+    "kernel_step_seconds",
     "step_seconds",
     "table_cost",
     "tier_bytes",

@@ -34,7 +34,7 @@ from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.types import TieredTopology, TierSpec
 from torchrec_mtrains.types import Tier
 
-__all__ = ["TableCost", "dense_step_seconds", "table_cost", "step_seconds"]
+__all__ = ["TableCost", "dense_step_seconds", "kernel_step_seconds", "table_cost", "step_seconds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +91,9 @@ def table_cost(
     effective = min(float(table.num_embeddings), max(cache_rows, 2.0 * unique))
     hit = table.locality.hit_rate(effective, policy)
     misses = unique * (1.0 - hit)
-    compute += spec.step_overhead_s + spec.cache_row_s * unique + spec.lookup_s * lookups
+    # The kernel's fixed cost per step is the rank's, not the table's: a rank's tiered tables
+    # share one kernel (``kernel_step_seconds``).
+    compute += spec.cache_row_s * unique + spec.lookup_s * lookups
     background = spec.step_background_cpu_s + spec.lookup_background_cpu_s * lookups  # worker threads
     dev = topo.tiers[tier]
     device_misses = misses
@@ -108,6 +110,12 @@ def table_cost(
         link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
         io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier
     return TableCost(compute, io, hit, 2 * misses * table.row_bytes)
+
+
+def kernel_step_seconds(topo: TieredTopology, any_tiered: bool) -> float:
+    """A rank's fixed cost per step of its tiered tables: one kernel (one TBE and one cache
+    plan call) holds all of them, whatever their tiers."""
+    return topo.compute.step_overhead_s if any_tiered else 0.0
 
 
 def step_seconds(compute_s: float, io_s: Dict[Tier, float], dense_s: float) -> float:

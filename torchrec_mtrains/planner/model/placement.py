@@ -31,7 +31,13 @@ import enum
 import heapq
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from torchrec_mtrains.planner.model.estimator import TableCost, dense_step_seconds, step_seconds, table_cost
+from torchrec_mtrains.planner.model.estimator import (
+    TableCost,
+    dense_step_seconds,
+    kernel_step_seconds,
+    step_seconds,
+    table_cost,
+)
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.types import TablePlacement, TieredTopology
 from torchrec_mtrains.types import Tier
@@ -519,5 +525,6 @@ def _finish(model, topo, world_size, placed, state_costs, used, caps) -> Placeme
             extra={"l2_cache_rows": float(round(l2))} if l2 else {},
         )
     dense = dense_step_seconds(model, topo, world_size)
-    step = step_seconds(compute / world_size, {t: s / world_size for t, s in io.items()}, dense)
+    kernel = kernel_step_seconds(topo, any(rows > 0 for _, rows, _ in placed.values()))
+    step = step_seconds(compute / world_size + kernel, {t: s / world_size for t, s in io.items()}, dense)
     return Placement(world_size, tables, costs, used, caps, step, model.batch_size / step if step > 0 else float("inf"))
