@@ -14,6 +14,7 @@ namespace {
 
 constexpr int64_t kNeverLocked = std::numeric_limits<int64_t>::min();
 constexpr size_t kPrefetchAhead = 8;  // indices between a set's prefetch and its scan
+constexpr size_t kMissAhead = 4;  // misses between a set's prefetch and its victim scan
 // TinyLFU: the window's share of a set's ways (at least one way), as Caffeine's 1% window.
 constexpr double kWindowShare = 0.01;
 
@@ -78,6 +79,12 @@ uint64_t SetAssociativeCache::SetOf(int64_t row) const {
 void SetAssociativeCache::PrefetchSet(uint64_t first) const {
   const int64_t* tags = slot_row_.data() + first;
   for (uint32_t w = 0; w < ways_; w += 8) __builtin_prefetch(tags + w);
+}
+
+void SetAssociativeCache::PrefetchVictimSet(uint64_t first) const {
+  PrefetchSet(first);
+  const char* meta = reinterpret_cast<const char*>(meta_.data() + first);
+  for (size_t b = 0; b < ways_ * sizeof(SlotMeta); b += 64) __builtin_prefetch(meta + b);
 }
 
 int64_t SetAssociativeCache::FindSlot(int64_t row) const { return FindSlotFrom(row, SetOf(row) * ways_); }
@@ -307,11 +314,27 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
     }
     m.stamp = ++clock_;
   }
-  // Pass 3: place the misses in order (a row missing at several indices is placed once).
-  for (size_t i = 0; i < n; ++i) {
-    if (slot_of[i] != kEmpty) continue;
+  // Pass 3: place the misses in order (a row missing at several indices is placed once),
+  // each one's set -- tags and slot metadata, which the victim scan reads whole --
+  // prefetched a few misses ahead.
+  std::vector<size_t>& misses = miss_scratch_;
+  misses.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (slot_of[i] == kEmpty) misses.push_back(i);
+  uint64_t miss_first[kMissAhead];
+  for (size_t j = 0; j < std::min(misses.size(), kMissAhead); ++j) {
+    miss_first[j] = SetOf(indices[misses[j]]) * ways_;
+    PrefetchVictimSet(miss_first[j]);
+  }
+  for (size_t j = 0; j < misses.size(); ++j) {
+    const size_t i = misses[j];
+    const uint64_t first = miss_first[j % kMissAhead];
+    if (j + kMissAhead < misses.size()) {
+      miss_first[j % kMissAhead] = SetOf(indices[misses[j + kMissAhead]]) * ways_;
+      PrefetchVictimSet(miss_first[j % kMissAhead]);
+    }
     const int64_t row = indices[i];
-    int64_t slot = FindSlot(row);
+    int64_t slot = FindSlotFrom(row, first);
     if (slot != kEmpty) {  // placed earlier in this pass
       meta_[slot].stamp = ++clock_;
     } else {
@@ -319,8 +342,7 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
       ++counters_.misses;
       if (lfu) CountAccess(row);
       if (tiny) TouchTinyLfu(row);
-      slot = tiny ? AdmitSlot(SetOf(row) * ways_, oldest_live_step)
-                  : PickVictim(SetOf(row) * ways_, ways_, oldest_live_step);
+      slot = tiny ? AdmitSlot(first, oldest_live_step) : PickVictim(first, ways_, oldest_live_step);
       if (slot == kEmpty) slot = TakeOverflowSlot(oldest_live_step);
       Place(row, slot, step, train, plan);
     }

@@ -100,6 +100,8 @@ class SetAssociativeCache {
   static constexpr int64_t kEmpty = -1;
   uint64_t SetOf(int64_t row) const;
   void PrefetchSet(uint64_t first) const REQUIRES(mu_);
+  // PrefetchSet and the set's slot metadata (what a victim scan reads).
+  void PrefetchVictimSet(uint64_t first) const REQUIRES(mu_);
   int64_t FindSlot(int64_t row) const REQUIRES(mu_);
   // FindSlot for a row whose set starts at slot `first`.
   int64_t FindSlotFrom(int64_t row, uint64_t first) const REQUIRES(mu_);
@@ -145,6 +147,7 @@ class SetAssociativeCache {
   // TinyLFU's sketch (null for the other policies).
   std::unique_ptr<FrequencySketch> tiny_sketch_ GUARDED_BY(mu_);
   CacheCounters counters_ GUARDED_BY(mu_);
+  std::vector<size_t> miss_scratch_ GUARDED_BY(mu_);  // Plan's misses, reused across steps
 };
 
 }  // namespace mtrains
