@@ -7,16 +7,11 @@
 #include <memory>
 #include <tuple>
 
+#include "bindings/cache_tensors.h"
 #include "cache/set_associative_cache.h"
 
 namespace mtrains {
 namespace {
-
-at::Tensor ToTensor(const std::vector<int64_t>& v) {
-  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
-  if (!v.empty()) std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
-  return t;
-}
 
 class CacheHandle : public torch::CustomClassHolder {
  public:
@@ -71,14 +66,7 @@ class CacheHandle : public torch::CustomClassHolder {
 
   c10::Dict<std::string, int64_t> counters() {
     const CacheCounters c = cache_->counters();
-    c10::Dict<std::string, int64_t> d;
-    d.insert("lookups", c.lookups);
-    d.insert("unique_rows", c.unique_rows);
-    d.insert("hits", c.hits);
-    d.insert("misses", c.misses);
-    d.insert("evictions", c.evictions);
-    d.insert("overflow_assignments", c.overflow_assignments);
-    return d;
+    return CountersDict(c);
   }
 
  private:

@@ -13,17 +13,12 @@
 #include <tuple>
 #include <vector>
 
+#include "bindings/cache_tensors.h"
 #include "bindings/row_copy.h"
 #include "cache/kernel_cache_index.h"
 
 namespace mtrains {
 namespace {
-
-at::Tensor ToTensor(const std::vector<int64_t>& v) {
-  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
-  if (!v.empty()) std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
-  return t;
-}
 
 void CheckIndexVector(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous(),
@@ -125,14 +120,7 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
 
   c10::Dict<std::string, int64_t> counters(int64_t table) {
     const CacheCounters c = Cache(table).counters();
-    c10::Dict<std::string, int64_t> d;
-    d.insert("lookups", c.lookups);
-    d.insert("unique_rows", c.unique_rows);
-    d.insert("hits", c.hits);
-    d.insert("misses", c.misses);
-    d.insert("evictions", c.evictions);
-    d.insert("overflow_assignments", c.overflow_assignments);
-    return d;
+    return CountersDict(c);
   }
 
   void reset(int64_t table) {
