@@ -9,7 +9,9 @@ step order. With ``background=False`` both stages run inline in the caller.
 
 The hand-offs are one queue operation each: the caller puts a job on the plan queue, the
 plan thread puts it on the move queue, the move thread puts it on the done queue, and
-``wait`` takes finished jobs off the done queue in order until its own is among them.
+``wait`` takes finished jobs off the done queue in order until its own is among them. A plan
+that leaves nothing to move (every row cached) skips the move thread when no earlier job is
+still there: the plan thread puts it on the done queue itself, in order all the same.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ __all__ = ["PrefetchPipeline", "Ticket"]
 class Ticket:
     """One submitted job: its stages and, once it has run, its outcome."""
 
-    __slots__ = ("plan", "move", "error", "done")
+    __slots__ = ("plan", "move", "error", "done", "needs_move")
 
-    def __init__(self, plan: Callable[[], None], move: Callable[[], None]) -> None:
-        self.plan: Optional[Callable[[], None]] = plan
+    def __init__(self, plan: Callable[[], Optional[bool]], move: Callable[[], None]) -> None:
+        self.plan: Optional[Callable[[], Optional[bool]]] = plan
         self.move: Optional[Callable[[], None]] = move
         self.error: Optional[BaseException] = None
         self.done = False  # set by ``wait`` in the consuming thread only
+        self.needs_move = True  # False when the plan returned False (nothing to move)
 
 
 class PrefetchPipeline:
@@ -43,6 +46,8 @@ class PrefetchPipeline:
         self._plans: "queue.SimpleQueue[Optional[Ticket]]" = queue.SimpleQueue()
         self._moves: "queue.SimpleQueue[Optional[Ticket]]" = queue.SimpleQueue()
         self._threads: List[threading.Thread] = []
+        self._in_move_stage = 0  # jobs handed to the move thread and not yet done
+        self._order = threading.Lock()  # guards _in_move_stage
         if background:
             # Daemon threads: a process that never closes its kernel still exits.
             self._threads = [
@@ -52,15 +57,17 @@ class PrefetchPipeline:
             for thread in self._threads:
                 thread.start()
 
-    def submit(self, plan: Callable[[], None], move: Callable[[], None]) -> Ticket:
-        """Queues ``plan`` then ``move`` (or runs both now, inline). A failed plan's move
-        does not run; once a stage failed, every later job fails too."""
+    def submit(self, plan: Callable[[], Optional[bool]], move: Callable[[], None]) -> Ticket:
+        """Queues ``plan`` then ``move`` (or runs both now, inline). A plan returning False
+        has nothing for ``move`` to do, which then does not run. A failed plan's move does
+        not run; once a stage failed, every later job fails too."""
         ticket = Ticket(plan, move)
         if self._threads:
             self._plans.put(ticket)
         else:
             self._run(ticket, "plan")
-            self._run(ticket, "move")
+            if ticket.needs_move:
+                self._run(ticket, "move")
             ticket.done = True
         return ticket
 
@@ -92,17 +99,27 @@ class PrefetchPipeline:
                 f"an earlier prefetch failed ({type(self._failed).__name__}: {self._failed})")
             return
         try:
-            work()
+            if work() is False:
+                ticket.needs_move = False
         except BaseException as e:  # re-raised by wait() in the consuming thread
             self._failed = ticket.error = e
 
     def _plan_loop(self) -> None:
         while (ticket := self._plans.get()) is not None:
             self._run(ticket, "plan")
-            self._moves.put(ticket)
+            with self._order:
+                skip = not ticket.needs_move and self._in_move_stage == 0
+                if not skip:
+                    self._in_move_stage += 1
+            (self._done if skip else self._moves).put(ticket)
         self._moves.put(None)
 
     def _move_loop(self) -> None:
         while (ticket := self._moves.get()) is not None:
-            self._run(ticket, "move")
+            if ticket.needs_move:
+                self._run(ticket, "move")
+            else:
+                ticket.move = None
             self._done.put(ticket)
+            with self._order:
+                self._in_move_stage -= 1

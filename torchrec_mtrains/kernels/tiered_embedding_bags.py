@@ -370,13 +370,14 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         job.ticket = self._pipeline.submit(lambda: self._plan(job, oldest_live, train), lambda: self._move(job))
         return job
 
-    def _plan(self, job: _Step, oldest_live: int, train: bool) -> None:
+    def _plan(self, job: _Step, oldest_live: int, train: bool) -> bool:
         """Stage 1 (plan worker): remaps the batch to slots and packs the evicted rows.
 
         Runs while the row moves of earlier steps are still in flight: the slots it
         displaces are not locked by any live step, so none of them is being filled or
         computed on, and their rows are copied out here, before any later load reuses them.
         One C++ call plans every table; only tables with rows to move get a ``_Move``.
+        Returns whether any has (else the move stage has nothing to do).
         """
         fault_point("prefetch.before")
         batch = job.batch
@@ -387,6 +388,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         job.moves = [_Move(*move) for move in zip(tables, load_rows, load_slots, evict_rows, evicted, pack_s)]
         job.remapped = remapped
         fault_point("prefetch.after")
+        return bool(job.moves)
 
     def _move(self, job: _Step) -> None:
         """Stage 2 (I/O worker, in step order): writes the evicted rows back and reads the
