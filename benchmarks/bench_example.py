@@ -32,7 +32,7 @@ def embedding_bytes(dim: int) -> int:
 def run(nproc: int, steps: int, budget: int, out: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            os.path.join(ROOT, "examples", "dlrm", "train.py"), "--steps", str(steps),
-           "--dram-budget", str(budget), "--out", out]
+           "--dram-budget", str(budget), "--scm-budget", "none", "--out", out]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

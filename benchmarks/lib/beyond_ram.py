@@ -80,7 +80,7 @@ def local_profile_for(directory: Path, nproc: int, path: Path) -> Path:
 def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: float, timeout_s: float):
     """Runs train.py under torchrun while sampling its process tree; (metrics, samples, peaks)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(TRAIN), "--preset", "beyond-ram", "--out", str(out), *extra]
+           str(TRAIN), "--preset", "beyond-ram", "--scm-budget", "none", "--out", str(out), *extra]
     monitor = run_monitored(cmd, out.parent / f"{out.name}.log", str(workdir), interval, timeout_s,
                             f"bench_beyond_ram: {' '.join(cmd)}", cwd=ROOT)
     with open(out / "metrics.json") as f:

@@ -68,16 +68,24 @@ def make_planner(
     dram_budget_bytes: int,
     storage_dir: Optional[str],
     target_qps: Optional[float] = None,
+    scm_budget_bytes: Optional[int] = None,
 ) -> StorageAwarePlanner:
+    """The example's planner: the embeddings within ``dram_budget_bytes`` of DRAM per rank
+    and, when given, ``scm_budget_bytes`` of SCM per rank (the rest goes to SSD)."""
     if dram_budget_bytes <= 0:
         raise ValueError(f"--dram-budget must be > 0 bytes, got {dram_budget_bytes}")
+    if scm_budget_bytes is not None and scm_budget_bytes < 0:
+        raise ValueError(f"--scm-budget must be >= 0 bytes, got {scm_budget_bytes}")
+    budget = {Tier.DRAM: float(dram_budget_bytes) * world_size}
+    if scm_budget_bytes is not None:
+        budget[Tier.SCM] = float(scm_budget_bytes) * world_size
     return StorageAwarePlanner(
         hardware,
         batch_size=batch_size_per_rank * world_size,
         world_size=world_size,
         target_qps=target_qps,
         locality={t.name: dict(t.locality) for t in tables},
-        budget_bytes={Tier.DRAM: float(dram_budget_bytes) * world_size},
+        budget_bytes=budget,
         storage_dir=storage_dir,
     )
 

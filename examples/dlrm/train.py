@@ -61,6 +61,7 @@ from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
 EXIT_IO_ERROR = 1
 EXIT_BAD_INPUT = 2
 DEFAULT_DRAM_BUDGET = "64MiB"  # per rank: the default model then needs SCM and SSD
+DEFAULT_SCM_BUDGET = "128MiB"  # per rank: SCM is the scarce middle tier (PMem / CXL), the rest goes to SSD
 CRITEO_ROWS = 1_000_000  # rows per Criteo table (ids hashed into them)
 
 
@@ -91,6 +92,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="hardware profile: a shipped name (local) or a YAML file (`mtrains probe-hw --out F`)")
     p.add_argument("--dram-budget", default=DEFAULT_DRAM_BUDGET,
                    help="DRAM per rank the embeddings may use (FUSED tables + row caches), e.g. 64MiB, 2GB")
+    p.add_argument("--scm-budget", default=DEFAULT_SCM_BUDGET,
+                   help="SCM per rank the embeddings may use (tables and their files), e.g. 128MiB; 'none': "
+                        "as much as the hardware profile has")
     p.add_argument("--target-qps", type=float, default=None,
                    help="throughput the planner must feed from the tiers (samples/s, all ranks; default: as fast "
                         "as the embedding compute, i.e. tiers must not slow the step)")
@@ -149,6 +153,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
     try:
         args.dram_budget_bytes = parse_bytes(args.dram_budget, "--dram-budget")
+        args.scm_budget_bytes = (None if str(args.scm_budget).lower() == "none"
+                                 else parse_bytes(args.scm_budget, "--scm-budget"))
     except ValueError as e:
         p.error(str(e))
     return args
@@ -351,7 +357,7 @@ def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
     try:
         hardware = load_hardware(args.hardware)
         planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, "<storage-dir>",
-                               args.target_qps)
+                               args.target_qps, args.scm_budget_bytes)
         check_fits(planner, build_model(args, tables, [f"f_{t.name}" for t in tables]), args.dram_budget)
     except ValueError as e:
         raise BadInput(str(e)) from None
@@ -417,7 +423,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) -> int:
     t0 = time.perf_counter()
-    planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps)
+    planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
+                           args.scm_budget_bytes)
     if prefixes:
         from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 
@@ -440,7 +447,8 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
                   file=sys.stderr)
     if rank == 0:
         p = planner.last_placement
-        print(f"placement by StorageAwarePlanner ({hardware.name}, --dram-budget {args.dram_budget} per rank, "
+        print(f"placement by StorageAwarePlanner ({hardware.name}, --dram-budget {args.dram_budget}, "
+              f"--scm-budget {args.scm_budget} per rank, "
               f"{world} ranks; predicted {p.predicted_qps:,.0f} QPS):\n" + format_table(rows), flush=True)
     if prefixes:
         import itertools
@@ -466,7 +474,8 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "hit_rate_warm": warm_table, "hit_rate_warm_per_tier": warm_tier, "hit_rate_warm_from_step": trainer.warm_from_step,
         "auc_curve": trainer.state["auc_curve"], "steps": args.steps, "resumed_from": start,
         "world_size": world, "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
-        "dram_budget_bytes_per_rank": args.dram_budget_bytes, "dcn": args.dcn,
+        "dram_budget_bytes_per_rank": args.dram_budget_bytes, "scm_budget_bytes_per_rank": args.scm_budget_bytes,
+        "dcn": args.dcn,
         "predicted_qps": planner.last_placement.predicted_qps,
         "predicted_hit_rate": {t: planner.last_placement.tables[t].hit_rate for t in tiered},
         "data": "criteo" if prefixes else "synthetic", "wall_seconds": time.perf_counter() - t0,
