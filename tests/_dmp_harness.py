@@ -78,7 +78,10 @@ class TinyModel(nn.Module):
         self.dense = nn.Linear(sum(d * n for _, d, n in TABLES.values()), 1)
 
     def forward(self, batch):
-        pooled = self.ebc(batch.sparse_features).values()
+        # By name: a sharded collection's KeyedTensor keeps its groups' order of the features,
+        # not the collection's (TorchRec's DLRM reads its pooled features by name too).
+        by_name = self.ebc(batch.sparse_features).to_dict()
+        pooled = torch.cat([by_name[f] for f in feature_names()], dim=1)
         logits = self.dense(pooled).squeeze(1)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
         return loss, loss.detach()

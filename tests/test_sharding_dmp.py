@@ -74,11 +74,11 @@ def test_tiered_tables_train_like_fused(runs, world_size: int, sharding_type: st
     # The pipeline prefetched every step of every tiered kernel (3 tables, on some rank).
     counts = harness.read_prefetch_counts(tiered, world_size)
     assert counts and all(c == 30 for c in counts), counts
-    # Tables of one tier share a kernel (the SCM table has one of its own).
+    # One tiered kernel (one TBE) per rank, whatever the tiers of its tables.
     kernels = harness.read_kernel_tiers(tiered, world_size)
-    assert all(len(kernel) == 1 for rank in kernels for kernel in rank), kernels
+    assert all(len(rank) <= 1 for rank in kernels), kernels
     if world_size == 1:
-        assert sorted(kernels[0]) == [["SCM"], ["SSD"]], kernels
+        assert kernels == [[["SCM", "SSD"]]], kernels
 
 
 def _crashed_at_15(runs, workdir_ck: str) -> None:
@@ -104,10 +104,9 @@ def test_resume_into_world_size_1_on_other_tiers(runs, workdir: Path) -> None:
     _compare(full, resumed, first_step_of_b=15)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: one kernel of ssd_a, scm_c and plain_d (ssd_b FUSED) trains "
-                   "differently from all-FUSED from the first step, whatever their tiers (also on the code "
-                   "before kernels held several tiers); DMP forward alone matches")
-def test_one_ssd_kernel_of_three_tables_trains_like_fused(runs) -> None:
+def test_one_kernel_between_fused_tables_trains_like_fused(runs) -> None:
+    """A FUSED table between tiered ones in the collection's order: the groups reorder the
+    pooled features, which the model reads by name."""
     common = dict(world_size=1, steps=20, init_file=runs.init, sharding_type="table_wise")
     fused = runs("fused_1_20", tiers=ALL_FUSED, **common)
     tiered = runs("ssd_acd_1_20", tiers={"ssd_a": "ssd", "ssd_b": None, "scm_c": "ssd", "plain_d": "ssd"}, **common)

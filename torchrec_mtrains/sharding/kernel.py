@@ -155,8 +155,8 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         tables = list(config.embedding_tables)
         names = sorted({t.name for t in tables})
         try:
-            # Per table, as a kernel may hold tables of several tiers; the rest is the group's.
-            self.table_params = [TieredParams.from_fused_params(fused) for _ in tables]
+            # Per table: tier and rows written may differ within a kernel; the rest is the group's.
+            self.table_params = [TieredParams.from_fused_params(fused, t.name) for t in tables]
         except ValueError as e:
             raise ValueError(f"tables {', '.join(names)}: {e}") from None
         self.params = self.table_params[0]

@@ -33,7 +33,12 @@ from torchrec_mtrains.sharding.lookup import (
     TIERED_SHARDINGS,
     TieredGroupedPooledEmbeddingsLookup,
 )
-from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, FUSED_PARAM_KEYS, TieredParameterSharding
+from torchrec_mtrains.sharding.types import (
+    CACHE_LOAD_FACTOR,
+    FUSED_PARAM_KEYS,
+    TieredParameterSharding,
+    per_table_fused_params,
+)
 
 __all__ = ["ShardedTieredEmbeddingBagCollection"]
 
@@ -63,17 +68,22 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             return super().create_embedding_bag_sharding(
                 sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
             )
+        params = {
+            info.embedding_config.name: info.param_sharding.tiered
+            for info in tiered
+            if isinstance(info.param_sharding, TieredParameterSharding) and info.param_sharding.tiered is not None
+        }
+        shared = per_table_fused_params(params)
         for info in tiered:
-            ps = info.param_sharding
-            if isinstance(ps, TieredParameterSharding) and ps.tiered is not None:
-                # Tier settings join fused_params, so TorchRec groups tables by them; the
-                # cache size goes under TorchRec's own "cache_load_factor", which its
-                # grouping ignores, so tables differing only in cache size share a kernel.
-                # The tier stays in the grouping for now: a kernel can hold tables of
-                # several tiers, but a DMP layout that trains wrong in one kernel whatever
-                # its tiers (tests/test_sharding_dmp.py, the xfail) must be fixed first.
-                fused = {**(info.fused_params or {}), **ps.tiered.to_fused_params()}
-                fused[CACHE_LOAD_FACTOR] = ps.tiered.load_factor(info.embedding_config.num_embeddings)
+            p = params.get(info.embedding_config.name)
+            if p is not None:
+                # Tier settings join fused_params, so TorchRec groups tables by them, except
+                # the per-table ones: the cache size goes under TorchRec's own
+                # "cache_load_factor", which its grouping ignores, and the tier and rows
+                # written into one map all tables share, so a rank's tables of every tier
+                # and cache size that agree on the rest share one kernel.
+                fused = {**(info.fused_params or {}), **p.to_fused_params(), **shared}
+                fused[CACHE_LOAD_FACTOR] = p.load_factor(info.embedding_config.num_embeddings)
                 fused[FUSED_PARAM_KEYS[1]] = fused[FUSED_PARAM_KEYS[2]] = None
                 info.fused_params = fused
         sharding_type = sharding_infos[0].param_sharding.sharding_type

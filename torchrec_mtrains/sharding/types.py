@@ -3,7 +3,11 @@
 A tiered table's settings travel through TorchRec unchanged: the plan holds a
 ``TieredParameterSharding`` (a ``ParameterSharding`` with one more field), and the sharded
 module copies its ``TieredParams`` into the table's ``fused_params`` under the keys below,
-so TorchRec groups tables with different settings into different kernels by itself.
+so TorchRec groups tables with different settings into different kernels by itself. The
+settings a kernel holds per table -- tier, cache size, rows written -- are kept out of its
+grouping: a kernel's tables may sit on several tiers (one TBE per rank), and the tier and
+rows written of every tiered table ride in one map (``TABLE_TIERS_KEY``) that all of them
+carry alike.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from torchrec.distributed.types import ParameterSharding
 from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR, DEFAULTS, TieredConfig
 from torchrec_mtrains.types import Tier
 
-__all__ = ["CACHE_LOAD_FACTOR", "FUSED_PARAM_KEYS", "TieredParameterSharding", "TieredParams"]
+__all__ = ["CACHE_LOAD_FACTOR", "FUSED_PARAM_KEYS", "TABLE_TIERS_KEY", "TieredParameterSharding", "TieredParams",
+           "per_table_fused_params"]
 
 CACHE_LOAD_FACTOR = "cache_load_factor"  # TorchRec's key; its table grouping leaves it out
 
@@ -28,6 +33,8 @@ FUSED_PARAM_KEYS = tuple(
     for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb",
               "rows_written")
 )
+TABLE_TIERS_KEY = _PREFIX + "table_tiers"
+"""fused_params key: ``((table name, tier value, rows_written), ...)`` of every tiered table."""
 _STATE_DICT_RAM_MB = 1024.0
 
 
@@ -94,9 +101,14 @@ class TieredParams:
         return dict(zip(FUSED_PARAM_KEYS, values))
 
     @staticmethod
-    def from_fused_params(fused_params: Dict[str, Any]) -> "TieredParams":
-        """Reads the settings back; ValueError naming what is missing or wrong."""
-        if FUSED_PARAM_KEYS[0] not in fused_params:
+    def from_fused_params(fused_params: Dict[str, Any], table: Optional[str] = None) -> "TieredParams":
+        """Reads the settings back (those of ``table`` when its tier and rows written are in
+        the ``TABLE_TIERS_KEY`` map); ValueError naming what is missing or wrong."""
+        per_table = {name: (tier, written) for name, tier, written in fused_params.get(TABLE_TIERS_KEY) or ()}
+        if table in per_table:
+            fused_params = dict(fused_params)
+            fused_params[FUSED_PARAM_KEYS[0]], fused_params[FUSED_PARAM_KEYS[6]] = per_table[table]
+        if fused_params.get(FUSED_PARAM_KEYS[0]) is None:
             raise ValueError(
                 "a CUSTOMIZED_KERNEL table has no tier settings: build its plan entry with "
                 "tiered_sharding_plan() or the StorageAwarePlanner (a TieredParameterSharding)"
@@ -121,6 +133,14 @@ class TieredParams:
             return max(1, math.ceil(self.cache_rows * local_rows / num_embeddings))
         lf = DEFAULT_CACHE_LOAD_FACTOR if self.cache_load_factor is None else self.cache_load_factor
         return max(1, math.ceil(local_rows * lf))
+
+
+def per_table_fused_params(tiered: Dict[str, "TieredParams"]) -> Dict[str, Any]:
+    """The ``fused_params`` entries that every tiered table carries alike: the tier and rows
+    written of each (by table name), and None for the per-table keys they replace, so
+    tables differing only in these share a kernel."""
+    entries = tuple(sorted((name, p.tier.value, p.rows_written) for name, p in tiered.items()))
+    return {TABLE_TIERS_KEY: entries, FUSED_PARAM_KEYS[0]: None, FUSED_PARAM_KEYS[6]: None}
 
 
 @dataclasses.dataclass
