@@ -87,8 +87,6 @@ void SetAssociativeCache::PrefetchVictimSet(uint64_t first) const {
   for (size_t b = 0; b < ways_ * sizeof(SlotMeta); b += 64) __builtin_prefetch(meta + b);
 }
 
-int64_t SetAssociativeCache::FindSlot(int64_t row) const { return FindSlotFrom(row, SetOf(row) * ways_); }
-
 int64_t SetAssociativeCache::FindSlotFrom(int64_t row, uint64_t first) const {
   const int64_t* tags = slot_row_.data() + first;
   uint32_t w = 0;

@@ -102,8 +102,7 @@ class SetAssociativeCache {
   void PrefetchSet(uint64_t first) const REQUIRES(mu_);
   // PrefetchSet and the set's slot metadata (what a victim scan reads).
   void PrefetchVictimSet(uint64_t first) const REQUIRES(mu_);
-  int64_t FindSlot(int64_t row) const REQUIRES(mu_);
-  // FindSlot for a row whose set starts at slot `first`.
+  // The slot holding `row` (its set starting at slot `first`, else the overflow pool), or kEmpty.
   int64_t FindSlotFrom(int64_t row, uint64_t first) const REQUIRES(mu_);
   int64_t PickVictim(uint64_t first, uint64_t count, int64_t oldest_live_step) const
       REQUIRES(mu_);

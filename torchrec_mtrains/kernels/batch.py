@@ -24,11 +24,6 @@ class Batch:
     offsets: torch.Tensor
     bounds: List[int]
 
-    @property
-    def per_table(self) -> List[torch.Tensor]:
-        """Each table's indices (views)."""
-        return [self.indices[lo:hi] for lo, hi in zip(self.bounds, self.bounds[1:])]
-
 
 def check_index_tensor(name: str, t: object) -> torch.Tensor:
     """Returns ``t`` as a contiguous 1-D int64 CPU tensor; ValueError naming ``name`` if it
