@@ -1,8 +1,9 @@
 """The subprocess of ``probe_framework`` (``mtrains probe-hw``): trains TorchRec's DLRM with
 ``TABLES`` small tables whole in DRAM through ``DistributedModelParallel`` and
-``TieredTrainPipeline`` on one gloo rank, and prints the median seconds of a step.
+``TieredTrainPipeline`` as one rank of a gloo job, and prints the median seconds of a step.
 
-Usage: ``python -m torchrec_mtrains.commands.framework_step TABLES BATCH STEPS``.
+Usage: ``python -m torchrec_mtrains.commands.framework_step TABLES BATCH STEPS [RANK WORLD PORT]``
+(without the last three: a job of one rank).
 """
 
 from __future__ import annotations
@@ -10,14 +11,18 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 
 from torchrec_mtrains.planner.hardware.probe_framework import DENSE_IN, DENSE_MLP, DIM, OVER_MLP, ROWS
 
 __all__ = ["measure"]
 
 
-def measure(tables: int, batch: int, steps: int) -> float:
-    """Median step seconds of the DLRM with ``tables`` tables (in this process)."""
+def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, port: int = 0) -> float:
+    """Median step seconds of the DLRM with ``tables`` tables, as rank ``rank`` of ``world``
+    (the job's processes meet at 127.0.0.1:``port``; 0 for a job of one rank). With more
+    than one rank a step is timed by the wall clock: waiting for the peers' collectives and
+    sharing the node's cores with them is the framework's cost too."""
     import torch
     import torch.distributed as dist
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
@@ -35,8 +40,8 @@ def measure(tables: int, batch: int, steps: int) -> float:
     from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredTrainPipeline
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     names = [f"t{i}" for i in range(tables)]
     configs = [EmbeddingBagConfig(name=n, num_embeddings=ROWS, embedding_dim=DIM, feature_names=[f"f{n}"])
                for n in names]
@@ -46,19 +51,19 @@ def measure(tables: int, batch: int, steps: int) -> float:
     # Any CPU node whose DRAM holds the tables whole: the plan keeps them all FUSED.
     node = TieredTopology("probe", "cpu", 1, {Tier.DRAM: TierSpec(2**34, 1e10, 1e10)}, ComputeSpec(1e10))
     sharders = [TieredEmbeddingBagCollectionSharder()]
-    plan = StorageAwarePlanner(node, batch_size=batch, world_size=1).plan(model, sharders)
+    plan = StorageAwarePlanner(node, batch_size=batch, world_size=world).plan(model, sharders)
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=torch.device("cpu"))
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                   lambda ps: torch.optim.Adagrad(ps, lr=0.02))
     pipe = TieredTrainPipeline(dmp, CombinedOptimizer([dmp.fused_optimizer, dense]), torch.device("cpu"))
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(rank)
     batches = [Batch(dense_features=torch.rand(batch, DENSE_IN, generator=gen),
                      sparse_features=KeyedJaggedTensor.from_lengths_sync(
                          keys=[f"f{n}" for n in names], values=torch.randint(ROWS, (tables * batch,), generator=gen),
                          lengths=torch.ones(tables * batch, dtype=torch.int32)),
                      labels=torch.randint(2, (batch,), generator=gen).float()) for _ in range(steps + 3)]
     it = iter(batches)
-    clock, times = step_clock(), []
+    clock, times = (step_clock() if world == 1 else time.perf_counter), []
     for i in range(steps + 1):
         t0 = clock()
         pipe.progress(it)
@@ -69,4 +74,4 @@ def measure(tables: int, batch: int, steps: int) -> float:
 
 
 if __name__ == "__main__":
-    print(measure(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))
+    print(measure(*(int(a) for a in sys.argv[1:])))

@@ -329,7 +329,7 @@ def probe(cfg: ProbeConfig, command: str = "", progress: Callable[[str], None] =
                 tiers[tier], tier_notes = fn()
                 notes.update({f"tiers.{tier.value}.{k}": v for k, v in tier_notes.items()})
             progress("compute: FBGEMM TBE, TieredEmbeddingBags vs FBGEMM, dense layers")
-            compute, compute_notes = probe_compute.probe_compute(cfg.quick, work)
+            compute, compute_notes = probe_compute.probe_compute(cfg.quick, work, cfg.ranks_per_node)
             notes.update({f"compute.{k}": v for k, v in compute_notes.items()})
     finally:
         torch.set_num_threads(threads)

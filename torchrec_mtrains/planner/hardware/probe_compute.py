@@ -189,14 +189,16 @@ def tiered_overhead(rows: int, steps: int, work: Path) -> Tuple[Dict[str, float]
     return fields, note
 
 
-def probe_compute(quick: bool, work: Path) -> Tuple[ComputeSpec, Dict[str, str]]:
-    """All compute figures; ``work`` is a scratch directory. Returns the spec and a note
-    per YAML key (how each figure was measured)."""
+def probe_compute(quick: bool, work: Path, ranks_per_node: int = 1) -> Tuple[ComputeSpec, Dict[str, str]]:
+    """All compute figures; ``work`` is a scratch directory; the framework's cost is measured
+    with ``ranks_per_node`` ranks on this node. Returns the spec and a note per YAML key (how
+    each figure was measured)."""
     tbe_rows, tiered_rows, steps = (200_000, 50_000, 3) if quick else (1_000_000, 200_000, 9)
     tbe, tbe_update, tbe_note = tbe_rates(tbe_rows, steps)
     tiered, tiered_note = tiered_overhead(tiered_rows, steps, work)
     dense, dense_notes = dense_costs(steps)
-    framework, framework_notes = framework_costs(max(5, steps), _modeled_dlrm(tbe, tbe_update, dense))
+    framework, framework_notes = framework_costs(max(5, steps), _modeled_dlrm(tbe, tbe_update, dense),
+                                                  ranks_per_node)
     spec = ComputeSpec(tbe_bytes_per_s=_r(tbe), tbe_row_update_bytes_per_s=_r(tbe_update),
                        **{k: _r(v) for k, v in {**tiered, **dense, **framework}.items()})
     return spec, {
