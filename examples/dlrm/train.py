@@ -361,15 +361,19 @@ def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
         check_fits(planner, build_model(args, tables, [f"f_{t.name}" for t in tables]), args.dram_budget)
     except ValueError as e:
         raise BadInput(str(e)) from None
+    try:
+        latest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
+    except ValueError as e:  # a damaged `latest` pointer
+        raise BadInput(str(e)) from None
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if not args.resume and restarts > 0 and args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir):
+    if not args.resume and restarts > 0 and latest:
         args.resume = True  # torchrun restarted the job: continue from its last checkpoint
         if rank == 0:
-            print(f"train.py: restart {restarts}: resuming from {latest_checkpoint(args.checkpoint_dir)}",
+            print(f"train.py: restart {restarts}: resuming from {latest}",
                   file=sys.stderr, flush=True)
     if args.resume_from and not os.path.exists(os.path.join(args.resume_from, "trainer.json")):
         raise BadInput(f"--resume-from: {args.resume_from!r} is not a complete checkpoint step (no trainer.json)")
-    if args.resume and not args.resume_from and latest_checkpoint(args.checkpoint_dir) is None:
+    if args.resume and not args.resume_from and latest is None:
         raise BadInput(f"--resume: no complete checkpoint in {args.checkpoint_dir!r}")
     if args.device == "cuda":
         raise BadInput("--device cuda: the tiered kernel is CPU-only in this build (see docs/sharding.md)")

@@ -26,6 +26,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional
 
+from torchrec_mtrains.checkpoint.manifest_schema import check_trainer
 from torchrec_mtrains.checkpoint.restore import ChainStep
 from torchrec_mtrains.checkpoint.row_io import StepReader
 from torchrec_mtrains.checkpoint.types import FULL, ChainError, StepManifest
@@ -43,7 +44,8 @@ def step_name(step: int) -> str:
 
 
 def step_of(name: str) -> Optional[int]:
-    if not name.startswith(_PREFIX) or not name[len(_PREFIX):].isdigit():
+    digits = name[len(_PREFIX):]
+    if not name.startswith(_PREFIX) or not (digits.isascii() and digits.isdigit()):
         return None
     return int(name[len(_PREFIX):])
 
@@ -73,20 +75,28 @@ def read_trainer(path: str, step: Optional[int]) -> Dict[str, Any]:
     where = os.path.join(path, "trainer.json")
     try:
         with open(where) as f:
-            return json.load(f)
+            return dict(check_trainer(json.load(f)))
     except FileNotFoundError:
         raise ChainError(f"checkpoint step {step} is missing: {path} has no trainer.json", path, step) from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise ChainError(f"checkpoint {where} (step {step}) cannot be read: {e}", where, step) from None
 
 
 def latest_checkpoint(directory: str) -> Optional[str]:
-    """The newest complete checkpoint step in ``directory``, or None."""
+    """The newest complete checkpoint step in ``directory``, or None.
+
+    Raises:
+        ChainError: ``latest`` does not name a step (a step directory's name, nothing else).
+    """
+    where = os.path.join(directory, "latest")
     try:
-        with open(os.path.join(directory, "latest")) as f:
-            name = f.read().strip()
+        with open(where, "rb") as f:
+            raw = f.read(256)
     except FileNotFoundError:
         return None
+    name = raw.decode("ascii", errors="replace").strip()
+    if step_of(name) is None:
+        raise ChainError(f"checkpoint pointer {where} is damaged: {name[:64]!r} is not a step's name", where, None)
     path = os.path.join(directory, name)
     return path if os.path.exists(os.path.join(path, "trainer.json")) else None
 

@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from torchrec_mtrains.checkpoint.manifest_schema import check_fields, check_manifest_ranges
+
 __all__ = [
     "ChainError",
     "CheckpointRecord",
@@ -171,20 +173,41 @@ class StepManifest:
 
     @staticmethod
     def from_json(text: str, path: str, step: Optional[int]) -> "StepManifest":
+        """Decodes and checks a manifest read from ``path`` (every field's type and range).
+
+        Raises:
+            ChainError: the file is damaged (checksum) or its fields are not a manifest's.
+        """
         try:
             outer = json.loads(text)
+            if not isinstance(outer, dict) or not isinstance(outer.get("manifest"), str):
+                raise ValueError("not a manifest (an object with a 'manifest' string and its 'crc32')")
             body = outer["manifest"]
-            if zlib.crc32(body.encode()) != outer["crc32"]:
+            if zlib.crc32(body.encode()) != outer.get("crc32"):
                 raise ValueError("checksum mismatch")
-            raw: Dict[str, Any] = json.loads(body)
-            pieces = [
-                PieceRecord(PieceSpec(**p["spec"]), p["complete"], [ChunkSpec(**c) for c in p["chunks"]],
-                            SnapshotSpec(**p["snapshot"]) if p.get("snapshot") else None)
-                for p in raw.pop("pieces")
-            ]
-            return StepManifest(pieces=pieces, **raw)
-        except (ValueError, KeyError, TypeError) as e:
+            raw = check_fields(StepManifest, json.loads(body), "manifest", skip=("pieces",))
+            pieces = [_piece(p, f"pieces[{i}]") for i, p in enumerate(_list(raw.pop("pieces"), "pieces"))]
+            manifest = StepManifest(pieces=pieces, **raw)
+            check_manifest_ranges(manifest, FULL, DELTA)
+            return manifest
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise ChainError(f"checkpoint manifest {path} (step {step}) is damaged: {e}", path, step) from None
+
+
+def _list(value: Any, where: str) -> List[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _piece(raw: Any, where: str) -> PieceRecord:
+    fields = check_fields(PieceRecord, raw, where, skip=("spec", "chunks", "snapshot"))
+    spec = PieceSpec(**check_fields(PieceSpec, fields["spec"], f"{where}.spec"))
+    chunks = [ChunkSpec(**check_fields(ChunkSpec, c, f"{where}.chunks[{j}]"))
+              for j, c in enumerate(_list(fields["chunks"], f"{where}.chunks"))]
+    snap = fields.get("snapshot")
+    snapshot = SnapshotSpec(**check_fields(SnapshotSpec, snap, f"{where}.snapshot")) if snap else None
+    return PieceRecord(spec, fields["complete"], chunks, snapshot)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -242,4 +242,7 @@ def load_model_spec(path: str) -> ModelSpec:
         raise ValueError(f"cannot read model spec {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"model spec {path} is not valid YAML: {e}") from None
-    return parse_model_spec(doc, os.path.dirname(os.path.abspath(path)))
+    try:
+        return parse_model_spec(doc, os.path.dirname(os.path.abspath(path)))
+    except ValueError as e:
+        raise ValueError(f"model spec {path}: {e}") from None
