@@ -4,9 +4,9 @@ The raw files are generated here in Criteo's layout (label, 13 integer and 26 he
 fields, tab-separated, some fields empty) with a planted signal: the label depends on the
 values of three categorical features and on one integer feature. TorchRec's own script turns
 them into npy files (``python -m torchrec.datasets.scripts.npy_preproc_criteo``), and the
-example trains on them on tiered tables as a user would. The multi-hot files are MLPerf
-DLRM-DCNv2's layout, materialized here as MLPerf's script does (TorchRec's package ships
-neither that script nor a reader).
+example trains on them on tiered tables as a user would. The multi-hot files are in MLPerf
+DLRM-DCNv2's layout, materialized here from the npy files (TorchRec's package ships neither
+MLPerf's materialization script nor a reader).
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ MULTI_HOT_SIZES = [3, 2] + [1] * (CAT - 2)
 
 def write_raw_criteo(path: str, lines: int, seed: int) -> None:
     """A file in Criteo's raw TSV layout whose labels follow a logistic model of cat_0..cat_2
-    and int_0 (Bayes AUC about 0.8); 10% of the integer fields and up to 40% of a
-    categorical feature's fields are empty, as in Criteo."""
+    and int_0 (AUC of the true logit about 0.89, before the empty fields hide some of it); 10%
+    of the integer fields and up to 40% of a categorical feature's fields are empty, as in
+    Criteo."""
     rng = np.random.default_rng(seed)
     vocab = np.random.default_rng(0).integers(0, 2**32, size=(CAT, VOCAB))  # the same values in every file
     effect = 1.5 * np.random.default_rng(1).standard_normal((SIGNAL_FEATURES, VOCAB))
@@ -73,11 +74,11 @@ def _extra_ids(ids: np.ndarray, count: int, rows: int) -> np.ndarray:
 
 
 def materialize_multi_hot(npy_dir: str, out_dir: str, sizes, rows: int) -> None:
-    """MLPerf DLRM-DCNv2's multi-hot files from TorchRec's npy ones, as its
-    materialize_synthetic_multihot_dataset.py does (uniform distribution): feature k of a
-    sample holds its id hashed into ``rows`` followed by ``sizes[k] - 1`` ids fixed per id;
-    one int32 array per feature, ``0`` to ``25``, in ``<name>_sparse_multi_hot.npz``, the
-    dense and label files alongside."""
+    """MLPerf DLRM-DCNv2's multi-hot files from TorchRec's npy ones, in the layout of its
+    materialize_synthetic_multihot_dataset.py (uniform distribution): feature k of a sample
+    holds its id hashed into ``rows`` followed by ``sizes[k] - 1`` ids fixed per id; one
+    int32 array per feature, ``0`` to ``25``, in ``<name>_sparse_multi_hot.npz``, the dense
+    and label files alongside."""
     os.makedirs(out_dir, exist_ok=True)
     for name in sorted(f[: -len("_sparse.npy")] for f in os.listdir(npy_dir) if f.endswith("_sparse.npy")):
         sparse = np.load(os.path.join(npy_dir, name + "_sparse.npy")) % rows
@@ -180,6 +181,18 @@ def test_criteo_table_rows() -> None:
     for bad in ("0", "1,2", "x", "-5"):
         with pytest.raises(ValueError, match="--criteo-rows"):
             criteo_table_rows(bad)
+
+
+def test_criteo_flags() -> None:
+    import train
+
+    assert train.parse_args(["--criteo-dir", "d"]).data_dir == "d"
+    assert train.parse_args(["--data-dir", "d"]).data_dir == "d"  # the old name still works
+    assert train.parse_args([]).data_dir is None and not train.parse_args([]).criteo_multi_hot
+    for bad in (["--criteo-multi-hot"], ["--criteo-rows", "1,2"]):
+        with pytest.raises(SystemExit) as e:
+            train.parse_args(bad)
+        assert e.value.code == 2
 
 
 @pytest.mark.parametrize("stage", ["train", "val", "test"])

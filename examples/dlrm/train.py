@@ -161,6 +161,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         args.checkpoint_dir = args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume_from))
     if args.criteo_multi_hot and not args.data_dir:
         p.error("--criteo-multi-hot needs --criteo-dir")
+    try:
+        criteo_table_rows(args.criteo_rows)
+    except ValueError as e:
+        p.error(str(e))
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
     try:
