@@ -133,13 +133,14 @@ def test_multi_hot_criteo_trains(criteo_npy, tmp_path) -> None:
     multi = str(tmp_path / "multi_hot")
     materialize_multi_hot(criteo_npy, multi, MULTI_HOT_SIZES, rows=50_000)
     out = tmp_path / "out"
-    cmd = [sys.executable, TRAIN, "--criteo-dir", multi, "--criteo-multi-hot", "--steps", "20", "--batch-size",
-           "512", "--eval-batches", "4", *TIERED, "--storage-dir", str(tmp_path / "tiers"), "--out", str(out)]
+    cmd = [sys.executable, TRAIN, "--criteo-dir", multi, "--criteo-multi-hot", "--steps", "12", "--batch-size",
+           "256", "--eval-batches", "4", *TIERED, "--storage-dir", str(tmp_path / "tiers"), "--out", str(out)]
     proc = run(cmd, env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     m = _metrics(out)
-    assert m["data"] == "criteo" and len(m["losses"]) == 20
-    assert m["placement"]["t_cat_0"] in ("SCM", "SSD") and m["placement"]["t_cat_1"] in ("SCM", "SSD")
+    assert m["data"] == "criteo" and len(m["losses"]) == 12
+    # 3 and 2 ids per sample: one rank's traffic already puts one on SCM, the other on SSD.
+    assert {m["placement"]["t_cat_0"], m["placement"]["t_cat_1"]} == {"SCM", "SSD"}
     assert m["auc"] > 0.6, m["auc"]
 
 
