@@ -1,4 +1,5 @@
-"""The example's data: a built-in synthetic generator, or Criteo files in TorchRec's npy form.
+"""The example's data: a built-in synthetic generator, or Criteo files in TorchRec's npy form
+(one-hot, or MLPerf DLRM-DCNv2's materialized multi-hot).
 
 Synthetic (default). Deterministic: the batch of (seed, step, rank) is the same in every
 run, so a resumed run sees exactly the batches it would have seen.
@@ -26,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-from typing import Dict, Iterator, List, Optional, Sequence
+import re
+import zipfile
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -44,8 +47,9 @@ from torchrec_mtrains.stats import (
 from torchrec_mtrains.stats.large_tables import KeyedPermutation, expected_distinct_zipf, hashed_normal, zipf_ranks
 
 __all__ = ["DENSE_FEATURES", "LARGE_TABLE_ROWS", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES",
-           "calibration_samples",
-           "criteo_files", "criteo_batches", "hashed_down", "scaled_tables", "table_locality"]
+           "calibration_samples", "CRITEO_ROWS", "MultiHotCriteoBatches",
+           "criteo_files", "criteo_batches", "criteo_multi_hot_sizes", "criteo_splits", "criteo_table_rows",
+           "hashed_down", "scaled_tables", "table_locality"]
 
 DENSE_FEATURES = 13
 CALIBRATION_SAMPLES = 65_536  # the histogram is matched over one dlrm_datasets batch...
@@ -299,43 +303,189 @@ class SyntheticData:
 
 
 # ------------------------------------------------------------------------------ Criteo ----
-def criteo_files(data_dir: str) -> List[str]:
-    """Prefixes ``P`` of the ``P_dense.npy``/``P_sparse.npy``/``P_labels.npy`` triples in
-    ``data_dir`` (TorchRec's npy form of Criteo Kaggle or Terabyte, made by
-    ``torchrec/datasets/scripts/npy_preproc_criteo.py``), sorted.
+CRITEO_ROWS = 1_000_000  # rows per Criteo table by default (ids hashed into them)
+_DENSE, _SPARSE, _MULTI_HOT, _LABELS = "_dense.npy", "_sparse.npy", "_sparse_multi_hot.npz", "_labels.npy"
+
+
+def _natural_key(path: str) -> List[object]:
+    """Sort key putting day_2 before day_10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", os.path.basename(path))]
+
+
+def _unlabelled(prefix: str) -> bool:
+    """Whether the file has no labels: TorchRec writes -1 for Kaggle's test.txt."""
+    labels = np.load(prefix + _LABELS, mmap_mode="r")
+    return labels.size > 0 and int(labels.reshape(-1)[0]) == -1
+
+
+def criteo_files(data_dir: str, multi_hot: bool = False) -> List[str]:
+    """Prefixes ``P`` of the labelled Criteo files in ``data_dir``, in day order.
+
+    One-hot: ``P_dense.npy``/``P_sparse.npy``/``P_labels.npy`` (TorchRec's npy form of Criteo
+    Kaggle or Terabyte, made by ``python -m torchrec.datasets.scripts.npy_preproc_criteo``).
+    ``multi_hot``: ``P_sparse_multi_hot.npz`` instead of ``P_sparse.npy`` (MLPerf DLRM-DCNv2's
+    materialized multi-hot Criteo). Files without labels (Kaggle's test set) are left out.
 
     Raises:
-        ValueError: not a directory, or no complete triple in it (the message says what to do).
+        ValueError: not a directory, or no complete labelled set in it (the message says what to do).
     """
     if not os.path.isdir(data_dir):
-        raise ValueError(f"--data-dir {data_dir!r} is not a directory")
-    prefixes = sorted(p[: -len("_dense.npy")] for p in glob.glob(os.path.join(data_dir, "*_dense.npy")))
-    prefixes = [p for p in prefixes if os.path.exists(p + "_sparse.npy") and os.path.exists(p + "_labels.npy")]
-    if not prefixes:
-        raw = [f for f in os.listdir(data_dir) if f in ("train.txt", "day_0") or f.startswith("day_")]
-        hint = (f" It holds raw Criteo files ({', '.join(sorted(raw)[:3])}): convert them first with "
-                "torchrec/datasets/scripts/npy_preproc_criteo.py.") if raw else ""
+        raise ValueError(f"--criteo-dir {data_dir!r} is not a directory")
+    sparse = _MULTI_HOT if multi_hot else _SPARSE
+    prefixes = [p[: -len(_DENSE)] for p in glob.glob(os.path.join(data_dir, "*" + _DENSE))]
+    prefixes = sorted((p for p in prefixes if os.path.exists(p + sparse) and os.path.exists(p + _LABELS)),
+                      key=_natural_key)
+    labelled = [p for p in prefixes if not _unlabelled(p)]
+    if not labelled:
+        raw = [f for f in os.listdir(data_dir) if f in ("train.txt", "test.txt") or re.fullmatch(r"day_\d+", f)]
+        hint = (f" It holds raw Criteo files ({', '.join(sorted(raw, key=_natural_key)[:3])}): convert them first "
+                "with `python -m torchrec.datasets.scripts.npy_preproc_criteo` (docs/example.md).") if raw else ""
+        if prefixes:
+            hint = f" Its files {[os.path.basename(p) for p in prefixes]} have no labels (Kaggle's test set)."
         raise ValueError(
-            f"--data-dir {data_dir!r} holds no Criteo files in TorchRec's npy form "
-            f"(<name>_dense.npy, <name>_sparse.npy, <name>_labels.npy).{hint}"
+            f"--criteo-dir {data_dir!r} holds no Criteo files in TorchRec's npy form "
+            f"(<name>_dense.npy, <name>{sparse}, <name>_labels.npy).{hint}"
         )
-    return prefixes
+    return labelled
 
 
-def criteo_batches(prefixes: Sequence[str], batch_size: int, rank: int, world_size: int, rows_per_table: int,
-                   stage: str = "train") -> Iterator[Batch]:
-    """TorchRec's InMemoryBinaryCriteoIterDataPipe over the files; ids hashed into
-    ``rows_per_table`` rows. ``stage`` "train" reads all files, "val" the first half of
-    the last file (TorchRec's split)."""
-    from torchrec.datasets.criteo import (
-        CAT_FEATURE_COUNT,
-        InMemoryBinaryCriteoIterDataPipe,
+def criteo_table_rows(text: str, max_rows: Optional[int] = None) -> List[int]:
+    """Rows of the 26 Criteo tables from ``--criteo-rows``: one count for all, or 26
+    comma-separated (MLPerf's ``--num_embeddings_per_feature``), each at most ``max_rows``.
+
+    Raises:
+        ValueError: not 1 or 26 positive integers (naming the text).
+    """
+    from torchrec.datasets.criteo import CAT_FEATURE_COUNT
+
+    try:
+        rows = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        rows = []
+    if len(rows) not in (1, CAT_FEATURE_COUNT) or min(rows, default=0) < 1:
+        raise ValueError(f"--criteo-rows {text!r} must be one positive integer or {CAT_FEATURE_COUNT} "
+                         "comma-separated ones")
+    rows = rows * CAT_FEATURE_COUNT if len(rows) == 1 else rows
+    return [min(r, max_rows) for r in rows] if max_rows is not None else rows
+
+
+def criteo_splits(prefixes: Sequence[str]) -> Dict[str, Tuple[List[str], str]]:
+    """{"train": (files, stage), "eval": (files, stage)} for ``criteo_batches``: TorchRec's
+    split of the Terabyte days (train on all files but the last, evaluate on the first half
+    of the last, its "val" stage); a single file (Kaggle's train.txt) trains on its first
+    half ("val") and is evaluated on its second ("test"), so the AUC is always held out."""
+    if len(prefixes) == 1:
+        return {"train": ([prefixes[0]], "val"), "eval": ([prefixes[0]], "test")}
+    return {"train": (list(prefixes[:-1]), "train"), "eval": ([prefixes[-1]], "val")}
+
+
+def criteo_multi_hot_sizes(prefix: str) -> List[int]:
+    """Ids per sample of each of the 26 features of a multi-hot file (its arrays' widths)."""
+    return [a.shape[1] for a in _npz_memmaps(prefix + _MULTI_HOT)]
+
+
+def criteo_batches(prefixes: Sequence[str], batch_size: int, rank: int, world_size: int,
+                   rows_per_table: Union[int, Sequence[int]], stage: str = "train", multi_hot: bool = False):
+    """This rank's batches of the files (an iterable with ``len``): TorchRec's
+    InMemoryBinaryCriteoIterDataPipe, or ``MultiHotCriteoBatches`` with ``multi_hot``; ids
+    hashed into ``rows_per_table`` rows (one count, or one per feature). ``stage``: "train"
+    reads all files, "val" the first half of the first file, "test" its second half
+    (TorchRec's convention; ``criteo_splits`` picks them)."""
+    from torchrec.datasets.criteo import CAT_FEATURE_COUNT, InMemoryBinaryCriteoIterDataPipe
+
+    hashes = [rows_per_table] * CAT_FEATURE_COUNT if isinstance(rows_per_table, int) else list(rows_per_table)
+    files = list(prefixes) if stage == "train" else [prefixes[0]]
+    if multi_hot:
+        return MultiHotCriteoBatches(files, stage, batch_size, rank, world_size, hashes)
+    return InMemoryBinaryCriteoIterDataPipe(
+        stage, [p + _DENSE for p in files], [p + _SPARSE for p in files], [p + _LABELS for p in files],
+        batch_size, rank, world_size, drop_last=True, mmap_mode=True, hashes=hashes,
     )
 
-    files = list(prefixes) if stage == "train" else [prefixes[-1]]
-    pipe = InMemoryBinaryCriteoIterDataPipe(
-        stage, [p + "_dense.npy" for p in files], [p + "_sparse.npy" for p in files],
-        [p + "_labels.npy" for p in files], batch_size, rank, world_size, drop_last=True,
-        mmap_mode=True, hashes=[rows_per_table] * CAT_FEATURE_COUNT,
-    )
-    return iter(pipe)
+
+def _npz_memmaps(path: str) -> List[np.ndarray]:
+    """The arrays ``0.npy`` ... ``25.npy`` of an uncompressed npz (``np.savez``), memory-mapped:
+    the 1 TB multi-hot files do not fit in RAM.
+
+    Raises:
+        ValueError: a member is missing or compressed.
+    """
+    from torchrec.datasets.criteo import CAT_FEATURE_COUNT
+
+    out = []
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
+        for k in range(CAT_FEATURE_COUNT):
+            try:
+                info = zf.getinfo(f"{k}.npy")
+            except KeyError:
+                raise ValueError(f"{path}: no array '{k}' (expected one per feature, 0..25)") from None
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"{path}: array '{k}' is compressed (write it with np.savez, not savez_compressed)")
+            f.seek(info.header_offset)
+            header = f.read(30)  # the local file header; its name and extra lengths at bytes 26-29
+            f.seek(info.header_offset + 30 + int.from_bytes(header[26:28], "little")
+                   + int.from_bytes(header[28:30], "little"))
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            out.append(np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape,
+                                 order="F" if fortran else "C"))
+    return out
+
+
+class MultiHotCriteoBatches:
+    """This rank's batches of MLPerf DLRM-DCNv2's multi-hot Criteo files (``P_dense.npy``,
+    ``P_labels.npy``, ``P_sparse_multi_hot.npz`` holding one int32 array [samples, ids per
+    sample] per feature, named ``0`` to ``25``), in the order and split of TorchRec's
+    InMemoryBinaryCriteoIterDataPipe with ``drop_last``: global batch g of the concatenated
+    files goes to rank g mod world_size. A minimal reader of that layout: TorchRec's package
+    ships no multi-hot reader (MLPerf's ``MultiHotCriteoIterDataPipe`` lives in its
+    reference code)."""
+
+    def __init__(self, prefixes: Sequence[str], stage: str, batch_size: int, rank: int, world_size: int,
+                 hashes: Sequence[int]) -> None:
+        from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
+
+        if stage not in ("train", "val", "test"):
+            raise ValueError(f"stage={stage!r} must be 'train', 'val' or 'test'")
+        self.dense = [np.load(p + _DENSE, mmap_mode="r") for p in prefixes]
+        self.labels = [np.load(p + _LABELS, mmap_mode="r") for p in prefixes]
+        self.sparse = [_npz_memmaps(p + _MULTI_HOT) for p in prefixes]
+        if stage != "train":  # TorchRec's split of the first file: "val" its first half, "test" the rest
+            half = (len(self.dense[0]) + 1) // 2
+            cut = slice(None, half) if stage == "val" else slice(half, None)
+            self.dense[0], self.labels[0] = self.dense[0][cut], self.labels[0][cut]
+            self.sparse[0] = [a[cut] for a in self.sparse[0]]
+        self.sizes = [a.shape[1] for a in self.sparse[0]]
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.hashes = np.asarray(hashes, dtype=np.int64)
+        self.keys = list(DEFAULT_CAT_NAMES)
+        self.starts = np.cumsum([0] + [len(d) for d in self.dense])  # first global row of each file
+
+    def __len__(self) -> int:
+        return int(self.starts[-1]) // (self.batch_size * self.world_size)
+
+    def _rows(self, arrays: Sequence[np.ndarray], lo: int, hi: int) -> np.ndarray:
+        """Global rows [lo, hi) of per-file ``arrays``, across file boundaries."""
+        parts = []
+        for i, a in enumerate(arrays):
+            a_lo, a_hi = max(lo, int(self.starts[i])), min(hi, int(self.starts[i + 1]))
+            if a_lo < a_hi:
+                parts.append(a[a_lo - self.starts[i]: a_hi - self.starts[i]])
+        return np.concatenate(parts)
+
+    def __iter__(self) -> Iterator[Batch]:
+        b = self.batch_size
+        for local in range(len(self)):
+            lo = (local * self.world_size + self.rank) * b
+            values = [
+                (self._rows([s[k] for s in self.sparse], lo, lo + b).astype(np.int64) % self.hashes[k]).reshape(-1)
+                for k in range(len(self.keys))
+            ]
+            kjt = KeyedJaggedTensor.from_lengths_sync(
+                keys=self.keys, values=torch.from_numpy(np.concatenate(values)),
+                lengths=torch.from_numpy(np.repeat(np.asarray(self.sizes, dtype=np.int64), b)),
+            )
+            yield Batch(dense_features=torch.from_numpy(np.asarray(self._rows(self.dense, lo, lo + b))),
+                        sparse_features=kjt,
+                        labels=torch.from_numpy(np.asarray(self._rows(self.labels, lo, lo + b)).reshape(-1)))

@@ -31,11 +31,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint import checkpointer_of, flush_tiers, latest_checkpoint  # noqa: E402
 from data import (  # noqa: E402
+    CRITEO_ROWS,
     DEFAULT_TABLES,
     DENSE_FEATURES,
     SyntheticData,
     criteo_batches,
     criteo_files,
+    criteo_multi_hot_sizes,
+    criteo_splits,
+    criteo_table_rows,
     hashed_down,
     scaled_tables,
     table_locality,
@@ -62,7 +66,6 @@ EXIT_IO_ERROR = 1
 EXIT_BAD_INPUT = 2
 DEFAULT_DRAM_BUDGET = "64MiB"  # per rank: the default model then needs SCM and SSD
 DEFAULT_SCM_BUDGET = "128MiB"  # per rank: SCM is the scarce middle tier (PMem / CXL), the rest goes to SSD
-CRITEO_ROWS = 1_000_000  # rows per Criteo table (ids hashed into them)
 
 
 class BadInput(ValueError):
@@ -100,7 +103,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "as the embedding compute, i.e. tiers must not slow the step)")
     p.add_argument("--storage-dir", default=None,
                    help="where SCM/SSD table files go when the profile names no path (default: a temp dir)")
-    p.add_argument("--data-dir", default=None, help="Criteo in TorchRec's npy form (default: synthetic data)")
+    p.add_argument("--criteo-dir", "--data-dir", dest="data_dir", default=None,
+                   help="Criteo in TorchRec's npy form, made by `python -m torchrec.datasets.scripts."
+                        "npy_preproc_criteo` (default: synthetic data)")
+    p.add_argument("--criteo-rows", default=str(CRITEO_ROWS),
+                   help="rows of each Criteo table (ids hashed into them): one count, or 26 comma-separated; "
+                        "--max-rows caps them")
+    p.add_argument("--criteo-multi-hot", action="store_true",
+                   help="--criteo-dir holds MLPerf DLRM-DCNv2's multi-hot files (<name>_sparse_multi_hot.npz)")
     p.add_argument("--checkpoint-dir", default=None, help="DCP checkpoints go here")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="save every N steps (0: never): a delta of the tiered rows written since the last save")
@@ -149,6 +159,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.resume_from:
         args.resume = True
         args.checkpoint_dir = args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume_from))
+    if args.criteo_multi_hot and not args.data_dir:
+        p.error("--criteo-multi-hot needs --criteo-dir")
+    try:
+        criteo_table_rows(args.criteo_rows)
+    except ValueError as e:
+        p.error(str(e))
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
     try:
@@ -174,10 +190,13 @@ def table_infos(args: argparse.Namespace) -> Tuple[List[TableInfo], Optional[Lis
         from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 
         try:
-            prefixes = criteo_files(args.data_dir)
-        except ValueError as e:
+            prefixes = criteo_files(args.data_dir, args.criteo_multi_hot)
+            rows = criteo_table_rows(args.criteo_rows, args.max_rows)
+            ids = criteo_multi_hot_sizes(prefixes[0]) if args.criteo_multi_hot else [1] * len(rows)
+        except (ValueError, OSError) as e:
             raise BadInput(str(e)) from None
-        return [TableInfo(f"t_{n}", CRITEO_ROWS, args.embedding_dim) for n in DEFAULT_CAT_NAMES], prefixes
+        return [TableInfo(f"t_{n}", r, args.embedding_dim, {"pooling_factor": float(k), "zipf_alpha": 1.05})
+                for n, r, k in zip(DEFAULT_CAT_NAMES, rows, ids)], prefixes
     world = dist_env()[1]
     specs = hashed_down(scaled_tables(args.table_scale, args.tables), args.max_rows)
     return [TableInfo(t.name, t.num_rows, args.embedding_dim,
@@ -425,6 +444,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     return code
 
 
+def criteo_iterators(args, tables: List[TableInfo], prefixes: List[str], rank: int, world: int, start: int):
+    """(training batches from step ``start``, held-out batches) of this rank from the Criteo
+    files: TorchRec's split (``criteo_splits``), ids hashed into each table's rows."""
+    import itertools
+
+    hashes = [t.num_embeddings for t in tables]
+    splits = criteo_splits(prefixes)
+    (train_files, train_stage), (eval_files, eval_stage) = splits["train"], splits["eval"]
+    train_data = criteo_batches(train_files, args.batch_size, rank, world, hashes, train_stage, args.criteo_multi_hot)
+    if rank == 0 and len(train_data) < args.steps:
+        print(f"train.py: note: {args.data_dir} holds {len(train_data)} batches per rank: training stops there, "
+              f"before --steps {args.steps}", file=sys.stderr, flush=True)
+    eval_data = criteo_batches(eval_files, args.batch_size, rank, world, hashes, eval_stage, args.criteo_multi_hot)
+    return itertools.islice(train_data, start, args.steps), itertools.islice(eval_data, args.eval_batches)
+
+
 def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) -> int:
     t0 = time.perf_counter()
     planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
@@ -455,12 +490,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
               f"--scm-budget {args.scm_budget} per rank, "
               f"{world} ranks; predicted {p.predicted_qps:,.0f} QPS):\n" + format_table(rows), flush=True)
     if prefixes:
-        import itertools
-
-        train_it = itertools.islice(criteo_batches(prefixes, args.batch_size, rank, world, CRITEO_ROWS),
-                                    start, args.steps)
-        eval_it = itertools.islice(criteo_batches(prefixes, args.batch_size, rank, world, CRITEO_ROWS, "val"),
-                                   args.eval_batches)
+        train_it, eval_it = criteo_iterators(args, tables, prefixes, rank, world, start)
     else:
         train_it = data.batches(start, args.steps, rank)
         eval_it = data.batches(0, args.eval_batches, rank, stream=1)
