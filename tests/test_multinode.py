@@ -30,7 +30,7 @@ def _torchrun(*args: str) -> list:
 
 
 def _train_args(storage: str, out: str) -> list:
-    return [TRAIN, *SMALL, "--storage-dir", storage, "--out", out]
+    return [TRAIN, *SMALL, "--weights-checksum", "--storage-dir", storage, "--out", out]
 
 
 def _check(proc: subprocess.CompletedProcess, what: str) -> None:
@@ -64,7 +64,7 @@ def test_two_nodes_train_as_one_node_of_two_ranks(tmp_path) -> None:
     assert "2 ranks on 2 nodes of 1;" in plan_line and "2 ranks on 1 node of 2;" in single.stdout
     for key in ("placement", "predicted_qps", "predicted_hit_rate", "losses", "auc", "hit_rate", "weights_sha256"):
         assert one[key] == two[key], key
-    assert {"SCM", "SSD"} <= set(two["placement"].values())
+    assert {"SCM", "SSD"} <= set(two["placement"].values()) and len(two["weights_sha256"]) == 64
 
     # Each node's rank wrote under that node's root only; together the same files as one node.
     single_files = _files(tmp_path / "one_node")

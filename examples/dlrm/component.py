@@ -36,9 +36,12 @@ def dlrm(
         cpu: cpus per node
         memMB: memory per node in MB
         h: a registered named resource (takes precedence over cpu and memMB)
-        env: environment variables for the run (e.g. OMP_NUM_THREADS=1)
+        env: environment variables for the run; OMP_NUM_THREADS defaults to 1 (train.py sets
+            each rank's threads to the node's cores over its ranks itself; given here,
+            torchrun does not warn that it chose one)
         max_retries: scheduler retries allowed
     """
+    env = {"OMP_NUM_THREADS": "1", **(env or {})}
     return ddp(
         *script_args,
         script=SCRIPT,

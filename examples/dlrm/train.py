@@ -58,6 +58,7 @@ from report import auc, format_table, write_outputs  # noqa: E402
 from run_config import load_run_config, preset_path  # noqa: E402
 from tier_report import tier_counters  # noqa: E402
 
+from torchrec_mtrains.commands.quiet import quiet_framework_noise  # noqa: E402
 from torchrec_mtrains.elastic import exit_when_agent_dies, init_process_group, stop_if_orphaned  # noqa: E402
 from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
 
@@ -118,6 +119,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--copy-ssd-tables", action="store_true",
                    help="checkpoints copy the rows of SSD tables (default: link the block-store file and save "
                         "its location map)")
+    p.add_argument("--weights-checksum", action="store_true",
+                   help="metrics.json gets weights_sha256, a SHA-256 of the trained weights (to compare runs; reads "
+                        "every row from its tier: seconds for the default model)")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per rank for the final AUC")
     p.add_argument("--log-every", type=int, default=10, help="progress-bar / AUC-curve update interval (steps)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo); cuda (nccl) is not built")
@@ -407,6 +411,7 @@ def storage_root(args, rank: int) -> Tuple[str, bool]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_framework_noise()
     args = parse_args(argv)
     try:
         tables, prefixes, hardware = prepare(args)
@@ -491,7 +496,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     per_table, per_tier = rates_of(counts, tiered)
     flush_tiers(dmp)  # every row trained is on its tier: what the run materialised
     tiers = tier_counters(dmp)
-    checksum = weights_sha256(dmp)
+    checksum = weights_sha256(dmp) if args.weights_checksum else None
     warm_table, warm_tier = rates_of(counts - trainer.warm_from, tiered) if trainer.warm_from is not None else ({}, {})
     metrics = {
         "losses": trainer.state["losses"], "qps": trainer.qps(), "auc": final_auc,
