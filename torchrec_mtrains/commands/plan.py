@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import os.path
 from typing import Any, Dict, List, Optional, Tuple
 
 from torchrec_mtrains.planner.hardware.topology import load_topology
@@ -40,7 +39,8 @@ def alike_groups(tables: List[Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]
 
 
 def _label(names: List[str], width: int = _NAME_WIDTH) -> str:
-    """``prefix* (xN)`` of a group's names within ``width`` characters (the count is kept)."""
+    """``prefix* (xN)`` of a group's names (``first +N alike`` when they share no prefix),
+    within ``width`` characters: a long prefix is cut, the count is kept."""
     if len(names) == 1:
         return names[0][:width]
     prefix = os.path.commonprefix(names)
