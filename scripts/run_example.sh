@@ -23,6 +23,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 start=$SECONDS
 marker="$(mktemp)"
 trap 'rm -f "$marker"' EXIT
-torchx run -s local_cwd examples/dlrm/component.py:dlrm -- --out "$out" "${args[@]}"
+# torchx's INFO lines (log directory, tracker, job state) are left out: the job's own output
+# follows, and the line below says whether it worked. The component sets OMP_NUM_THREADS, so
+# torchrun does not warn that it chose one.
+torchx --log_level WARNING run -s local_cwd examples/dlrm/component.py:dlrm -- --out "$out" "${args[@]}"
 [[ $out/metrics.json -nt $marker ]] || { echo "run_example: no $out/metrics.json: the run failed (see above)" >&2; exit 1; }
 echo "run_example: done in $((SECONDS - start)) s; results in $(cd "$out" && pwd): metrics.json, summary.txt, loss_auc.png, hit_rate.png"

@@ -49,3 +49,40 @@ def test_plan_bad_input_exits_2(capsys, tmp_path: Path, model: str, extra, messa
     args = ["plan", "--model", str(path), "--hardware", "gpu-scm-node", *extra]
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def _table_rows(out: str) -> list:
+    """The printed table's rows (between its header and the blank line after it)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("table ")) + 1
+    return lines[start:lines.index("", start)]
+
+
+def test_plan_groups_alike_tables_and_all_tables_lists_each(capsys) -> None:
+    args = ["plan", "--model", str(MODELS / "prod_a.yaml"), "--hardware", "gpu-scm-node"]
+    assert main(args) == 0
+    grouped = _table_rows(capsys.readouterr().out)
+    assert main([*args, "--all-tables"]) == 0
+    every = _table_rows(capsys.readouterr().out)
+    # prod_a's 400 `small` tables are alike: one row; every row is one kind of table.
+    assert [r for r in grouped if r.startswith("small_")] == [r for r in grouped if r.startswith("small_* (x400) ")]
+    assert len([r for r in grouped if r.startswith("small_")]) == 1
+    assert len(grouped) < 50
+    counts = [int(r.split("(x")[1].split(")")[0]) if "* (x" in r else 1 for r in grouped]
+    assert sum(counts) == 700
+    assert len(every) == 700 and len({r.split()[0] for r in every}) == 700
+    assert not any("* (x" in r for r in every)
+    # Each grouped row prints what each of its tables prints but the name.
+    figures = {r[24:] for r in every}
+    assert {r[24:] for r in grouped} == figures
+
+
+def test_alike_means_every_figure_equal() -> None:
+    from torchrec_mtrains.commands.plan import alike_groups
+
+    base = {"num_embeddings": 10, "embedding_dim": 8, "bytes": 320, "tier": "SSD", "cache_rows": 5,
+            "hit_rate": 0.5, "bandwidth_bytes_per_s": 1e6, "unique_rows_per_step": 3.0}
+    tables = [{**base, "name": "s_0"}, {**base, "name": "s_1"}, {**base, "name": "s_2", "hit_rate": 0.5001},
+              {**base, "name": "s_3", "tier": "SCM"}, {**base, "name": "s_4"}]
+    assert [(label, t["name"]) for label, t in alike_groups(tables)] == [
+        ("s_* (x3)", "s_0"), ("s_2", "s_2"), ("s_3", "s_3")]

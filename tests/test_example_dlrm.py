@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,7 @@ def default_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dlrm") / "out"
     proc = _torchx("examples/dlrm/component.py:dlrm", "--", "--steps", str(STEPS), "--out", str(out))
     assert "Job finished: SUCCEEDED" in proc.stderr + proc.stdout, proc.stderr[-4000:]
+    (out.parent / "launch.log").write_text(proc.stdout + proc.stderr)  # for the output check below
     return _metrics(out), out
 
 
@@ -69,6 +71,16 @@ def test_component_launch_learns(default_run) -> None:
     assert m["hit_rate_warm_from_step"] >= 3 * STEPS // 4 and set(m["hit_rate_warm"]) == tiered
     assert all(m["hit_rate_warm"][t] >= m["hit_rate"][t] - 0.02 for t in tiered)
     assert (out / "summary.txt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_component_launch_prints_no_framework_warnings(default_run) -> None:
+    # Python warnings ("FutureWarning: ...") and torch's glog-style ones ("W1202 02:16:16 ...",
+    # torchrun's OMP_NUM_THREADS notice among them): the user can act on none of those.
+    lines = (default_run[1].parent / "launch.log").read_text().splitlines()
+    noise = [line for line in lines if "Warning" in line or re.search(r"(^|[\s:\]])W\d{4} \d\d:\d\d:\d\d", line)]
+    assert noise == [], "\n".join(noise[:10])
 
 
 @pytest.mark.slow

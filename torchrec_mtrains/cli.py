@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from torchrec_mtrains import __version__
+from torchrec_mtrains.commands.quiet import quiet_framework_noise
 from torchrec_mtrains.commands.types import Command, Group
 
 __all__ = ["COMMANDS", "Command", "Group", "main"]
@@ -94,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code: 0 on success, 2 for a usage error (unknown command).
     """
+    quiet_framework_noise()
     return _dispatch("mtrains", COMMANDS, list(sys.argv[1:] if argv is None else argv))
 
 

@@ -8,6 +8,10 @@ size, within ``--dram-budget`` per rank for the embeddings (whole DRAM tables pl
 caches), from each table's locality (the synthetic data's reuse histogram, shares of lookups
 by reuse count, or Zipf law), and spreads
 the tables over the ranks.
+
+A job of several nodes (torchrun's ``LOCAL_WORLD_SIZE`` ranks on each) is planned on nodes of
+that many ranks (``node_of``): the profile's per-rank figures hold for every rank, wherever
+it runs.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from torchrec_mtrains.planner import (
 )
 from torchrec_mtrains.planner.hardware.units import parse_size
 
-__all__ = ["DEFAULT_PROFILE", "TableInfo", "check_fits", "is_tiered", "load_hardware", "make_planner", "parse_bytes",
-           "placement_rows", "tier_of"]
+__all__ = ["DEFAULT_PROFILE", "TableInfo", "check_fits", "is_tiered", "load_hardware", "make_planner", "node_of",
+           "parse_bytes", "placement_rows", "tier_of"]
 
 DEFAULT_PROFILE = "local"
 
@@ -60,6 +64,24 @@ def load_hardware(spec: str) -> TieredTopology:
     return topo
 
 
+def node_of(hardware: TieredTopology, ranks_per_node: int) -> TieredTopology:
+    """``hardware`` as a node of ``ranks_per_node`` ranks (the job's local world size).
+
+    The profile's figures are per rank (capacities, bandwidths, cores per rank) and stay so:
+    only the node's shape changes, so that a job of ``world_size`` ranks is planned on
+    ``world_size / ranks_per_node`` nodes. Raises ValueError if ``ranks_per_node`` < 1.
+    """
+    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1:
+        raise ValueError(f"ranks per node must be an integer >= 1, got {ranks_per_node!r}")
+    if ranks_per_node == hardware.ranks_per_node:
+        return hardware
+    cores = hardware.cores_per_node
+    if cores is not None:
+        cores = cores * ranks_per_node / hardware.ranks_per_node  # the same cores per rank
+        cores = int(cores) if cores == int(cores) else cores
+    return dataclasses.replace(hardware, ranks_per_node=ranks_per_node, cores_per_node=cores)
+
+
 def make_planner(
     hardware: TieredTopology,
     tables: Sequence[TableInfo],
@@ -69,9 +91,11 @@ def make_planner(
     storage_dir: Optional[str],
     target_qps: Optional[float] = None,
     scm_budget_bytes: Optional[int] = None,
+    ranks_per_node: Optional[int] = None,
 ) -> StorageAwarePlanner:
     """The example's planner: the embeddings within ``dram_budget_bytes`` of DRAM per rank
-    and, when given, ``scm_budget_bytes`` of SCM per rank (the rest goes to SSD)."""
+    and, when given, ``scm_budget_bytes`` of SCM per rank (the rest goes to SSD), on nodes
+    of ``ranks_per_node`` ranks (``node_of``; default: the profile's)."""
     if dram_budget_bytes <= 0:
         raise ValueError(f"--dram-budget must be > 0 bytes, got {dram_budget_bytes}")
     if scm_budget_bytes is not None and scm_budget_bytes < 0:
@@ -79,6 +103,8 @@ def make_planner(
     budget = {Tier.DRAM: float(dram_budget_bytes) * world_size}
     if scm_budget_bytes is not None:
         budget[Tier.SCM] = float(scm_budget_bytes) * world_size
+    if ranks_per_node is not None:
+        hardware = node_of(hardware, ranks_per_node)
     return StorageAwarePlanner(
         hardware,
         batch_size=batch_size_per_rank * world_size,

@@ -1,7 +1,9 @@
 """Train TorchRec's DLRM (or DLRM-DCN) with embedding tables on DRAM, SCM and SSD tiers.
 
-torchrun-style: reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from the
-environment (defaults: one process) and spawns nothing. Launch with torchx::
+torchrun-style: reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+from the environment (defaults: one process) and spawns nothing. Several nodes (torchrun agents)
+are planned as WORLD_SIZE / LOCAL_WORLD_SIZE nodes; each node's ranks keep their table files
+under that node's --storage-dir. Launch with torchx::
 
     torchx run -s local_cwd examples/dlrm/component.py:dlrm -- --steps 200
     torchx run -s local_cwd dist.ddp -j 1x2 --script examples/dlrm/train.py -- --steps 200
@@ -30,6 +32,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint import checkpointer_of, flush_tiers, latest_checkpoint  # noqa: E402
+from checksum import weights_sha256  # noqa: E402
 from data import (  # noqa: E402
     CRITEO_ROWS,
     DEFAULT_TABLES,
@@ -59,6 +62,7 @@ from report import auc, format_table, write_outputs  # noqa: E402
 from run_config import load_run_config, preset_path  # noqa: E402
 from tier_report import tier_counters  # noqa: E402
 
+from torchrec_mtrains.commands.quiet import quiet_framework_noise  # noqa: E402
 from torchrec_mtrains.elastic import exit_when_agent_dies, init_process_group, stop_if_orphaned  # noqa: E402
 from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
 
@@ -102,7 +106,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="throughput the planner must feed from the tiers (samples/s, all ranks; default: as fast "
                         "as the embedding compute, i.e. tiers must not slow the step)")
     p.add_argument("--storage-dir", default=None,
-                   help="where SCM/SSD table files go when the profile names no path (default: a temp dir)")
+                   help="where this node's SCM/SSD table files go (each rank in "
+                        "rank_<r>/; a node-local disk; default: a temp dir)")
     p.add_argument("--criteo-dir", "--data-dir", dest="data_dir", default=None,
                    help="Criteo in TorchRec's npy form, made by `python -m torchrec.datasets.scripts."
                         "npy_preproc_criteo` (default: synthetic data)")
@@ -124,6 +129,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--copy-ssd-tables", action="store_true",
                    help="checkpoints copy the rows of SSD tables (default: link the block-store file and save "
                         "its location map)")
+    p.add_argument("--weights-checksum", action="store_true",
+                   help="metrics.json gets weights_sha256, a SHA-256 of the trained weights (to compare runs; reads "
+                        "every row from its tier: seconds for the default model)")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per rank for the final AUC")
     p.add_argument("--log-every", type=int, default=10, help="progress-bar / AUC-curve update interval (steps)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo); cuda (nccl) is not built")
@@ -182,6 +190,20 @@ def dist_env() -> Tuple[int, int, int]:
         return tuple(int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
     except ValueError as e:
         raise BadInput(f"bad torchrun environment: {e}") from None
+
+
+def node_shape(world: int) -> Tuple[int, int]:
+    """(ranks per node, nodes) of a job of ``world`` ranks: torchrun's LOCAL_WORLD_SIZE ranks
+    on each node (default: all on one node)."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", str(world))
+    try:
+        local = int(text)
+    except ValueError:
+        raise BadInput(f"bad torchrun environment: LOCAL_WORLD_SIZE={text!r} is not an integer") from None
+    if local < 1 or world % local:
+        raise BadInput(f"bad torchrun environment: LOCAL_WORLD_SIZE={local} does not divide WORLD_SIZE={world} "
+                       "(every node must run as many ranks)")
+    return local, world // local
 
 
 def table_infos(args: argparse.Namespace) -> Tuple[List[TableInfo], Optional[List[str]]]:
@@ -372,11 +394,12 @@ class Trainer:
 def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
     """Everything that can fail on user input, before any process group: exits 2 on error."""
     rank, world, _ = dist_env()
+    local_world, _ = node_shape(world)
     tables, prefixes = table_infos(args)
     try:
         hardware = load_hardware(args.hardware)
         planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, "<storage-dir>",
-                               args.target_qps, args.scm_budget_bytes)
+                               args.target_qps, args.scm_budget_bytes, local_world)
         check_fits(planner, build_model(args, tables, [f"f_{t.name}" for t in tables]), args.dram_budget)
     except ValueError as e:
         raise BadInput(str(e)) from None
@@ -400,7 +423,9 @@ def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
 
 
 def storage_root(args, rank: int) -> Tuple[str, bool]:
-    """The run's storage directory, the same on every rank; (path, made here)."""
+    """The run's storage directory; (path, made here). --storage-dir is each node's own
+    (node-local); the default temp dir has rank 0's path on every node (created by the
+    tables that need it, removed by each node's local rank 0)."""
     if args.storage_dir:
         return args.storage_dir, False
     obj = [tempfile.mkdtemp(prefix="mtrains-dlrm-") if rank == 0 else None]
@@ -409,15 +434,17 @@ def storage_root(args, rank: int) -> Tuple[str, bool]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_framework_noise()
     args = parse_args(argv)
     try:
         tables, prefixes, hardware = prepare(args)
     except BadInput as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    rank, world, _ = dist_env()
+    rank, world, local_rank = dist_env()
+    local_world, _ = node_shape(world)
     exit_when_agent_dies(f"train.py rank {rank}")  # no orphan trains on if torchrun's agent dies
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # the node's cores over its ranks
     if world == 1:  # a plain `python train.py`: a process group of one
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "0")  # the OS picks a free one: runs side by side never collide
@@ -431,14 +458,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         # path. No collective here: the other ranks may be stuck in one (torchrun ends them).
         # On a line of its own: rank 0's progress bar may be mid-line on the same stream.
         print(f"\ntrain.py: error (rank {rank}): {e}", file=sys.stderr, flush=True)
-        if made and rank == 0:
+        if made and local_rank == 0:
             shutil.rmtree(root, ignore_errors=True)
         return EXIT_IO_ERROR
     except BaseException:
         stop_if_orphaned()  # a collective failed because a peer stopped: the agent is gone
         raise
     dist.barrier()
-    if made and rank == 0:
+    if made and local_rank == 0:
         shutil.rmtree(root, ignore_errors=True)
     dist.destroy_process_group()
     return code
@@ -462,8 +489,9 @@ def criteo_iterators(args, tables: List[TableInfo], prefixes: List[str], rank: i
 
 def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) -> int:
     t0 = time.perf_counter()
+    local_world, nodes = node_shape(world)
     planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
-                           args.scm_budget_bytes)
+                           args.scm_budget_bytes, local_world)
     if prefixes:
         from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 
@@ -488,7 +516,8 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         p = planner.last_placement
         print(f"placement by StorageAwarePlanner ({hardware.name}, --dram-budget {args.dram_budget}, "
               f"--scm-budget {args.scm_budget} per rank, "
-              f"{world} ranks; predicted {p.predicted_qps:,.0f} QPS):\n" + format_table(rows), flush=True)
+              f"{world} ranks on {nodes} node{'s' if nodes > 1 else ''} of {local_world}; predicted "
+              f"{p.predicted_qps:,.0f} QPS):\n" + format_table(rows), flush=True)
     if prefixes:
         train_it, eval_it = criteo_iterators(args, tables, prefixes, rank, world, start)
     else:
@@ -501,13 +530,15 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     per_table, per_tier = rates_of(counts, tiered)
     flush_tiers(dmp)  # every row trained is on its tier: what the run materialised
     tiers = tier_counters(dmp)
+    checksum = weights_sha256(dmp) if args.weights_checksum else None
     warm_table, warm_tier = rates_of(counts - trainer.warm_from, tiered) if trainer.warm_from is not None else ({}, {})
     metrics = {
         "losses": trainer.state["losses"], "qps": trainer.qps(), "auc": final_auc,
         "hit_rate": per_table, "hit_rate_per_tier": per_tier, "placement": placement,
         "hit_rate_warm": warm_table, "hit_rate_warm_per_tier": warm_tier, "hit_rate_warm_from_step": trainer.warm_from_step,
         "auc_curve": trainer.state["auc_curve"], "steps": args.steps, "resumed_from": start,
-        "world_size": world, "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
+        "world_size": world, "nodes": nodes, "ranks_per_node": local_world, "weights_sha256": checksum,
+        "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
         "dram_budget_bytes_per_rank": args.dram_budget_bytes, "scm_budget_bytes_per_rank": args.scm_budget_bytes,
         "dcn": args.dcn,
         "predicted_qps": planner.last_placement.predicted_qps,

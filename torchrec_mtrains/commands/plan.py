@@ -1,5 +1,11 @@
 """``mtrains plan``: place a model on a hardware profile and size the cluster it needs,
-with all four tiers and with HBM + DRAM only."""
+with all four tiers and with HBM + DRAM only.
+
+The printed table has one row per kind of table: tables *alike* -- equal in every field of
+their report entry but the name (rows, dim, bytes, tier, cache rows, predicted hit rate,
+tier bandwidth, unique rows per step) -- share one row, named by their names' common
+prefix and their count (``small_* (x400)``). ``--all-tables`` prints one row per table;
+``--json`` always lists every table."""
 
 from __future__ import annotations
 
@@ -7,26 +13,53 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from torchrec_mtrains.planner.hardware.topology import load_topology
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, load_model_spec
 from torchrec_mtrains.planner.model.sizing import plan_report
 
-__all__ = ["main"]
+__all__ = ["alike_groups", "main"]
+
+
+_NAME_WIDTH = 23  # characters of the table column
 
 
 def _gib(b: float) -> str:
     return f"{b / 2**30:,.1f} GiB"
 
 
-def _print(report: Dict[str, Any], out=None) -> None:
+def alike_groups(tables: List[Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]]]:
+    """(label, first table) per group of alike tables (module docstring), largest first and
+    otherwise in report order; a group of one is labelled by its name."""
+    groups: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
+    for t in sorted(tables, key=lambda t: -t["bytes"]):
+        groups.setdefault(tuple(sorted((k, v) for k, v in t.items() if k != "name")), []).append(t)
+    return [(_label([t["name"] for t in members]), members[0]) for members in groups.values()]
+
+
+def _label(names: List[str], width: int = _NAME_WIDTH) -> str:
+    """``prefix* (xN)`` of a group's names (``first +N alike`` when they share no prefix),
+    within ``width`` characters: a long prefix is cut, the count is kept."""
+    if len(names) == 1:
+        return names[0][:width]
+    prefix = os.path.commonprefix(names)
+    suffix = f"* (x{len(names)})" if prefix else f" +{len(names) - 1} alike"
+    return (prefix or names[0])[: max(1, width - len(suffix))] + suffix
+
+
+def _print(report: Dict[str, Any], out=None, all_tables: bool = False) -> None:
     w = (out or sys.stdout).write
     w(f"model: {len(report['tables'])} tables, {_gib(report['embedding_bytes'])} of embeddings; batch "
       f"{report['batch_size']:,}, target {report['target_qps']:,.0f} QPS; hardware {report['hardware']}\n\n")
+    rows = ([(t["name"], t) for t in sorted(report["tables"], key=lambda t: -t["bytes"])] if all_tables
+            else alike_groups(report["tables"]))
+    if len(rows) < len(report["tables"]):
+        w(f"{len(report['tables'])} tables in {len(rows)} rows: alike tables (all figures equal) share one, "
+          "'name_* (xN)'; --all-tables lists each\n")
     w(f"{'table':<24}{'rows':>14}{'dim':>5}{'size':>13}  {'tier':<5}{'cache rows':>12}{'hit rate':>9}{'tier GB/s':>10}\n")
-    for t in sorted(report["tables"], key=lambda t: -t["bytes"]):
-        w(f"{t['name'][:23]:<24}{t['num_embeddings']:>14,}{t['embedding_dim']:>5}{_gib(t['bytes']):>13}  "
+    for label, t in rows:
+        w(f"{label[:_NAME_WIDTH]:<24}{t['num_embeddings']:>14,}{t['embedding_dim']:>5}{_gib(t['bytes']):>13}  "
           f"{t['tier']:<5}{t['cache_rows']:>12,}{t['hit_rate']:>9.1%}{t['bandwidth_bytes_per_s'] / 1e9:>10.2f}\n")
     w("\nper node:\n")
     for tier, u in report["tier_use_per_node"].items():
@@ -92,7 +125,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max-nodes", type=int, default=100_000, help="largest cluster to consider")
     parser.add_argument("--policy", choices=("lru", "lfu", "tinylfu"), default="lru",
                         help="cache policy of the predictions (tinylfu is predicted with the LFU curve)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--all-tables", action="store_true",
+                        help="one row per table (default: alike tables share a row, 'name_* (xN)')")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (every table)")
     parser.add_argument("--plot", metavar="DIR", help="write hit-rate and placement plots (PNG) into DIR")
     args = parser.parse_args(argv)
     try:
@@ -110,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dump(report, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        _print(report)
+        _print(report, all_tables=args.all_tables)
     if args.plot:
         for path in _plot(report, model, args.plot):
             print(f"wrote {path}", file=sys.stderr)
