@@ -5,12 +5,22 @@ anything under ``csrc/tests`` (standalone C++ test drivers, built by scripts/san
 globbed at build time. Object files are kept in
 ``build/ext`` so that ninja recompiles only what changed, even under
 ``pip install -e`` (which otherwise builds in a fresh temporary directory).
+
+io_uring: when liburing's header and library link a probe program that uses what
+csrc/storage/file_device.cc needs, the io_uring engine is built (MTRAINS_HAVE_LIBURING,
+``-luring``); otherwise, or with ``MTRAINS_NO_LIBURING=1``, the extension has only the
+pread/pwrite thread-pool engine, which ``io_engine="auto"`` then uses (with a warning saying
+why) and ``io_engine="uring"`` refuses.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 from setuptools import setup
@@ -36,10 +46,55 @@ def _sources() -> list[str]:
     return files
 
 
+# Uses what the io_uring engine needs: liburing >= 2.2 (io_uring_sqe_set_data64) and the
+# COOP_TASKRUN flag of its headers.
+_LIBURING_PROBE = """#include <liburing.h>
+int main() {
+  io_uring ring;
+  io_uring_params p{};
+  p.flags = IORING_SETUP_COOP_TASKRUN;
+  if (io_uring_queue_init_params(4, &ring, &p) != 0) return 0;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+  if (sqe != nullptr) io_uring_sqe_set_data64(sqe, 1);
+  io_uring_queue_exit(&ring);
+  return 0;
+}
+"""
+
+
+def _liburing() -> tuple[bool, str]:
+    """Whether to build the io_uring engine, and why (for the build log)."""
+    if os.environ.get("MTRAINS_NO_LIBURING", "0") not in ("", "0"):
+        return False, "MTRAINS_NO_LIBURING is set"
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx.split()[0]) is None:
+        return False, f"no C++ compiler {cxx!r} to probe liburing with"
+    with tempfile.TemporaryDirectory(prefix="mtrains-liburing-") as tmp:
+        src = Path(tmp) / "probe.cc"
+        src.write_text(_LIBURING_PROBE)
+        result = subprocess.run([*cxx.split(), "-std=c++17", str(src), "-o", str(Path(tmp) / "probe"), "-luring"],
+                                capture_output=True, text=True)
+    if result.returncode != 0:
+        first = (result.stderr.strip().splitlines() or ["(no output)"])[0]
+        return False, f"liburing >= 2.2 (headers and library) not found: {first}"
+    return True, "liburing found"
+
+
 class _BuildExt(BuildExtension):
     def finalize_options(self) -> None:
         super().finalize_options()
         self.build_temp = str(ROOT / "build" / "ext")
+
+    def build_extensions(self) -> None:
+        # Probed here, not at import, so that metadata-only runs of setup.py skip it.
+        have, why = _liburing()
+        print(f"setup.py: io_uring engine {'built' if have else 'not built'} ({why})"
+              + ("" if have else "; file I/O uses the pread/pwrite thread pool"), file=sys.stderr)
+        if have:
+            for ext in self.extensions:
+                ext.define_macros.append(("MTRAINS_HAVE_LIBURING", "1"))
+                ext.libraries.append("uring")
+        super().build_extensions()
 
 
 setup(
@@ -49,7 +104,6 @@ setup(
             sources=_sources(),
             include_dirs=[str(CSRC)],
             extra_compile_args={"cxx": ["-O3", "-std=c++17", "-msse4.2", "-Wall"]},
-            libraries=["uring"],
         )
     ],
     cmdclass={"build_ext": _BuildExt.with_options(use_ninja=is_ninja_available())},

@@ -25,7 +25,10 @@ export FUZZ_ITERS="${FUZZ_ITERS:-200000}"
 log() { printf '[sanitize] %s\n' "$*"; }
 die() { printf '[sanitize] error: %s\n' "$*" >&2; exit 1; }
 
-COMMON=(-std=c++17 -O1 -g -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter -Icsrc -pthread)
+# MTRAINS_HAVE_LIBURING: the io_uring engine is built (setup.py defines it when liburing is
+# present; here the preflight below requires liburing).
+COMMON=(-std=c++17 -O1 -g -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter -Icsrc -pthread
+        -DMTRAINS_HAVE_LIBURING)
 flags_of() {
   case "$1" in
     plain) echo "" ;;
@@ -36,7 +39,7 @@ flags_of() {
 }
 # The tsa build only compiles (no objects, nothing to run): any warning fails it.
 TSA_FLAGS=(-std=c++17 -fsyntax-only -Wall -Wextra -Wno-unused-parameter -Wthread-safety -Werror
-           -Icsrc -pthread)
+           -Icsrc -pthread -DMTRAINS_HAVE_LIBURING)
 RUN_BUILDS=()
 TSA=0
 for b in "${BUILDS[@]}"; do

@@ -4,11 +4,13 @@
 #      check of scripts/sanitize.sh) via apt-get, if missing;
 #   2. a Python 3.11 virtual environment in .venv;
 #   3. the pinned Python dependencies (requirements/pinned.txt), in the order that works;
-#   4. the package itself, editable, with its C++ extension torchrec_mtrains._C.
+#   4. the package itself, editable, with its C++ extension torchrec_mtrains._C: the same
+#      `pip install --no-build-isolation .` (setup.py) a user runs, with -e for development.
 # Idempotent: steps 3 and 4 are skipped when stamp files in .venv match the hash of
 # their inputs, so a second run takes a second or two.
 # Environment: PYTHON (interpreter for a new .venv, default python3.11),
-#              MAX_JOBS (parallel C++ compile jobs, default 2).
+#              MAX_JOBS (parallel C++ compile jobs, default 2),
+#              MTRAINS_NO_LIBURING=1 (build without the io_uring engine; see setup.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -84,7 +86,7 @@ install_dependencies() {
 build_package() {
   [[ -d csrc ]] || die "csrc/ not found: nothing to build"
   local stamp="$VENV/.mtrains-build" want
-  want="$({ cat "$VENV/.mtrains-deps" setup.py pyproject.toml
+  want="$({ cat "$VENV/.mtrains-deps" setup.py pyproject.toml; echo "MTRAINS_NO_LIBURING=${MTRAINS_NO_LIBURING:-}"
             find csrc -type f -print0 | sort -z | xargs -0 sha256sum; } | hash_of)"
   if [[ -f $stamp && $(<"$stamp") == "$want" && -x $VENV/bin/mtrains ]] &&
      compgen -G 'torchrec_mtrains/_C*.so' >/dev/null; then

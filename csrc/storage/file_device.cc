@@ -1,8 +1,13 @@
 #include "storage/file_device.h"
 
 #include <fcntl.h>
-#include <liburing.h>
 #include <unistd.h>
+
+// setup.py defines MTRAINS_HAVE_LIBURING when liburing (headers and library) is present;
+// without it only the thread-pool engine is built and kAuto falls back to it.
+#ifdef MTRAINS_HAVE_LIBURING
+#include <liburing.h>
+#endif
 
 #include <atomic>
 #include <cstring>
@@ -103,6 +108,7 @@ class FileSet {
   uint64_t base_, unit_;
 };
 
+#ifdef MTRAINS_HAVE_LIBURING
 // A ring of `entries` whose completions wait for the thread's next io_uring_enter instead
 // of interrupting it (COOP_TASKRUN: every wait here is such an enter, so nothing is
 // delayed, and no inter-processor interrupt is spent per completion); plain on kernels
@@ -115,6 +121,8 @@ int InitRing(unsigned entries, io_uring* ring) {
   return rc == -EINVAL ? io_uring_queue_init(entries, ring, 0) : rc;
 }
 
+#endif  // MTRAINS_HAVE_LIBURING
+
 Status PartError(const FileSet& files, const FileSet::Part& p, bool write, int err) {
   return Status::IoError(err, std::string(write ? "write" : "read") + " of " +
                                   std::to_string(p.len) + " bytes at offset " +
@@ -122,6 +130,7 @@ Status PartError(const FileSet& files, const FileSet::Part& p, bool write, int e
                                   files.PathOfFd(p.fd) + " failed: " + ErrnoText(err));
 }
 
+#ifdef MTRAINS_HAVE_LIBURING
 // io_uring engine: keeps up to queue_depth parts in flight per call. Reads (and read
 // streams) and writes have a ring each, so a write from one thread runs beside a read
 // stream of another (BlockStore::Exchange writes evicted rows while it reads).
@@ -334,6 +343,11 @@ class UringFileDevice final : public Device {
   const uint32_t depth_;
 };
 
+#else
+constexpr char kNoLiburing[] =
+    "this build has no liburing; rebuild with liburing-dev installed";
+#endif  // MTRAINS_HAVE_LIBURING
+
 // A fixed pool of threads that runs index ranges of one job at a time.
 class ThreadPool {
  public:
@@ -497,6 +511,7 @@ FileDeviceOpenResult OpenFileDevice(const FileDeviceOptions& o) {
   }
   auto files = std::make_unique<FileSet>(std::move(fds), o.paths, o.base_offset, o.stripe_unit);
   result.direct_io = direct;
+#ifdef MTRAINS_HAVE_LIBURING
   if (o.engine != IoEngineKind::kThreads) {
     io_uring ring, write_ring;
     const unsigned entries = std::max<uint32_t>(o.queue_depth, 8);
@@ -518,6 +533,16 @@ FileDeviceOpenResult OpenFileDevice(const FileDeviceOptions& o) {
                       std::string("io_uring is unavailable (") + ErrnoText(-rc) +
                       "); using the pread/pwrite thread pool";
   }
+#else
+  if (o.engine == IoEngineKind::kUring) {
+    result.status = Status::IoError(ENOSYS, std::string("io_uring is unavailable: ") + kNoLiburing);
+    return result;
+  }
+  if (o.engine == IoEngineKind::kAuto) {
+    result.warning += (result.warning.empty() ? "" : "; ") + std::string("io_uring is unavailable (") +
+                      kNoLiburing + "); using the pread/pwrite thread pool";
+  }
+#endif
   result.device = std::make_unique<ThreadPoolFileDevice>(o, std::move(files));
   result.engine = "threads";
   return result;

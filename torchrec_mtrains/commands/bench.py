@@ -19,9 +19,11 @@ __all__ = ["kernel", "source_root", "store"]
 
 def source_root() -> Optional[Path]:
     """The source checkout this package runs from (the directory holding
-    ``benchmarks/lib``), or None for an installed package."""
+    ``benchmarks/lib`` and ``pyproject.toml``), or None for an installed package (whose
+    parent, site-packages, may hold some other distribution's ``benchmarks``)."""
     root = Path(__file__).resolve().parents[2]
-    return root if (root / "benchmarks" / "lib" / "__init__.py").is_file() else None
+    marks = (root / "benchmarks" / "lib" / "__init__.py", root / "pyproject.toml")
+    return root if all(m.is_file() for m in marks) else None
 
 
 def _run(name: str, argv: Sequence[str]) -> int:

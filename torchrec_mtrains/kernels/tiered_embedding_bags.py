@@ -151,7 +151,7 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
             per table; default ``(-1/sqrt(rows), 1/sqrt(rows))`` per table as in TorchRec.
         seed: seeds the initial weights (a pure function of seed, table and row).
         table_names: names used in file names, errors and stats (default "table_<t>").
-        ssd_dram_cache_mb: DRAM cache of each SSD block store, under the row cache.
+        ssd_dram_cache_mb: DRAM cache of each SSD block store, under the row cache, in MiB.
         feature_table_map: FBGEMM's: the table of each feature (non-decreasing), when
             tables have several features; offsets then have ``F * B + 1`` entries.
         config: every setting above at once; the arguments for them must then keep their

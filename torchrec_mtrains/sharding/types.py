@@ -52,7 +52,7 @@ class TieredParams:
             ``DEFAULT_CACHE_LOAD_FACTOR`` when neither this nor ``cache_rows`` is given).
         cache_algorithm: "lru", "lfu" or "tinylfu".
         storage_dir: where SCM/SSD files go; each rank uses ``storage_dir/rank_<r>``.
-        state_dict_ram_mb: a local shard larger than this is staged for ``state_dict()``
+        state_dict_ram_mb: in MiB; a local shard larger than this is staged for ``state_dict()``
             in a memory-mapped file in the rank's storage directory instead of in RAM.
         rows_written: the distinct rows of the whole table the job is expected to write
             (None: all). An SSD table takes disk only for rows written (they are initialised
