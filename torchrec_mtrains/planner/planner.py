@@ -27,6 +27,7 @@ from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimat
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
 from torchrec_mtrains.planner.model.estimator import dense_step_seconds
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, parse_model_spec
+from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.types import Tier
@@ -34,6 +35,7 @@ from torchrec_mtrains.types import Tier
 __all__ = ["StorageAwarePlanner"]
 
 _DEFAULT_LOCALITY = {"pooling_factor": 1.0, "zipf_alpha": 1.05}
+_DEFAULT_OPTIMIZER = "rowwise_adagrad"  # the tiered kernel's and FBGEMM's default
 
 
 class StorageAwarePlanner(ShardingPlanner):
@@ -54,7 +56,11 @@ class StorageAwarePlanner(ShardingPlanner):
         tiers: tiers the plan may use (default: all the node has).
         cache_algorithm: "lru", "lfu" or "tinylfu" (predicted with LFU's curve), for the caches
             and the predicted hit rates.
-        optimizer: "rowwise_adagrad", "adagrad" or "sgd" (the optimizer state's bytes).
+        optimizer: the optimizer whose state the rows hold: a short name ("rowwise_adagrad",
+            "adagrad", "sgd") or FBGEMM's EmbOptimType value. Default: the one the sharders
+            will train with (a table's ``apply_optimizer_in_backward`` optimizer, else the
+            tiered sharder's ``fused_params["optimizer"]``), else "rowwise_adagrad"; given
+            and different from theirs, ``plan`` raises ValueError (one layout per table).
     """
 
     def __init__(
@@ -69,8 +75,10 @@ class StorageAwarePlanner(ShardingPlanner):
         storage_dir: Optional[str] = None,
         tiers: Optional[Sequence[Tier]] = None,
         cache_algorithm: str = "lru",
-        optimizer: str = "rowwise_adagrad",
+        optimizer: Optional[str] = None,
     ) -> None:
+        if optimizer is not None:
+            canonical_optimizer(optimizer)
         if isinstance(topology, str):
             from torchrec_mtrains.planner.hardware.topology import load_topology
 
@@ -86,6 +94,7 @@ class StorageAwarePlanner(ShardingPlanner):
         self.tiers = tiers
         self.cache_algorithm = cache_algorithm
         self.optimizer = optimizer
+        self._trained_optimizer: Optional[str] = None  # what plan()'s sharders train with
         # What the last plan() decided, for reports.
         self.last_model: Optional[ModelSpec] = None
         self.last_placement: Optional[Placement] = None
@@ -105,10 +114,28 @@ class StorageAwarePlanner(ShardingPlanner):
         if not tables:
             raise ValueError("the module has no EmbeddingBagCollection to plan")
         doc = {"batch_size": self.batch_size, "target_qps": self.target_qps or 1.0,
-               "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.optimizer, "tables": tables}
+               "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.row_optimizer(),
+               "tables": tables}
         spec = parse_model_spec(doc)
         dense = dense_spec_of(module, skip=[ebc for _, ebc in _ebcs(module)])  # its cost from its shapes
         return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense)  # None: no target, place for speed
+
+    def row_optimizer(self) -> str:
+        """The optimizer rows are sized for: the one given, else the one the last ``plan``'s
+        sharders train with, else "rowwise_adagrad"."""
+        return self.optimizer or self._trained_optimizer or _DEFAULT_OPTIMIZER
+
+    def _check_optimizer(self, module: nn.Module, fused_params: Optional[Mapping[str, Any]]) -> None:
+        """Takes the optimizer the tables will train with (their own, else the sharder's
+        ``fused_params``'); ValueError if the planner's differs from it."""
+        own = [_table_optimizer(ebc.embedding_bags[c.name].weight) for _, ebc in _ebcs(module)
+               for c in ebc.embedding_bag_configs()]
+        trained = trained_optimizer(fused_params, own)
+        if self.optimizer is not None and trained is not None and canonical_optimizer(self.optimizer) != trained:
+            raise ValueError(f"optimizer={self.optimizer!r} sizes the rows, but the tables will train with "
+                             f"{trained!r} (the sharder's fused_params or apply_optimizer_in_backward): "
+                             "give the planner the same optimizer, or none")
+        self._trained_optimizer = trained
 
     def place(self, module: nn.Module, budget_bytes: Optional[Mapping[Tier, float]] = None) -> Placement:
         """Places the module's tables (within ``budget_bytes``, default the planner's)."""
@@ -170,7 +197,13 @@ class StorageAwarePlanner(ShardingPlanner):
             )
         if not any(isinstance(s, TieredEmbeddingBagCollectionSharder) for s in sharders):
             sharders = [TieredEmbeddingBagCollectionSharder()] + list(sharders)
+        tiered_sharders = [s for s in sharders if isinstance(s, TieredEmbeddingBagCollectionSharder)]
+        self._check_optimizer(module, tiered_sharders[-1].fused_params)
         placement, options, topology, rank_steps = self._search(module, sharders)
+        tiered = sorted(o.name for o in options if o.is_tiered)
+        if tiered and canonical_optimizer(self.row_optimizer()) not in TIERED_OPTIMIZERS:
+            raise ValueError(f"tables {tiered} go on the tiered kernel, which does not train "
+                             f"{self.row_optimizer()!r} (it trains {list(TIERED_OPTIMIZERS)})")
         self.last_rank_step_s = rank_steps
         self.last_assignment = {
             o.name: RankAssignment(o.sharding_type, tuple(int(s.rank) for s in o.shards)) for o in options
@@ -206,6 +239,20 @@ class StorageAwarePlanner(ShardingPlanner):
         pg = pg or dist.GroupMember.WORLD
         sharders = sharders or [TieredEmbeddingBagCollectionSharder()]
         return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+
+
+def _table_optimizer(weight: Any) -> Optional[Any]:
+    """The optimizer ``apply_optimizer_in_backward`` gave a table's weight (as TorchRec's
+    sharding reads it), or None."""
+    kwargs = (getattr(weight, "_optimizer_kwargs", None) or [{}])[0]
+    if kwargs.get("optimizer") is not None:
+        return kwargs["optimizer"]
+    classes = getattr(weight, "_optimizer_classes", None) or [None]
+    if classes[0] is None:
+        return None
+    from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
+
+    return optimizer_type_to_emb_opt_type(classes[0])
 
 
 def _ebcs(module: nn.Module):
