@@ -62,9 +62,10 @@ class RunSpec:
     restore_path: Optional[str] = None  # the chain's last step; None: diff_dir's latest, if any
     fault: Optional[str] = None  # MTRAINS_FAULT of the run's processes, e.g. "checkpoint.write:2"
     fault_trace: Optional[str] = None  # MTRAINS_FAULT_TRACE of the run's processes
-    # "torchrec": the plan is TorchRec's EmbeddingShardingPlanner's, from ParameterConstraints:
-    # tables of tier "key_value" as TorchRec documents SSD tables (KeyValueParams with
-    # storage_dir/emb@local_rank, CacheParams), the others FUSED; "" : tiered_sharding_plan.
+    # "torchrec" / "storage_aware": the plan is TorchRec's EmbeddingShardingPlanner's / the
+    # StorageAwarePlanner's, from ParameterConstraints: tables of tier "key_value" as TorchRec
+    # documents SSD tables (KeyValueParams with storage_dir/emb@local_rank, CacheParams), the
+    # others FUSED; "": tiered_sharding_plan.
     planner: str = ""
 
     def to_json(self) -> str:
@@ -207,12 +208,22 @@ def _planned(spec: RunSpec, model: TinyModel):
     """The plan of ``spec.planner``, made on rank 0 and broadcast."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
+    from torchrec_mtrains import Tier
+    from torchrec_mtrains.planner import StorageAwarePlanner
+    from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
     from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
 
-    if spec.planner != "torchrec":
-        raise ValueError(f"planner={spec.planner!r} must be 'torchrec' or ''")
-    topology = Topology(world_size=spec.world_size, compute_device="cpu", ssd_cap=1 << 30)
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=key_value_constraints(spec))
+    constraints = key_value_constraints(spec)
+    if spec.planner == "torchrec":
+        topology = Topology(world_size=spec.world_size, compute_device="cpu", ssd_cap=1 << 30)
+        planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    elif spec.planner == "storage_aware":
+        node = TieredTopology("test-cpu", "cpu", spec.world_size,
+                              {Tier.DRAM: TierSpec(4 << 30, 5e9, 5e9), Tier.SSD: TierSpec(64 << 30, 2e8, 3e8)},
+                              ComputeSpec(2e9, 0.002, 2e-7, 1e-6))
+        planner = StorageAwarePlanner(node, batch_size=BATCH, world_size=spec.world_size, constraints=constraints)
+    else:
+        raise ValueError(f"planner={spec.planner!r} must be 'torchrec', 'storage_aware' or ''")
     return planner.collective_plan(model, [TieredEmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
 
 

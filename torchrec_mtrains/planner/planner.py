@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.planners import to_sharding_plan
+from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import DataType
@@ -25,6 +26,7 @@ from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
 from torchrec_mtrains.planner.adapters.proposer import TieredProposer
 from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
+from torchrec_mtrains.planner.constraints import constrained_table, is_key_value, key_value_entry
 from torchrec_mtrains.planner.model.estimator import dense_step_seconds
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, parse_model_spec
 from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
@@ -61,6 +63,10 @@ class StorageAwarePlanner(ShardingPlanner):
             will train with (a table's ``apply_optimizer_in_backward`` optimizer, else the
             tiered sharder's ``fused_params["optimizer"]``), else "rowwise_adagrad"; given
             and different from theirs, ``plan`` raises ValueError (one layout per table).
+        constraints: TorchRec's ParameterConstraints per table name (see constraints.py):
+            ``compute_kernels=["key_value"]`` keeps a table on Tier.SSD with its
+            KeyValueParams and CacheParams (load_factor, algorithm, stats), FBGEMM's kernels
+            alone keep it whole in the compute tier, ``sharding_types`` limit its sharding.
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class StorageAwarePlanner(ShardingPlanner):
         tiers: Optional[Sequence[Tier]] = None,
         cache_algorithm: str = "lru",
         optimizer: Optional[str] = None,
+        constraints: Optional[Mapping[str, ParameterConstraints]] = None,
     ) -> None:
         if optimizer is not None:
             canonical_optimizer(optimizer)
@@ -94,6 +101,7 @@ class StorageAwarePlanner(ShardingPlanner):
         self.tiers = tiers
         self.cache_algorithm = cache_algorithm
         self.optimizer = optimizer
+        self.constraints = dict(constraints or {})
         self._trained_optimizer: Optional[str] = None  # what plan()'s sharders train with
         # What the last plan() decided, for reports.
         self.last_model: Optional[ModelSpec] = None
@@ -117,6 +125,10 @@ class StorageAwarePlanner(ShardingPlanner):
                "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.row_optimizer(),
                "tables": tables}
         spec = parse_model_spec(doc)
+        compute_tier = self.topology.cache_tier()
+        spec = dataclasses.replace(spec, tables=tuple(
+            constrained_table(t, self.constraints.get(t.name), compute_tier, t.name in self.locality)
+            for t in spec.tables))
         dense = dense_spec_of(module, skip=[ebc for _, ebc in _ebcs(module)])  # its cost from its shapes
         return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense)  # None: no target, place for speed
 
@@ -164,7 +176,7 @@ class StorageAwarePlanner(ShardingPlanner):
             dense = dense_step_seconds(self.last_model, self.topology, self.world_size)
             topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
             estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
-            enumerator = TieredEnumerator(topology, self.batch_size, estimator=estimators, model=self.last_model,
+            enumerator = TieredEnumerator(topology, self.batch_size, self.constraints, estimators, model=self.last_model,
                                           placement=placement, compute_tier=fast)
             proposer, partitioner = TieredProposer(), TieredPartitioner(dense, fast)
             proposer.load(enumerator.enumerate(module, sharders), enumerator)
@@ -188,6 +200,7 @@ class StorageAwarePlanner(ShardingPlanner):
             TieredParameterSharding,
             TieredParams,
         )
+        from torchrec_mtrains.sharding.key_value import CACHE_ALGORITHMS
 
         if self.topology.compute_device != "cpu":
             raise ValueError(
@@ -209,12 +222,20 @@ class StorageAwarePlanner(ShardingPlanner):
             o.name: RankAssignment(o.sharding_type, tuple(int(s.rank) for s in o.shards)) for o in options
         }
         plan = to_sharding_plan(options, topology)
+        # The planner's policy as FBGEMM's CacheAlgorithm, for key_value tables naming none
+        # (None for "tinylfu", which FBGEMM has no word for: such tables run LRU).
+        algorithm = {name: algo for algo, name in CACHE_ALGORITHMS.items()}.get(self.cache_algorithm)
         for option in options:
             if not option.is_tiered:
                 continue
             where = option.placement
             module_plan = plan.plan[option.path]
             ps = module_plan[option.name]
+            constraint = self.constraints.get(option.name)
+            if is_key_value(constraint):  # TorchRec's entry: the sharder makes it tiered on each rank
+                module_plan[option.name] = key_value_entry(ps, constraint, where.cache_rows, option.table.num_embeddings,
+                                                           algorithm)
+                continue
             module_plan[option.name] = TieredParameterSharding(
                 **{k: getattr(ps, k) for k in ps.__dataclass_fields__},
                 tiered=TieredParams(

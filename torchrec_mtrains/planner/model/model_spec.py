@@ -45,6 +45,11 @@ class ModelTable:
     # Distinct rows the job writes (None: all). A tier that initialises rows lazily (SSD)
     # holds only these; the others hold the whole table.
     rows_written: Optional[int] = None
+    # Set by a ParameterConstraints (the StorageAwarePlanner's): the tier placement must
+    # keep the table on (its backing tier, or the compute tier for the table whole), and
+    # its cache rows (None: placement sizes the cache).
+    pinned_tier: Optional[Tier] = None
+    pinned_cache_rows: Optional[float] = None
 
     @property
     def bytes(self) -> float:
