@@ -30,7 +30,7 @@ from torchrec_mtrains.types import Tier
 
 __all__ = ["CACHE_ALGORITHMS", "LOCAL_RANK_TOKEN", "as_tiered_plan", "local_rank", "tiered_params_of"]
 
-KEY_VALUE = EmbeddingComputeKernel.KEY_VALUE.value
+_KEY_VALUE = EmbeddingComputeKernel.KEY_VALUE.value
 LOCAL_RANK_TOKEN = "@local_rank"
 """Replaced by the rank's local rank in ``ssd_storage_directory``, as FBGEMM does."""
 _GB_IN_MB = 1024.0  # KeyValueParams.l2_cache_size is in GB; the block store's cache in MiB
@@ -166,14 +166,11 @@ def tiered_params_of(table: str, ps: ParameterSharding, data_type: DataType, ran
     if cache is not None:
         _check_fields(table, "CacheParams", cache, _CACHE_HONOURED, _CACHE_IGNORED, {}, notes)
         _check_precision(table, cache, data_type)
+    settings = dict(cache_load_factor=None if cache is None else cache.load_factor,
+                    cache_algorithm=_cache_algorithm(table, cache), storage_dir=_storage_dir(table, kv, rank),
+                    ssd_dram_cache_mb=_dram_cache_mb(table, kv))
     try:
-        return TieredParams(
-            Tier.SSD,
-            cache_load_factor=None if cache is None else cache.load_factor,
-            cache_algorithm=_cache_algorithm(table, cache),
-            storage_dir=_storage_dir(table, kv, rank),
-            ssd_dram_cache_mb=_dram_cache_mb(table, kv),
-        )
+        return TieredParams(Tier.SSD, **settings)
     except ValueError as e:
         raise ValueError(f"table {table}: {e}") from None
 
@@ -193,7 +190,7 @@ def as_tiered_plan(params: Mapping[str, ParameterSharding], data_types: Mapping[
     """
     out: Dict[str, ParameterSharding] = dict(params)
     notes: Dict[str, Tuple[str, List[str]]] = {}
-    kv_tables = [name for name, ps in params.items() if ps.compute_kernel == KEY_VALUE]
+    kv_tables = [name for name, ps in params.items() if ps.compute_kernel == _KEY_VALUE]
     if not kv_tables:
         return out
     rank = local_rank() if rank is None else rank

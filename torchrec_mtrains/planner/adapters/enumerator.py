@@ -74,7 +74,8 @@ class TieredEnumerator(Enumerator):
 
     Args (beyond TorchRec's): ``model`` and ``placement``, the planner's view of the tables
     and where placement.py put them; ``compute_tier``: the tier kernels compute in (HBM on a
-    GPU node, DRAM on a CPU node)."""
+    GPU node, DRAM on a CPU node). Of TorchRec's ``constraints`` only ``sharding_types`` act
+    here (they limit a table's options); the rest reach the model and the placement."""
 
     def __init__(
         self,

@@ -22,6 +22,8 @@ On a GPU node a SCM/SSD table may also get a host-DRAM cache under its HBM one (
 hierarchical cache): growing it is one more action, its DRAM bytes weighed against HBM bytes
 by how much more DRAM there is; moving a whole table into DRAM is costed the same way.
 Per-rank balance is the partitioner's job; the prediction here assumes an even spread.
+A table pinned to a tier (``ModelTable.pinned_tier``, from the planner's constraints) starts
+there and never moves; its cache grows as any other's unless its size is pinned too.
 """
 
 from __future__ import annotations
