@@ -105,7 +105,7 @@ def test_ignored_fields_warn_once_naming_the_field(kv, cache, field) -> None:
         (dict(load_ckpt_without_opt=True), {}, DataType.FP32, "KeyValueParams.load_ckpt_without_opt"),
         (dict(ps_hosts=(("::1", 2000),)), {}, DataType.FP32, "KeyValueParams.ps_hosts"),
         ({}, dict(precision=DataType.FP16), DataType.FP32, "CacheParams.precision"),
-        ({}, dict(load_factor=-0.5), DataType.FP32, "cache_load_factor"),
+        ({}, dict(load_factor=-0.5), DataType.FP32, r"CacheParams.load_factor=-0.5 must be a number > 0"),
         (dict(l2_cache_size=-1), {}, DataType.FP32, "l2_cache_size"),
     ],
 )

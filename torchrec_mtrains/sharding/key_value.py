@@ -124,6 +124,13 @@ def _dram_cache_mb(table: str, kv: Optional[KeyValueParams]) -> float:
     return float(gb) * _GB_IN_MB
 
 
+def _load_factor(table: str, cache: Optional[CacheParams]) -> Optional[float]:
+    lf = None if cache is None else cache.load_factor
+    if lf is not None and (isinstance(lf, bool) or not isinstance(lf, (int, float)) or not lf > 0):
+        raise ValueError(f"table {table}: CacheParams.load_factor={lf!r} must be a number > 0")
+    return lf
+
+
 def _cache_algorithm(table: str, cache: Optional[CacheParams]) -> str:
     algorithm = None if cache is None else cache.algorithm
     if algorithm is None:
@@ -166,7 +173,7 @@ def tiered_params_of(table: str, ps: ParameterSharding, data_type: DataType, ran
     if cache is not None:
         _check_fields(table, "CacheParams", cache, _CACHE_HONOURED, _CACHE_IGNORED, {}, notes)
         _check_precision(table, cache, data_type)
-    settings = dict(cache_load_factor=None if cache is None else cache.load_factor,
+    settings = dict(cache_load_factor=_load_factor(table, cache),
                     cache_algorithm=_cache_algorithm(table, cache), storage_dir=_storage_dir(table, kv, rank),
                     ssd_dram_cache_mb=_dram_cache_mb(table, kv))
     try:
