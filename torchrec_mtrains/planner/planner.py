@@ -15,8 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.planners import to_sharding_plan
-from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -37,7 +36,7 @@ from torchrec_mtrains.types import Tier
 __all__ = ["StorageAwarePlanner"]
 
 _DEFAULT_LOCALITY = {"pooling_factor": 1.0, "zipf_alpha": 1.05}
-_DEFAULT_OPTIMIZER = "rowwise_adagrad"  # the tiered kernel's and FBGEMM's default
+_DEFAULT_OPTIMIZER = "rowwise_adagrad"  # the tiered kernel's default (EXACT_ROWWISE_ADAGRAD)
 
 
 class StorageAwarePlanner(ShardingPlanner):
