@@ -62,6 +62,11 @@ class RunSpec:
     restore_path: Optional[str] = None  # the chain's last step; None: diff_dir's latest, if any
     fault: Optional[str] = None  # MTRAINS_FAULT of the run's processes, e.g. "checkpoint.write:2"
     fault_trace: Optional[str] = None  # MTRAINS_FAULT_TRACE of the run's processes
+    # "torchrec" / "storage_aware": the plan is TorchRec's EmbeddingShardingPlanner's / the
+    # StorageAwarePlanner's, from ParameterConstraints: tables of tier "key_value" as TorchRec
+    # documents SSD tables (KeyValueParams with storage_dir/emb@local_rank, CacheParams), the
+    # others FUSED; "": tiered_sharding_plan.
+    planner: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -147,15 +152,26 @@ def _build(spec: RunSpec, rank: int):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-    from torchrec_mtrains import Tier
-    from torchrec_mtrains.sharding import (
-        TieredEmbeddingBagCollectionSharder,
-        TieredParams,
-        tiered_sharding_plan,
-    )
+    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
 
     model = make_unsharded()
     apply_optimizer_in_backward(RowWiseAdagrad, model.ebc.parameters(), {"lr": 0.05})
+    if spec.planner:
+        plan = _planned(spec, model)
+    else:
+        plan = ShardingPlan({"ebc": _hand_plan(spec, model)})
+    dmp = DistributedModelParallel(
+        model, plan=plan, sharders=[TieredEmbeddingBagCollectionSharder()], device=torch.device("cpu"),
+    )
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                      lambda params: torch.optim.SGD(params, lr=0.1))
+    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+
+
+def _hand_plan(spec: RunSpec, model: TinyModel):
+    from torchrec_mtrains import Tier
+    from torchrec_mtrains.sharding import TieredParams, tiered_sharding_plan
+
     tables = {
         t: None if tier is None else TieredParams(Tier(tier), cache_load_factor=spec.cache_load_factor,
                                                   storage_dir=spec.storage_dir, state_dict_ram_mb=0.01)
@@ -164,13 +180,51 @@ def _build(spec: RunSpec, rank: int):
     plan = tiered_sharding_plan(model.ebc, tables, spec.world_size, sharding_type=spec.sharding_type)
     for table, sharding_type in spec.table_sharding.items():
         plan[table] = tiered_sharding_plan(model.ebc, tables, spec.world_size, sharding_type=sharding_type)[table]
-    dmp = DistributedModelParallel(
-        model, plan=ShardingPlan({"ebc": plan}), sharders=[TieredEmbeddingBagCollectionSharder()],
-        device=torch.device("cpu"),
-    )
-    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                      lambda params: torch.optim.SGD(params, lr=0.1))
-    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    return plan
+
+
+def key_value_constraints(spec: RunSpec):
+    """TorchRec's ParameterConstraints of the run's tables: tier "key_value" tables as
+    TorchRec documents an SSD table, the others FUSED (table-wise, for the FUSED comparison)."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import CacheAlgorithm
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams, KeyValueParams
+
+    out = {}
+    for table, tier in spec.tiers.items():
+        sharding = spec.table_sharding.get(table, spec.sharding_type)
+        if tier == "key_value":
+            out[table] = ParameterConstraints(
+                sharding_types=[sharding], compute_kernels=["key_value"],
+                key_value_params=KeyValueParams(ssd_storage_directory=os.path.join(spec.storage_dir, "emb@local_rank")),
+                cache_params=CacheParams(load_factor=spec.cache_load_factor, algorithm=CacheAlgorithm.LFU),
+            )
+        else:
+            out[table] = ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
+    return out
+
+
+def _planned(spec: RunSpec, model: TinyModel):
+    """The plan of ``spec.planner``, made on rank 0 and broadcast."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    from torchrec_mtrains import Tier
+    from torchrec_mtrains.planner import StorageAwarePlanner
+    from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
+    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
+
+    constraints = key_value_constraints(spec)
+    if spec.planner == "torchrec":
+        topology = Topology(world_size=spec.world_size, compute_device="cpu", ssd_cap=1 << 30)
+        planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    elif spec.planner == "storage_aware":
+        node = TieredTopology("test-cpu", "cpu", spec.world_size,
+                              {Tier.DRAM: TierSpec(4 << 30, 5e9, 5e9), Tier.SSD: TierSpec(64 << 30, 2e8, 3e8)},
+                              ComputeSpec(2e9, 0.002, 2e-7, 1e-6))
+        planner = StorageAwarePlanner(node, batch_size=BATCH, world_size=spec.world_size, constraints=constraints)
+    else:
+        raise ValueError(f"planner={spec.planner!r} must be 'torchrec', 'storage_aware' or ''")
+    return planner.collective_plan(model, [TieredEmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
 
 
 def _load_initial(dmp, init_file: str) -> None:

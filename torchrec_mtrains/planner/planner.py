@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.planners import to_sharding_plan
-from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -25,8 +25,10 @@ from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
 from torchrec_mtrains.planner.adapters.proposer import TieredProposer
 from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
+from torchrec_mtrains.planner.constraints import constrained_table, is_key_value, key_value_entry
 from torchrec_mtrains.planner.model.estimator import dense_step_seconds
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, parse_model_spec
+from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.types import Tier
@@ -34,6 +36,7 @@ from torchrec_mtrains.types import Tier
 __all__ = ["StorageAwarePlanner"]
 
 _DEFAULT_LOCALITY = {"pooling_factor": 1.0, "zipf_alpha": 1.05}
+_DEFAULT_OPTIMIZER = "rowwise_adagrad"  # the tiered kernel's default (EXACT_ROWWISE_ADAGRAD)
 
 
 class StorageAwarePlanner(ShardingPlanner):
@@ -54,7 +57,15 @@ class StorageAwarePlanner(ShardingPlanner):
         tiers: tiers the plan may use (default: all the node has).
         cache_algorithm: "lru", "lfu" or "tinylfu" (predicted with LFU's curve), for the caches
             and the predicted hit rates.
-        optimizer: "rowwise_adagrad", "adagrad" or "sgd" (the optimizer state's bytes).
+        optimizer: the optimizer whose state the rows hold: a short name ("rowwise_adagrad",
+            "adagrad", "sgd") or FBGEMM's EmbOptimType value. Default: the one the sharders
+            will train with (a table's ``apply_optimizer_in_backward`` optimizer, else the
+            tiered sharder's ``fused_params["optimizer"]``), else "rowwise_adagrad"; given
+            and different from theirs, ``plan`` raises ValueError (one layout per table).
+        constraints: TorchRec's ParameterConstraints per table name (see constraints.py):
+            ``compute_kernels=["key_value"]`` keeps a table on Tier.SSD with its
+            KeyValueParams and CacheParams (load_factor, algorithm, stats), FBGEMM's kernels
+            alone keep it whole in the compute tier, ``sharding_types`` limit its sharding.
     """
 
     def __init__(
@@ -69,8 +80,11 @@ class StorageAwarePlanner(ShardingPlanner):
         storage_dir: Optional[str] = None,
         tiers: Optional[Sequence[Tier]] = None,
         cache_algorithm: str = "lru",
-        optimizer: str = "rowwise_adagrad",
+        optimizer: Optional[str] = None,
+        constraints: Optional[Mapping[str, ParameterConstraints]] = None,
     ) -> None:
+        if optimizer is not None:
+            canonical_optimizer(optimizer)
         if isinstance(topology, str):
             from torchrec_mtrains.planner.hardware.topology import load_topology
 
@@ -86,6 +100,8 @@ class StorageAwarePlanner(ShardingPlanner):
         self.tiers = tiers
         self.cache_algorithm = cache_algorithm
         self.optimizer = optimizer
+        self.constraints = dict(constraints or {})
+        self._trained_optimizer: Optional[str] = None  # what plan()'s sharders train with
         # What the last plan() decided, for reports.
         self.last_model: Optional[ModelSpec] = None
         self.last_placement: Optional[Placement] = None
@@ -105,10 +121,32 @@ class StorageAwarePlanner(ShardingPlanner):
         if not tables:
             raise ValueError("the module has no EmbeddingBagCollection to plan")
         doc = {"batch_size": self.batch_size, "target_qps": self.target_qps or 1.0,
-               "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.optimizer, "tables": tables}
+               "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.row_optimizer(),
+               "tables": tables}
         spec = parse_model_spec(doc)
+        compute_tier = self.topology.cache_tier()
+        spec = dataclasses.replace(spec, tables=tuple(
+            constrained_table(t, self.constraints.get(t.name), compute_tier, t.name in self.locality)
+            for t in spec.tables))
         dense = dense_spec_of(module, skip=[ebc for _, ebc in _ebcs(module)])  # its cost from its shapes
         return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense)  # None: no target, place for speed
+
+    def row_optimizer(self) -> str:
+        """The optimizer rows are sized for: the one given, else the one the last ``plan``'s
+        sharders train with, else "rowwise_adagrad"."""
+        return self.optimizer or self._trained_optimizer or _DEFAULT_OPTIMIZER
+
+    def _check_optimizer(self, module: nn.Module, fused_params: Optional[Mapping[str, Any]]) -> None:
+        """Takes the optimizer the tables will train with (their own, else the sharder's
+        ``fused_params``'); ValueError if the planner's differs from it."""
+        own = [_table_optimizer(ebc.embedding_bags[c.name].weight) for _, ebc in _ebcs(module)
+               for c in ebc.embedding_bag_configs()]
+        trained = trained_optimizer(fused_params, own)
+        if self.optimizer is not None and trained is not None and canonical_optimizer(self.optimizer) != trained:
+            raise ValueError(f"optimizer={self.optimizer!r} sizes the rows, but the tables will train with "
+                             f"{trained!r} (the sharder's fused_params or apply_optimizer_in_backward): "
+                             "give the planner the same optimizer, or none")
+        self._trained_optimizer = trained
 
     def place(self, module: nn.Module, budget_bytes: Optional[Mapping[Tier, float]] = None) -> Placement:
         """Places the module's tables (within ``budget_bytes``, default the planner's)."""
@@ -137,7 +175,7 @@ class StorageAwarePlanner(ShardingPlanner):
             dense = dense_step_seconds(self.last_model, self.topology, self.world_size)
             topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
             estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
-            enumerator = TieredEnumerator(topology, self.batch_size, estimator=estimators, model=self.last_model,
+            enumerator = TieredEnumerator(topology, self.batch_size, self.constraints, estimators, model=self.last_model,
                                           placement=placement, compute_tier=fast)
             proposer, partitioner = TieredProposer(), TieredPartitioner(dense, fast)
             proposer.load(enumerator.enumerate(module, sharders), enumerator)
@@ -161,6 +199,7 @@ class StorageAwarePlanner(ShardingPlanner):
             TieredParameterSharding,
             TieredParams,
         )
+        from torchrec_mtrains.sharding.key_value import CACHE_ALGORITHMS
 
         if self.topology.compute_device != "cpu":
             raise ValueError(
@@ -170,18 +209,32 @@ class StorageAwarePlanner(ShardingPlanner):
             )
         if not any(isinstance(s, TieredEmbeddingBagCollectionSharder) for s in sharders):
             sharders = [TieredEmbeddingBagCollectionSharder()] + list(sharders)
+        tiered_sharders = [s for s in sharders if isinstance(s, TieredEmbeddingBagCollectionSharder)]
+        self._check_optimizer(module, tiered_sharders[-1].fused_params)
         placement, options, topology, rank_steps = self._search(module, sharders)
+        tiered = sorted(o.name for o in options if o.is_tiered)
+        if tiered and canonical_optimizer(self.row_optimizer()) not in TIERED_OPTIMIZERS:
+            raise ValueError(f"tables {tiered} go on the tiered kernel, which does not train "
+                             f"{self.row_optimizer()!r} (it trains {list(TIERED_OPTIMIZERS)})")
         self.last_rank_step_s = rank_steps
         self.last_assignment = {
             o.name: RankAssignment(o.sharding_type, tuple(int(s.rank) for s in o.shards)) for o in options
         }
         plan = to_sharding_plan(options, topology)
+        # The planner's policy as FBGEMM's CacheAlgorithm, for key_value tables naming none
+        # (None for "tinylfu", which FBGEMM has no word for: such tables run LRU).
+        algorithm = {name: algo for algo, name in CACHE_ALGORITHMS.items()}.get(self.cache_algorithm)
         for option in options:
             if not option.is_tiered:
                 continue
             where = option.placement
             module_plan = plan.plan[option.path]
             ps = module_plan[option.name]
+            constraint = self.constraints.get(option.name)
+            if is_key_value(constraint):  # TorchRec's entry: the sharder makes it tiered on each rank
+                module_plan[option.name] = key_value_entry(ps, constraint, where.cache_rows, option.table.num_embeddings,
+                                                           algorithm)
+                continue
             module_plan[option.name] = TieredParameterSharding(
                 **{k: getattr(ps, k) for k in ps.__dataclass_fields__},
                 tiered=TieredParams(
@@ -206,6 +259,20 @@ class StorageAwarePlanner(ShardingPlanner):
         pg = pg or dist.GroupMember.WORLD
         sharders = sharders or [TieredEmbeddingBagCollectionSharder()]
         return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+
+
+def _table_optimizer(weight: Any) -> Optional[Any]:
+    """The optimizer ``apply_optimizer_in_backward`` gave a table's weight (as TorchRec's
+    sharding reads it), or None."""
+    kwargs = (getattr(weight, "_optimizer_kwargs", None) or [{}])[0]
+    if kwargs.get("optimizer") is not None:
+        return kwargs["optimizer"]
+    classes = getattr(weight, "_optimizer_classes", None) or [None]
+    if classes[0] is None:
+        return None
+    from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
+
+    return optimizer_type_to_emb_opt_type(classes[0])
 
 
 def _ebcs(module: nn.Module):

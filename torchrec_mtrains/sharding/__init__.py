@@ -5,6 +5,10 @@
                                       storage_dir="/nvme/emb"), "t1": None}, world_size)
     model = DistributedModelParallel(model, plan=ShardingPlan({"sparse.ebc": plan}),
                                      sharders=[sharder])
+
+On the CPU the sharder also trains TorchRec's ``key_value`` tables (ParameterConstraints with
+KeyValueParams / CacheParams, planned by TorchRec's planner or ours) on the SSD tier: see
+``key_value``.
 """
 
 from torchrec_mtrains.sharding.kernel import (

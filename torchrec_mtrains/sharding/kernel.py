@@ -124,6 +124,7 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
     """The kernel config of a group of local shards: one kernel table per shard on its
     table's tier, named after its table and offsets, in the rank's storage directory."""
     tables = list(config.embedding_tables)
+    ssd_shards = sum(p.tier is Tier.SSD for p in params)
     return params[0].kernel_config(
         tier=tuple(p.tier for p in params),
         cache_rows=[_shard_cache_rows(p, t) for p, t in zip(params, tables)],
@@ -133,6 +134,7 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
         init_range=[(t.get_weight_init_min(), t.get_weight_init_max()) for t in tables],
         table_names=[_shard_name(t) for t in tables],
         feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
+        ssd_dram_cache_mb=params[0].ssd_dram_cache_mb / max(1, ssd_shards),  # the kernel's, per store
         **_fused_settings(dict(config.fused_params or {})),
     )
 

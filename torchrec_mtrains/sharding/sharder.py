@@ -10,15 +10,22 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ParameterSharding, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_mtrains.sharding import torchrec_planner  # noqa: F401  (TorchRec's planner on the CPU)
+from torchrec_mtrains.sharding.key_value import as_tiered_plan
 from torchrec_mtrains.sharding.lookup import TIERED_SHARDINGS
 from torchrec_mtrains.sharding.sharded_ebc import ShardedTieredEmbeddingBagCollection
 
 __all__ = ["TieredEmbeddingBagCollectionSharder"]
 
+_CPU_KERNELS = (EmbeddingComputeKernel.CUSTOMIZED_KERNEL, EmbeddingComputeKernel.KEY_VALUE)
+
 
 class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     """TorchRec's EBC sharder that also offers the tiered kernel (``CUSTOMIZED_KERNEL``)
     for table-wise, row-wise and column-wise sharding; plain tables keep FBGEMM's kernels.
+    On the CPU it offers TorchRec's ``KEY_VALUE`` kernel too, and trains such tables on the
+    block store (Tier.SSD) behind the tiered kernel, set by their plan entry's
+    ``KeyValueParams`` and ``CacheParams`` (see ``key_value.py`` and docs/sharding.md).
 
     ``fused_params`` are TorchRec's (optimizer, learning_rate, eps, ...) and apply to
     tiered and plain tables alike; the tier settings of each table come from its plan entry
@@ -34,7 +41,8 @@ class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         kernels = list(super().compute_kernels(sharding_type, compute_device_type))
         if sharding_type in TIERED_SHARDINGS and compute_device_type == "cpu":
-            kernels.append(EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value)
+            # KEY_VALUE is TorchRec's word for an SSD table; on the CPU it runs on our kernel.
+            kernels += [k.value for k in _CPU_KERNELS if k.value not in kernels]
         return kernels
 
     def shard(
@@ -45,9 +53,10 @@ class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         device: Optional[torch.device] = None,
         module_fqn: Optional[str] = None,
     ) -> ShardedTieredEmbeddingBagCollection:
+        data_types = {c.name: c.data_type for c in module.embedding_bag_configs()}
         return ShardedTieredEmbeddingBagCollection(
             module=module,
-            table_name_to_parameter_sharding=params,
+            table_name_to_parameter_sharding=as_tiered_plan(params, data_types),
             env=env,
             fused_params=self.fused_params,
             device=device,

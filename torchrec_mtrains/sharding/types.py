@@ -31,7 +31,7 @@ _PREFIX = "mtrains_"
 FUSED_PARAM_KEYS = tuple(
     _PREFIX + k
     for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb",
-              "rows_written")
+              "rows_written", "ssd_dram_cache_mb")
 )
 TABLE_TIERS_KEY = _PREFIX + "table_tiers"
 """fused_params key: ``((table name, tier value, rows_written), ...)`` of every tiered table."""
@@ -57,6 +57,9 @@ class TieredParams:
         rows_written: the distinct rows of the whole table the job is expected to write
             (None: all). An SSD table takes disk only for rows written (they are initialised
             lazily), so the free-space check asks for this share of the shards' rows.
+        ssd_dram_cache_mb: DRAM cache (MiB) of the SSD block stores of one kernel, under
+            the row cache, split evenly between its SSD shards (as FBGEMM's ``l2_cache_size``
+            is one per TBE); 0: none.
     """
 
     tier: Tier
@@ -66,6 +69,7 @@ class TieredParams:
     storage_dir: Optional[str] = None
     state_dict_ram_mb: float = _STATE_DICT_RAM_MB
     rows_written: Optional[int] = None
+    ssd_dram_cache_mb: float = 0.0
 
     def __post_init__(self) -> None:
         written = self.rows_written
@@ -75,7 +79,8 @@ class TieredParams:
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
             raise ValueError(f"TieredParams: cache_rows={rows!r} must be a positive int")  # the whole table's
         try:
-            self.kernel_config(cache_rows=rows, cache_load_factor=self.cache_load_factor, storage_dir=self.storage_dir)
+            self.kernel_config(cache_rows=rows, cache_load_factor=self.cache_load_factor, storage_dir=self.storage_dir,
+                               ssd_dram_cache_mb=self.ssd_dram_cache_mb)
         except ValueError as e:
             raise ValueError(f"TieredParams: {e}") from None
         if self.tier in (Tier.SCM, Tier.SSD) and not self.storage_dir:
@@ -97,7 +102,7 @@ class TieredParams:
         """The settings as ``fused_params`` entries (hashable values, for TorchRec's grouping)."""
         values = (self.tier.value, self.cache_rows, self.cache_load_factor, self.cache_algorithm,
                   None if self.storage_dir is None else os.fspath(self.storage_dir), float(self.state_dict_ram_mb),
-                  self.rows_written)
+                  self.rows_written, float(self.ssd_dram_cache_mb))
         return dict(zip(FUSED_PARAM_KEYS, values))
 
     @staticmethod
@@ -113,13 +118,13 @@ class TieredParams:
                 "a CUSTOMIZED_KERNEL table has no tier settings: build its plan entry with "
                 "tiered_sharding_plan() or the StorageAwarePlanner (a TieredParameterSharding)"
             )
-        tier, rows, lf, algo, storage_dir, ram_mb, written = (fused_params.get(k) for k in FUSED_PARAM_KEYS)
+        tier, rows, lf, algo, storage_dir, ram_mb, written, dram_mb = (fused_params.get(k) for k in FUSED_PARAM_KEYS)
         try:
             tier = Tier(tier)
         except ValueError:
             raise ValueError(f"fused_params[{FUSED_PARAM_KEYS[0]!r}]={tier!r} is not a tier") from None
         return TieredParams(tier, rows, lf, algo or DEFAULTS.cache_algorithm, storage_dir,
-                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb, written)
+                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb, written, dram_mb or 0.0)
 
     def load_factor(self, num_embeddings: int) -> float:
         """The cache size as a fraction of the table's rows."""

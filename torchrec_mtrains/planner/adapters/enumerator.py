@@ -74,7 +74,8 @@ class TieredEnumerator(Enumerator):
 
     Args (beyond TorchRec's): ``model`` and ``placement``, the planner's view of the tables
     and where placement.py put them; ``compute_tier``: the tier kernels compute in (HBM on a
-    GPU node, DRAM on a CPU node)."""
+    GPU node, DRAM on a CPU node). Of TorchRec's ``constraints`` only ``sharding_types`` act
+    here (they limit a table's options); the rest reach the model and the placement."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class TieredEnumerator(Enumerator):
     ) -> None:
         self._topology = topology
         self._batch_size = batch_size
+        self._constraints = dict(constraints or {})
         self._estimators = [] if estimator is None else (estimator if isinstance(estimator, list) else [estimator])
         self._tables = {t.name: t for t in model.tables}
         self._placement = placement
@@ -112,7 +114,8 @@ class TieredEnumerator(Enumerator):
                 table = self._tables[config.name]
                 whole = tier_bytes(table, where.tier, where.cache_rows, where.extra.get("l2_cache_rows", 0.0),
                                    self._compute_tier)
-                offered = [s for s in SHARDING_TYPES if s in sharder.sharding_types(device)
+                allowed = getattr(self._constraints.get(config.name), "sharding_types", None) or SHARDING_TYPES
+                offered = [s for s in SHARDING_TYPES if s in sharder.sharding_types(device) and s in allowed
                            and kernel in sharder.compute_kernels(s, device)]
                 if not offered:
                     raise PlannerError(f"the sharder of {path!r} offers neither table-wise nor row-wise sharding "

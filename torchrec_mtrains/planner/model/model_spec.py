@@ -10,13 +10,14 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
-from torchrec_mtrains.layout import PRECISIONS, SHORT_OPTIMIZER_NAMES, TableLayout
+from torchrec_mtrains.layout import PRECISIONS
 from torchrec_mtrains.types import Tier
 from torchrec_mtrains.planner.model.locality import (
     LocalityCurve,
     histogram_locality,
     zipf_locality,
 )
+from torchrec_mtrains.planner.model.optimizers import canonical_optimizer, optimizer_row_bytes
 
 __all__ = ["LAZY_TIERS", "DenseSpec", "ModelSpec", "ModelTable", "dense_spec_of", "load_model_spec",
            "parse_model_spec"]
@@ -31,7 +32,6 @@ LAZY_TIERS = frozenset({Tier.SSD})
 _DTYPES = PRECISIONS
 # libyaml's safe loader where PyYAML has it: 7x faster on a 1,000-table spec, same documents.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_OPTIMIZERS = SHORT_OPTIMIZER_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,11 @@ class ModelTable:
     # Distinct rows the job writes (None: all). A tier that initialises rows lazily (SSD)
     # holds only these; the others hold the whole table.
     rows_written: Optional[int] = None
+    # Set by a ParameterConstraints (the StorageAwarePlanner's): the tier placement must
+    # keep the table on (its backing tier, or the compute tier for the table whole), and
+    # its cache rows (None: placement sizes the cache).
+    pinned_tier: Optional[Tier] = None
+    pinned_cache_rows: Optional[float] = None
 
     @property
     def bytes(self) -> float:
@@ -105,7 +110,9 @@ def _number(where: str, value: Any, integer: bool = False, positive: bool = True
 
 
 def row_bytes(dim: int, dtype: str, optimizer: str) -> int:
-    return TableLayout(dim, dtype, optimizer).row_bytes
+    """Bytes of a stored row: ``dim`` weights in ``dtype`` and ``optimizer``'s state (a
+    short name or FBGEMM's EmbOptimType value)."""
+    return optimizer_row_bytes(dim, dtype, optimizer)
 
 
 def _trace_locality(path: str, table: int, batch_size: int, num_rows: int) -> Tuple[LocalityCurve, float]:
@@ -194,8 +201,7 @@ def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(_DTYPES)}")
     optimizer = doc.get("optimizer", "rowwise_adagrad")
-    if optimizer not in _OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} must be one of {sorted(_OPTIMIZERS)}")
+    canonical_optimizer(optimizer)  # a short name or FBGEMM's EmbOptimType value; else the list of both
     entries = doc["tables"]
     if not isinstance(entries, list) or not entries:
         raise ValueError("tables must be a non-empty list")

@@ -22,6 +22,8 @@ On a GPU node a SCM/SSD table may also get a host-DRAM cache under its HBM one (
 hierarchical cache): growing it is one more action, its DRAM bytes weighed against HBM bytes
 by how much more DRAM there is; moving a whole table into DRAM is costed the same way.
 Per-rank balance is the partitioner's job; the prediction here assumes an even spread.
+A table pinned to a tier (``ModelTable.pinned_tier``, from the planner's constraints) starts
+there and never moves; its cache grows as any other's unless its size is pinned too.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def _caps(topo: TieredTopology, world_size: int, tiers: Sequence[Tier], budget: 
 
 
 def _cache_sizes(table: ModelTable) -> List[float]:
+    if table.pinned_cache_rows is not None:
+        return [max(1.0, min(float(table.num_embeddings), table.pinned_cache_rows))]
     floor = min(float(table.num_embeddings), max(1.0, 2.0 * table.locality.unique_rows_per_step))
     sizes = sorted({max(floor, min(float(table.num_embeddings), f * table.num_embeddings)) for f in CACHE_FRACTIONS})
     return sizes
@@ -324,6 +328,9 @@ class _Placer:
             start, order = self.backing, sorted(self.model.tables, key=lambda t: -t.bytes)
         homeless: List[str] = []  # whole in the compute tier because no other tier holds them
         for table in order:
+            if table.pinned_tier is not None:
+                self.pin(table)
+                continue
             # Keep whole: a table whose smallest cache would hold half of it, or a small one (a
             # tiered table costs a fixed step overhead that its bytes do not repay).
             if self.fast_bytes(table, 0) >= 0.5 * table.bytes or table.bytes <= _SMALL_TABLE_BYTES:
@@ -342,6 +349,20 @@ class _Placer:
         if self.used[fast] > self.caps[fast]:
             raise _no_room(self.model, self.topo, self.world_size, self.caps, self.used, self.qps, homeless=homeless)
         self.started = (dict(self.state), dict(self.used), dict(self.io))
+
+    def pin(self, table: ModelTable) -> None:
+        """Step 1 for a table its constraints pin to a tier: there, with its smallest (or
+        pinned) cache; whole if the tier is the compute tier."""
+        tier = table.pinned_tier
+        if tier not in self.caps:
+            raise PlacementError(f"table {table.name} is constrained to tier {tier.name}, which the "
+                                 f"{self.topo.name} profile or the plan's tiers do not offer")
+        where = (tier, -1, -1) if tier == self.fast else (tier, 0, -1)
+        self.state[table.name] = where
+        self.apply(table, *where, 1.0)
+        if self.used[tier] > self.caps[tier]:
+            raise PlacementError(f"table {table.name} is constrained to tier {tier.name}, which has no room for it "
+                                 f"({self.used[tier] / 2**30:,.2f} of {self.caps[tier] / 2**30:,.2f} GiB)")
 
     def relieve_busy_tiers(self) -> None:
         """Step 2: the best actions on tables of tiers over the steering budget, until none is
@@ -426,7 +447,8 @@ class _Placer:
         relief = sum(s for t, s in now.items() if t in over)
         if relief <= 0 and self.phase is _Phase.RELIEVE:
             return
-        for faster in self.backing[self.backing.index(tier) + 1:] if tier in self.backing else []:
+        moves = tier in self.backing and table.pinned_tier is None  # a pinned table keeps its tier
+        for faster in self.backing[self.backing.index(tier) + 1:] if moves else []:
             if faster != Tier.DRAM or k2 < 0:
                 # Host DRAM also holds the L2 caches on a GPU node: a move there costs its bytes.
                 yield (table.name, faster, k, k2,
@@ -436,7 +458,7 @@ class _Placer:
         if self.l2_ok and tier in (Tier.SCM, Tier.SSD) and k2 + 1 < len(self.l2_sizes[table.name]):
             extra = (self.l2_rows(table, k2 + 1) - self.l2_rows(table, k2)) * table.row_bytes * self.l2_weight
             yield (table.name, tier, k, k2 + 1, extra)
-        if table.bytes <= self.whole_limit:
+        if table.bytes <= self.whole_limit and table.pinned_tier is None:
             yield (table.name, self.fast, -1, -1, self.fast_bytes(table, -1) - self.fast_bytes(table, k))
 
     def gain(self, name: str, tier: Tier, k: int, k2: int) -> float:

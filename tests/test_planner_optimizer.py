@@ -1,0 +1,104 @@
+"""The optimizer a plan sizes rows for: FBGEMM's EmbOptimType names in model files, and the
+StorageAwarePlanner following the optimizer the sharder will train with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from torchrec_mtrains import Tier
+from torchrec_mtrains.planner.model.model_spec import parse_model_spec
+from torchrec_mtrains.planner.planner import StorageAwarePlanner
+from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
+from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
+
+G = 1 << 30
+CPU_NODE = TieredTopology(
+    "test-cpu", "cpu", 2,
+    {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9), Tier.SCM: TierSpec(16 * G, 2e9, 1e9),
+     Tier.SSD: TierSpec(64 * G, 2e8, 3e8, 47_000, 90_000, 4096)},
+    ComputeSpec(2e9, 0.002, 2e-7, 1e-6),
+)
+DIM = 16
+
+
+def _row_bytes(optimizer: str, dtype: str = "fp32") -> int:
+    doc = {"batch_size": 64, "target_qps": 100, "dtype": dtype, "optimizer": optimizer,
+           "tables": [{"name": "t", "num_embeddings": 1000, "embedding_dim": DIM, "pooling_factor": 1,
+                       "zipf_alpha": 1.0}]}
+    return parse_model_spec(doc).tables[0].row_bytes
+
+
+@pytest.mark.parametrize(
+    "fbgemm,short",
+    [("exact_row_wise_adagrad", "rowwise_adagrad"), ("row_wise_adagrad", "rowwise_adagrad"),
+     ("exact_adagrad", "adagrad"), ("exact_sgd", "sgd")],
+)
+def test_model_files_take_fbgemm_names_for_the_same_layouts(fbgemm: str, short: str) -> None:
+    assert _row_bytes(fbgemm) == _row_bytes(short)
+    assert _row_bytes(fbgemm, "fp16") == _row_bytes(short, "fp16")
+
+
+def test_model_files_size_fbgemm_only_optimizers() -> None:
+    assert _row_bytes("exact_sgd") == DIM * 4
+    assert _row_bytes("rowwise_adagrad") == DIM * 4 + 4
+    assert _row_bytes("adam") == DIM * 4 + 2 * DIM * 4  # momentum1 and momentum2 per weight
+    assert _row_bytes("partial_row_wise_adam") == DIM * 4 + (DIM + 1) * 4
+    assert _row_bytes("adam", "fp16") == DIM * 2 + 2 * DIM * 4  # state stays fp32
+
+
+def test_an_unknown_optimizer_lists_the_accepted_names() -> None:
+    with pytest.raises(ValueError, match=r"optimizer='adamw' must be one of .*rowwise_adagrad.*exact_row_wise_adagrad"):
+        _row_bytes("adamw")
+
+
+def _ebc() -> EmbeddingBagCollection:
+    configs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=n, embedding_dim=DIM, feature_names=[f"f{i}"])
+               for i, n in enumerate((200_000, 500))]
+    return EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+
+
+def _plan(ebc, sharder, tmp_path: Path, **kwargs) -> StorageAwarePlanner:
+    planner = StorageAwarePlanner(CPU_NODE, batch_size=64, world_size=1, storage_dir=str(tmp_path),
+                                  budget_bytes={Tier.DRAM: 3_000_000}, **kwargs)
+    planner.plan(ebc, [sharder])
+    return planner
+
+
+def test_planner_row_bytes_follow_the_sharders_fused_params(tmp_path: Path) -> None:
+    sgd = TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1})
+    planner = _plan(_ebc(), sgd, tmp_path)
+    assert planner.row_optimizer() == "exact_sgd"
+    assert {t.row_bytes for t in planner.last_model.tables} == {DIM * 4}
+    # No optimizer anywhere: the kernel's default, row-wise Adagrad.
+    planner = _plan(_ebc(), TieredEmbeddingBagCollectionSharder(), tmp_path)
+    assert {t.row_bytes for t in planner.last_model.tables} == {DIM * 4 + 4}
+    # The same optimizer given to the planner too, by its short name: fine.
+    assert _plan(_ebc(), sgd, tmp_path, optimizer="sgd").row_optimizer() == "sgd"
+
+
+def test_a_tables_own_optimizer_wins_over_fused_params(tmp_path: Path) -> None:
+    ebc = _ebc()
+    apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.05})
+    sgd = TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD})
+    planner = _plan(ebc, sgd, tmp_path)
+    assert {t.row_bytes for t in planner.last_model.tables} == {DIM * 4 + 4}
+
+
+def test_planner_and_sharder_disagreeing_on_the_optimizer_is_an_error(tmp_path: Path) -> None:
+    sgd = TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD})
+    with pytest.raises(ValueError, match=r"optimizer='adagrad' sizes the rows, but the tables will train with 'exact_sgd'"):
+        _plan(_ebc(), sgd, tmp_path, optimizer="adagrad")
+    with pytest.raises(ValueError, match="optimizer='adamw' must be one of"):
+        StorageAwarePlanner(CPU_NODE, batch_size=64, optimizer="adamw")
+
+
+def test_tiered_tables_need_an_optimizer_the_tiered_kernel_trains(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"tables \['t0'\] go on the tiered kernel, which does not train 'adam'"):
+        _plan(_ebc(), TieredEmbeddingBagCollectionSharder(), tmp_path, optimizer="adam")
