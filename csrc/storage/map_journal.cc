@@ -59,7 +59,7 @@ Status MapJournal::Replay(const std::function<void(uint64_t row, uint64_t value)
   uint64_t commit_start = 0, nonce = 0, complete_end = 0;
   bool damaged = false;
   uint64_t pos = 0, chunk = kFirstReadBlocks;
-  AlignedBuffer buf(kMaxReadBlocks * kJournalBlockBytes, 4096);
+  AlignedBuffer buf(std::min(kMaxReadBlocks, capacity_) * kJournalBlockBytes, 4096);
   bool done = false;
   while (!done && pos < capacity_) {
     const uint64_t n = std::min(chunk, capacity_ - pos);
@@ -126,7 +126,7 @@ Status MapJournal::Replay(const std::function<void(uint64_t row, uint64_t value)
 }
 
 Status MapJournal::CheckTail(uint64_t bad, uint64_t complete_end) {
-  AlignedBuffer buf(kMaxReadBlocks * kJournalBlockBytes, 4096);
+  AlignedBuffer buf(std::min(kMaxReadBlocks, capacity_) * kJournalBlockBytes, 4096);
   uint64_t pos = bad + 1, chunk = kFirstReadBlocks;
   while (pos < capacity_) {
     const uint64_t n = std::min(chunk, capacity_ - pos);
