@@ -99,6 +99,7 @@ Status SegmentLog::LoadMap(int meta_fd) {
   const uint64_t chunk_pages = MapChunkPages(h_.map_pages);
   AlignedBuffer buf(chunk_pages * B, 4096);
   std::vector<uint64_t> torn;  // pages a power cut may have torn mid-checkpoint
+  Status first_damage;         // the first one's verification error
   auto load_pages = [&](uint64_t first, uint64_t count) -> Status {
     while (count > 0) {
       const uint64_t n = std::min<uint64_t>(count, chunk_pages);
@@ -110,7 +111,10 @@ Status SegmentLog::LoadMap(int meta_fd) {
         bool fresh = false;
         const Status verified = VerifyMapPage(pg, h_.block_size, h_.table_uuid, page, &fresh);
         if (!verified.ok() && !TornMapPage(pg, page)) return verified;
-        if (!verified.ok()) torn.push_back(page);  // its entries are checked after the replay
+        if (!verified.ok()) {  // accepted only if a checkpoint was cut short (after the replay)
+          if (torn.empty()) first_damage = verified;
+          torn.push_back(page);
+        }
         if (fresh) continue;
         const uint64_t row0 = page * entries_per_page_;
         const uint64_t rows = std::min<uint64_t>(entries_per_page_, h_.num_rows - row0);
@@ -151,6 +155,8 @@ Status SegmentLog::LoadMap(int meta_fd) {
     map_.Set(row, value);
     MarkPageForCheckpoint(row / entries_per_page_);
   }));
+  // Only a checkpoint that marked the descriptor and did not finish can have torn pages.
+  if (!torn.empty() && !journal_.checkpoint_pending()) return first_damage;
   MTRAINS_RETURN_IF_ERROR(CheckTornMapPages(torn));
   RebuildSegments();
   return Status::Ok();
@@ -170,14 +176,15 @@ bool SegmentLog::TornMapPage(const uint8_t* page, uint64_t index) const {
 
 Status SegmentLog::CheckTornMapPages(const std::vector<uint64_t>& pages) {
   if (pages.empty()) return Status::Ok();
-  // A checkpoint writes map pages in place, then syncs, then starts the next journal epoch:
-  // a power cut before that sync can tear a page at any sector (a sector of the page as of
+  // A checkpoint marks the descriptor, writes map pages in place, syncs, then starts the
+  // next journal epoch (clearing the mark): a power cut before that sync can tear a page at
+  // any sector (a sector of the page as of
   // the last checkpoint, the next one as of the interrupted commit). Each entry is then
   // either row's value before that commit or after it, and the journal replayed over it
   // (still the old epoch) brings the rows it names to their value before that commit:
   // every entry names a durable version, as any interrupted commit leaves. Damage of
   // another kind would not: every entry of the page must name a verified log slot that
-  // holds its row, or the map is Corruption as before.
+  // holds its row, or the map is Corruption as before. (Called only with the mark set.)
   const BlockGeometry& g = h_.geometry;
   const uint32_t B = h_.block_size;
   AlignedBuffer blocks(uint64_t(B) * g.blocks_per_row, 4096);
@@ -581,6 +588,11 @@ Status SegmentLog::PersistMap() {
 }
 
 Status SegmentLog::Checkpoint() {
+  // The mark, durable before any page is overwritten, lets LoadMap tell pages a power cut
+  // tore from damage of any other kind.
+  MTRAINS_RETURN_IF_ERROR(journal_.MarkCheckpointPending());
+  counters_.map_checkpoint_bytes_written += kJournalBlockBytes;
+  MTRAINS_RETURN_IF_ERROR(meta_->Sync());
   MTRAINS_RETURN_IF_ERROR(WriteDirtyMapPages());
   MTRAINS_RETURN_IF_ERROR(meta_->Sync());  // the pages before the journal that covered them goes
   MTRAINS_RETURN_IF_ERROR(journal_.StartEpoch());

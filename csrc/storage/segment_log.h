@@ -12,10 +12,11 @@
 // longer references it durable, and Commit makes log data durable before the journal
 // records or map pages that point to it. So the persisted map always names durable,
 // intact slots. Map pages are written in place, so a power cut during a checkpoint may
-// tear them (some sectors old, some new): LoadMap accepts a page that fails verification
-// only as such a tear -- its footer whole, and every entry naming a verified slot holding
-// its row (each then the row's version before or after the interrupted commit) -- and the
-// next commit checkpoints it whole again.
+// tear them (some sectors old, some new). A checkpoint first marks the journal descriptor
+// (durably) and clears the mark when it starts the next epoch; LoadMap accepts a page that
+// fails verification only under that mark, as such a tear -- its footer whole, and every
+// entry naming a verified slot holding its row (each then the row's version before or
+// after the interrupted commit) -- and the next commit checkpoints it whole again.
 //
 // Pins: a checkpoint that hard-links the log keeps the segments its map entries point
 // into. A pinned segment is never a collector's victim, and when its last live row goes
