@@ -178,13 +178,13 @@ Status SegmentLog::CheckTornMapPages(const std::vector<uint64_t>& pages) {
   if (pages.empty()) return Status::Ok();
   // A checkpoint marks the descriptor, writes map pages in place, syncs, then starts the
   // next journal epoch (clearing the mark): a power cut before that sync can tear a page at
-  // any sector (a sector of the page as of
-  // the last checkpoint, the next one as of the interrupted commit). Each entry is then
-  // either row's value before that commit or after it, and the journal replayed over it
-  // (still the old epoch) brings the rows it names to their value before that commit:
-  // every entry names a durable version, as any interrupted commit leaves. Damage of
-  // another kind would not: every entry of the page must name a verified log slot that
-  // holds its row, or the map is Corruption as before. (Called only with the mark set.)
+  // any sector (one sector as of the last checkpoint, the next as of the interrupted
+  // commit). Each entry is then the row's value before that commit or after it, and the
+  // journal replayed over it (still the old epoch) brings the rows it names to their value
+  // before that commit: every entry names a durable version, as any interrupted commit
+  // leaves. Damage of another kind would not: every entry of the page must name a verified
+  // log slot that holds its row, or the map is Corruption as before. (Called only under
+  // the mark.)
   const BlockGeometry& g = h_.geometry;
   const uint32_t B = h_.block_size;
   AlignedBuffer blocks(uint64_t(B) * g.blocks_per_row, 4096);
