@@ -10,7 +10,8 @@
 # Environment: CXX (default g++), CLANGXX (the tsa build's compiler, default clang++),
 #              JOBS (parallel compiles, default 2),
 #              SANITIZE_BUILDS (default "plain asan tsan tsa"), SANITIZE_DIR (default build/sanitize),
-#              FUZZ_ITERS (header-parser fuzz iterations per build, default 200000).
+#              FUZZ_ITERS (header-parser fuzz iterations per build, default 200000),
+#              POWER_LOSS_IMAGES (test_power_loss's crash images per build, default 1000).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +22,7 @@ JOBS="${JOBS:-2}"
 OUT="${SANITIZE_DIR:-$ROOT/build/sanitize}"
 BUILDS=(${SANITIZE_BUILDS:-plain asan tsan tsa})
 export FUZZ_ITERS="${FUZZ_ITERS:-200000}"
+export POWER_LOSS_IMAGES="${POWER_LOSS_IMAGES:-1000}"
 
 log() { printf '[sanitize] %s\n' "$*"; }
 die() { printf '[sanitize] error: %s\n' "$*" >&2; exit 1; }
@@ -111,11 +113,13 @@ for b in "${RUN_BUILDS[@]}"; do
   for drv in "${DRIVERS[@]}"; do
     name="$(basename "$drv" .cc)"
     t1=$SECONDS
-    # TSan looks for races, not parser bugs: a tenth of the fuzz iterations there.
+    # TSan looks for races, not parser bugs: a tenth of the fuzz iterations there, and a
+    # fifth of the (single-threaded) power-loss driver's crash images.
     iters=$FUZZ_ITERS
-    [[ $b == tsan ]] && iters=$((FUZZ_ITERS / 10))
+    images=$POWER_LOSS_IMAGES
+    [[ $b == tsan ]] && iters=$((FUZZ_ITERS / 10)) && images=$((POWER_LOSS_IMAGES / 5))
     # A driver that hangs fails here (DRIVER_TIMEOUT_S, default 600) instead of running into CI's limit.
-    if ! FUZZ_ITERS=$iters timeout "${DRIVER_TIMEOUT_S:-600}" "$dir/$name" "$scratch" >"$dir/$name.log" 2>&1; then
+    if ! FUZZ_ITERS=$iters POWER_LOSS_IMAGES=$images timeout "${DRIVER_TIMEOUT_S:-600}" "$dir/$name" "$scratch" >"$dir/$name.log" 2>&1; then
       tail -40 "$dir/$name.log" >&2
       die "$name failed under the '$b' build (full log: $dir/$name.log)"
     fi

@@ -363,18 +363,21 @@ Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeade
   return Status::Ok();
 }
 
-void EncodeJournalDescriptor(uint8_t* block, uint64_t uuid, uint64_t epoch) {
+void EncodeJournalDescriptor(uint8_t* block, uint64_t uuid, uint64_t epoch, bool checkpoint_pending) {
   std::memset(block, 0, kJournalBlockBytes);
   size_t pos = 8;
   Put(block, pos, uuid);
   Put(block, pos, epoch);
+  Put(block, pos, uint64_t(checkpoint_pending ? 1 : 0));  // flags
   std::memcpy(block, &kJournalDescMagic, 4);
   const uint32_t crc = JournalCrc(block);
   std::memcpy(block + 4, &crc, 4);
 }
 
-Status DecodeJournalDescriptor(const uint8_t* block, uint64_t uuid, uint64_t* epoch) {
+Status DecodeJournalDescriptor(const uint8_t* block, uint64_t uuid, uint64_t* epoch,
+                               bool* checkpoint_pending) {
   *epoch = 0;
+  if (checkpoint_pending != nullptr) *checkpoint_pending = false;
   if (AllZero(block, kJournalBlockBytes)) return Status::Ok();
   uint32_t magic, stored;
   uint64_t got_uuid;
@@ -385,6 +388,9 @@ Status DecodeJournalDescriptor(const uint8_t* block, uint64_t uuid, uint64_t* ep
   if (JournalCrc(block) != stored) return Status::Corruption("map journal descriptor: crc32c mismatch");
   if (got_uuid != uuid) return Status::Corruption("map journal descriptor belongs to another table");
   std::memcpy(epoch, block + 16, 8);
+  uint64_t flags;
+  std::memcpy(&flags, block + 24, 8);
+  if (checkpoint_pending != nullptr) *checkpoint_pending = (flags & 1) != 0;
   return Status::Ok();
 }
 

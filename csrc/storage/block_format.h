@@ -9,7 +9,8 @@
 //                           segments of segment_blocks blocks of B bytes
 //   [journal_offset, +journal_bytes)  the map journal (right after the log, or at log_offset
 //                           when the log is striped): a descriptor block (magic, crc32c,
-//                           uuid, epoch), then journal blocks of kJournalBlockBytes, each a
+//                           uuid, epoch, flags: 1 while a checkpoint rewrites map pages),
+//                           then journal blocks of kJournalBlockBytes, each a
 //                           JournalBlockHeader and delta-coded (row, slot + 1) records. The
 //                           map is the checkpoint with the current epoch's complete commits
 //                           replayed over it (map_journal.h).
@@ -181,10 +182,15 @@ void SealJournalBlock(uint8_t* block, const JournalBlockHeader& hdr);
 // `*zero` is set instead, with Ok, when the block is all zeros (never written).
 Status VerifyJournalBlock(const uint8_t* block, uint64_t uuid, JournalBlockHeader* hdr, bool* zero,
                           bool* torn);
-// Writes / parses the descriptor block (kJournalBlockBytes) naming the journal's epoch.
+// Writes / parses the descriptor block (kJournalBlockBytes) naming the journal's epoch and
+// whether a checkpoint is rewriting the map pages (a power cut may then have torn them).
+// Its fields fit in the first 512-byte sector, so a torn write leaves one version whole.
 // Decoding an all-zero block gives epoch 0 (never written); anything else that is not a
-// sealed descriptor of this table is Corruption.
-void EncodeJournalDescriptor(uint8_t* block, uint64_t uuid, uint64_t epoch);
-Status DecodeJournalDescriptor(const uint8_t* block, uint64_t uuid, uint64_t* epoch);
+// sealed descriptor of this table is Corruption. Descriptors written before the flag
+// existed read as not pending.
+void EncodeJournalDescriptor(uint8_t* block, uint64_t uuid, uint64_t epoch,
+                             bool checkpoint_pending = false);
+Status DecodeJournalDescriptor(const uint8_t* block, uint64_t uuid, uint64_t* epoch,
+                               bool* checkpoint_pending = nullptr);
 
 }  // namespace mtrains

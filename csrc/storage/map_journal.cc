@@ -51,7 +51,7 @@ Status MapJournal::Replay(const std::function<void(uint64_t row, uint64_t value)
   AlignedBuffer desc(kJournalBlockBytes, 4096);
   IoOp op{h_.journal_offset, desc.data(), kJournalBlockBytes};
   MTRAINS_RETURN_IF_ERROR(meta_->Read(&op, 1));
-  MTRAINS_RETURN_IF_ERROR(DecodeJournalDescriptor(desc.data(), h_.table_uuid, &epoch_)
+  MTRAINS_RETURN_IF_ERROR(DecodeJournalDescriptor(desc.data(), h_.table_uuid, &epoch_, &checkpoint_pending_)
                               .WithContext("map journal at offset " + std::to_string(h_.journal_offset)));
   const uint64_t slots = h_.LogSlots();
   std::vector<MapRecord> commit;  // records of the commit being read
@@ -59,7 +59,7 @@ Status MapJournal::Replay(const std::function<void(uint64_t row, uint64_t value)
   uint64_t commit_start = 0, nonce = 0, complete_end = 0;
   bool damaged = false;
   uint64_t pos = 0, chunk = kFirstReadBlocks;
-  AlignedBuffer buf(kMaxReadBlocks * kJournalBlockBytes, 4096);
+  AlignedBuffer buf(std::min(kMaxReadBlocks, capacity_) * kJournalBlockBytes, 4096);
   bool done = false;
   while (!done && pos < capacity_) {
     const uint64_t n = std::min(chunk, capacity_ - pos);
@@ -126,7 +126,7 @@ Status MapJournal::Replay(const std::function<void(uint64_t row, uint64_t value)
 }
 
 Status MapJournal::CheckTail(uint64_t bad, uint64_t complete_end) {
-  AlignedBuffer buf(kMaxReadBlocks * kJournalBlockBytes, 4096);
+  AlignedBuffer buf(std::min(kMaxReadBlocks, capacity_) * kJournalBlockBytes, 4096);
   uint64_t pos = bad + 1, chunk = kFirstReadBlocks;
   while (pos < capacity_) {
     const uint64_t n = std::min(chunk, capacity_ - pos);
@@ -196,6 +196,15 @@ Status MapJournal::Append(const AlignedBuffer& encoded, uint64_t blocks, bool ha
   return Status::Ok();
 }
 
+Status MapJournal::MarkCheckpointPending() {
+  AlignedBuffer desc(kJournalBlockBytes, 4096);
+  EncodeJournalDescriptor(desc.data(), h_.table_uuid, epoch_, true);
+  IoOp op{h_.journal_offset, desc.data(), kJournalBlockBytes};
+  MTRAINS_RETURN_IF_ERROR(meta_->Write(&op, 1));
+  checkpoint_pending_ = true;
+  return Status::Ok();
+}
+
 Status MapJournal::StartEpoch() {
   AlignedBuffer desc(kJournalBlockBytes, 4096);
   EncodeJournalDescriptor(desc.data(), h_.table_uuid, epoch_ + 1);
@@ -204,6 +213,7 @@ Status MapJournal::StartEpoch() {
   ++epoch_;
   end_ = 0;
   last_has_records_ = false;
+  checkpoint_pending_ = false;
   return Status::Ok();
 }
 

@@ -59,8 +59,14 @@ class MapJournal {
   // Writes `blocks` blocks made by the last Encode and, on success, makes them part of the
   // journal (the caller syncs the device before relying on them).
   Status Append(const AlignedBuffer& encoded, uint64_t blocks, bool has_records);
+  // Marks the descriptor (same epoch) as "a checkpoint is rewriting the map pages": a
+  // power cut before StartEpoch may leave torn pages, which LoadMap then accepts only as
+  // such (segment_log.h). The caller syncs before writing any page.
+  Status MarkCheckpointPending();
   // Empties the journal: writes the descriptor of the next epoch (the caller syncs).
   Status StartEpoch();
+  // Whether the descriptor Replay read was marked by MarkCheckpointPending.
+  bool checkpoint_pending() const { return checkpoint_pending_; }
 
   // Bytes of journal blocks in the current epoch.
   uint64_t bytes() const { return end_ * kJournalBlockBytes; }
@@ -84,6 +90,7 @@ class MapJournal {
   uint64_t epoch_ = 0;
   uint64_t end_ = 0;         // blocks of complete commits in this epoch
   bool last_has_records_ = false;
+  bool checkpoint_pending_ = false;
   std::mt19937_64 rng_;
 };
 

@@ -98,6 +98,8 @@ Status SegmentLog::LoadMap(int meta_fd) {
   const uint64_t total_slots = h_.LogSlots();
   const uint64_t chunk_pages = MapChunkPages(h_.map_pages);
   AlignedBuffer buf(chunk_pages * B, 4096);
+  std::vector<uint64_t> torn;  // pages a power cut may have torn mid-checkpoint
+  Status first_damage;         // the first one's verification error
   auto load_pages = [&](uint64_t first, uint64_t count) -> Status {
     while (count > 0) {
       const uint64_t n = std::min<uint64_t>(count, chunk_pages);
@@ -107,7 +109,12 @@ Status SegmentLog::LoadMap(int meta_fd) {
         const uint64_t page = first + i;
         const uint8_t* pg = buf.data() + i * B;
         bool fresh = false;
-        MTRAINS_RETURN_IF_ERROR(VerifyMapPage(pg, h_.block_size, h_.table_uuid, page, &fresh));
+        const Status verified = VerifyMapPage(pg, h_.block_size, h_.table_uuid, page, &fresh);
+        if (!verified.ok() && !TornMapPage(pg, page)) return verified;
+        if (!verified.ok()) {  // accepted only if a checkpoint was cut short (after the replay)
+          if (torn.empty()) first_damage = verified;
+          torn.push_back(page);
+        }
         if (fresh) continue;
         const uint64_t row0 = page * entries_per_page_;
         const uint64_t rows = std::min<uint64_t>(entries_per_page_, h_.num_rows - row0);
@@ -146,13 +153,79 @@ Status SegmentLog::LoadMap(int meta_fd) {
   }
   MTRAINS_RETURN_IF_ERROR(journal_.Replay([this](uint64_t row, uint64_t value) {
     map_.Set(row, value);
-    const uint64_t page = row / entries_per_page_;
-    uint64_t& word = cp_dirty_[page / 64];
-    if ((word & (1ull << (page % 64))) == 0) ++cp_dirty_pages_;
-    word |= 1ull << (page % 64);
+    MarkPageForCheckpoint(row / entries_per_page_);
   }));
+  // Only a checkpoint that marked the descriptor and did not finish can have torn pages.
+  if (!torn.empty() && !journal_.checkpoint_pending()) return first_damage;
+  MTRAINS_RETURN_IF_ERROR(CheckTornMapPages(torn));
   RebuildSegments();
   return Status::Ok();
+}
+
+bool SegmentLog::TornMapPage(const uint8_t* page, uint64_t index) const {
+  // A torn page's footer sector is whole, from the old page or the new one: the map page
+  // footer of this page, or the zeros of a page never written before.
+  const uint8_t* f = page + h_.block_size - kMapFooterBytes;
+  uint32_t magic;
+  uint64_t got_index;
+  std::memcpy(&magic, f, 4);
+  std::memcpy(&got_index, f + 8, 8);
+  if (magic == kMapPageMagic) return got_index == index;
+  return std::all_of(f, f + kMapFooterBytes, [](uint8_t b) { return b == 0; });
+}
+
+Status SegmentLog::CheckTornMapPages(const std::vector<uint64_t>& pages) {
+  if (pages.empty()) return Status::Ok();
+  // A checkpoint marks the descriptor, writes map pages in place, syncs, then starts the
+  // next journal epoch (clearing the mark): a power cut before that sync can tear a page at
+  // any sector (one sector as of the last checkpoint, the next as of the interrupted
+  // commit). Each entry is then the row's value before that commit or after it, and the
+  // journal replayed over it (still the old epoch) brings the rows it names to their value
+  // before that commit: every entry names a durable version, as any interrupted commit
+  // leaves. Damage of another kind would not: every entry of the page must name a verified
+  // log slot that holds its row, or the map is Corruption as before. (Called only under
+  // the mark.)
+  const BlockGeometry& g = h_.geometry;
+  const uint32_t B = h_.block_size;
+  AlignedBuffer blocks(uint64_t(B) * g.blocks_per_row, 4096);
+  std::vector<uint8_t> row_buf(g.row_bytes);
+  for (uint64_t page : pages) {
+    const uint64_t row0 = page * entries_per_page_;
+    const uint64_t rows = std::min<uint64_t>(entries_per_page_, h_.num_rows - row0);
+    uint64_t have = ~0ull;  // the first block in `blocks`
+    for (uint64_t row = row0; row < row0 + rows; ++row) {
+      const uint64_t value = map_.Get(row);
+      if (value == 0) continue;
+      const uint64_t first = g.BlockOfSlot(value - 1);
+      Status st;
+      if (first != have) {
+        IoOp op{first * B, blocks.data(), B * g.blocks_per_row};
+        MTRAINS_RETURN_IF_ERROR(log_->Read(&op, 1));
+        have = first;
+        for (uint32_t k = 0; st.ok() && k < g.blocks_per_row; ++k)
+          st = VerifyLogBlock(blocks.data() + uint64_t(k) * B, B, h_.table_uuid, first + k);
+        if (!st.ok()) have = ~0ull;
+      }
+      if (st.ok()) st = GetRow(g, blocks.data(), value - 1, row, row_buf.data());
+      if (!st.ok())
+        return Status::Corruption("location-map page " + std::to_string(page) +
+                                  " fails verification, and is not a page torn by an interrupted "
+                                  "checkpoint: row " + std::to_string(row) + " -> slot " +
+                                  std::to_string(value - 1) + ": " + st.message());
+    }
+    MarkPageForCheckpoint(page);
+  }
+  // The next commit rewrites the pages whole (a checkpoint), ending the torn state.
+  force_checkpoint_ = true;
+  std::vector<uint64_t>().swap(changed_);
+  counters_.torn_map_pages += pages.size();
+  return Status::Ok();
+}
+
+void SegmentLog::MarkPageForCheckpoint(uint64_t page) {
+  uint64_t& word = cp_dirty_[page / 64];
+  if ((word & (1ull << (page % 64))) == 0) ++cp_dirty_pages_;
+  word |= 1ull << (page % 64);
 }
 
 void SegmentLog::RebuildSegments() {
@@ -515,6 +588,11 @@ Status SegmentLog::PersistMap() {
 }
 
 Status SegmentLog::Checkpoint() {
+  // The mark, durable before any page is overwritten, lets LoadMap tell pages a power cut
+  // tore from damage of any other kind.
+  MTRAINS_RETURN_IF_ERROR(journal_.MarkCheckpointPending());
+  counters_.map_checkpoint_bytes_written += kJournalBlockBytes;
+  MTRAINS_RETURN_IF_ERROR(meta_->Sync());
   MTRAINS_RETURN_IF_ERROR(WriteDirtyMapPages());
   MTRAINS_RETURN_IF_ERROR(meta_->Sync());  // the pages before the journal that covered them goes
   MTRAINS_RETURN_IF_ERROR(journal_.StartEpoch());

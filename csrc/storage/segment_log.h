@@ -11,7 +11,12 @@
 // Crash safety: a freed segment is reused only after a Commit has made a map that no
 // longer references it durable, and Commit makes log data durable before the journal
 // records or map pages that point to it. So the persisted map always names durable,
-// intact slots.
+// intact slots. Map pages are written in place, so a power cut during a checkpoint may
+// tear them (some sectors old, some new). A checkpoint first marks the journal descriptor
+// (durably) and clears the mark when it starts the next epoch; LoadMap accepts a page that
+// fails verification only under that mark, as such a tear -- its footer whole, and every
+// entry naming a verified slot holding its row (each then the row's version before or
+// after the interrupted commit) -- and the next commit checkpoints it whole again.
 //
 // Pins: a checkpoint that hard-links the log keeps the segments its map entries point
 // into. A pinned segment is never a collector's victim, and when its last live row goes
@@ -46,6 +51,7 @@ struct SegmentLogCounters {
   uint64_t map_journal_commits = 0;        // commits that appended to the journal
   uint64_t map_journal_bytes_written = 0;  // journal blocks (bytes)
   uint64_t map_checkpoint_bytes_written = 0;  // map pages and journal descriptors (bytes)
+  uint64_t torn_map_pages = 0;  // pages LoadMap found torn by an interrupted checkpoint
 };
 
 class SegmentLog {
@@ -163,6 +169,13 @@ class SegmentLog {
   uint64_t PinnedDeadSegments() const;
   void DropPin(uint64_t seg);
   void MarkMapDirty(uint64_t row);
+  // Marks a map page for the next checkpoint (not the journal).
+  void MarkPageForCheckpoint(uint64_t page);
+  // Whether a map page that fails verification may be one a power cut tore mid-write.
+  bool TornMapPage(const uint8_t* page, uint64_t index) const;
+  // After the journal's replay: checks that every entry of the torn `pages` names a log
+  // slot that holds its row (Corruption otherwise), and has the next commit rewrite them.
+  Status CheckTornMapPages(const std::vector<uint64_t>& pages);
   const uint8_t* BufferedSegment(uint64_t seg) const;
   Status CollectGarbage(uint64_t target_free);
   Status MoveLiveRows(uint64_t victim);

@@ -51,15 +51,19 @@ def step_of(name: str) -> Optional[int]:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Writes ``path`` whole or not at all, durably: a temporary file, fsync, rename, fsync
-    of the directory."""
+    """Writes ``path`` whole or not at all, durably: a temporary file, fsync, fsync of the
+    directory, rename, fsync of the directory. The first directory fsync makes what was
+    created there before (the step directory ``latest`` is about to name) durable before
+    the rename can be: a power cut never leaves a ``latest`` naming a step it lost."""
     tmp = path + ".tmp"
+    directory = os.path.dirname(path) or "."
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+    fsync_dir(directory)
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")  # the rename itself survives a power loss
+    fsync_dir(directory)  # the rename itself survives a power loss
 
 
 def fsync_dir(path: str) -> None:

@@ -198,14 +198,27 @@ class GroupedFileWriter(FileSystemWriter):
             files[-1].extend(items)
             size += nbytes
         file_queue: queue.Queue = queue.Queue()
+        names: List[str] = []
         for n, items in enumerate(f for f in [ungrouped] + files if f):
             name = f"{plan.storage_data.prefix}{n}{DEFAULT_SUFFIX}"
+            names.append(name)
             if items is ungrouped:
                 self.state_files.append(name)
             file_queue.put((self.fs.concat_path(self.path, name), name, items))
         future = self._write_data(planner, file_queue)
         future.wait()
+        # DCP fsyncs each file before closing its buffered stream: what was still buffered
+        # then (a file's tail) is synced only here, once the files are closed.
+        for name in names:
+            _fsync(os.path.join(self.path, name))
         return future
+
+    def finish(self, metadata, results) -> None:
+        super().finish(metadata, results)
+        # As in write_data: DCP's fsync of .metadata runs before its bytes leave the
+        # stream's buffer. The directory's entries (the renamed .metadata) go with it.
+        _fsync(os.path.join(self.path, ".metadata"))
+        _fsync(str(self.path))
 
 
 class RowChunkWriter(GroupedFileWriter):
@@ -219,6 +232,15 @@ class RowChunkWriter(GroupedFileWriter):
         future = super().write_data(plan, planner)
         fault_point("checkpoint.write")
         return future
+
+
+def _fsync(path: str) -> None:
+    """fsyncs a closed file or a directory (its entries)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _item_bytes(item: WriteItem) -> int:

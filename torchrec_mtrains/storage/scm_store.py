@@ -18,7 +18,10 @@ no checksums) still open and work, unchecked.
 
 A process killed in the middle of a write may leave a row whose checksum does not match
 its bytes; that row then reads as corrupt until it is written again (restore the last
-checkpoint), rather than as a half-written row.
+checkpoint), rather than as a half-written row. A power cut can do the same to any row
+written since the last ``flush`` (its bytes and checksum reach the disk in pages written
+back at different times); rows not written since read as of that flush, and the table
+itself (created with its directory entry synced) is never lost.
 
 A store into a mapping cannot report a full disk -- the kernel sends SIGBUS and the process
 dies -- so by default the file's blocks are reserved at creation (``posix_fallocate``: on
@@ -107,6 +110,7 @@ class ScmStore(RowStore):
                 os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later store
             os.pwrite(fd, header, 0)
             os.fsync(fd)
+            _fsync_dir(os.path.dirname(path) or ".")  # the new file's entry survives a power cut
         except OSError as e:
             os.close(fd)
             os.unlink(path)
@@ -225,6 +229,15 @@ class ScmStore(RowStore):
         if getattr(self, "_rows_mm", None) is None:
             raise ValueError(f"{self.path} is closed")
         return as_ids(self.path, ids)
+
+
+def _fsync_dir(path: str) -> None:
+    """Makes the entries of directory ``path`` durable (a file just created in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _row_bytes(meta: Dict[str, Any]) -> int:
