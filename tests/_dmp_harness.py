@@ -351,6 +351,18 @@ def _run(spec: RunSpec, rank: int) -> None:
         with open(os.path.join(spec.out_dir, "losses.json"), "w") as f:
             json.dump(losses, f)
     dist.barrier()
+    _close_tiers(dmp)
+
+
+def _close_tiers(dmp) -> None:
+    """Closes the tiered stores, as a job's end does: a store file belongs to one open store,
+    and the next run in this process (run_many) may adopt the same linked file."""
+    from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+
+    for m in dmp.modules():
+        if isinstance(m, ShardedTieredEmbeddingBagCollection):
+            for kernel in m.tiered_kernels():
+                kernel.close()
 
 
 def _write_prefetch_counts(dmp, path: str) -> None:

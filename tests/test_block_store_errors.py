@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -446,8 +447,11 @@ def test_full_disk(tmp_path: Path, engine: str) -> None:
         assert e.value.errno == errno.ENOSPC and str(path) in str(e.value)
 
         # Meanwhile the file is a consistent table as of some commit: a second opener sees
-        # the first flush's rows and, for every other row, a value it really had.
-        with BlockStore.open(path, dram_cache_mb=0, direct_io=False) as other:
+        # the first flush's rows and, for every other row, a value it really had. It opens
+        # a copy of the file's bytes: the live store owns the file itself (a second open of
+        # it is refused), and the copy leaves it untouched.
+        shutil.copyfile(path, tmp_path / "t.tbl")
+        with BlockStore.open(tmp_path / "t.tbl", dram_cache_mb=0, direct_io=False) as other:
             assert_rows_equal(other.read(torch.arange(1000)), first, "rows flushed before the disk filled")
             rest = torch.arange(1000, n)
             got = other.read(rest)

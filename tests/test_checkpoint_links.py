@@ -30,6 +30,14 @@ def _stores(dmp):
     return {p.spec.table: p.emb.linkable_store(p.t) for p in local_pieces(dmp)}
 
 
+def _close(dmp) -> None:
+    """Closes the model's tiered stores: a store file is owned by one open store, so a model
+    adopts a linked file only once the store that wrote it (the same inode) is closed --
+    as when a job restarts -- and gives it up for the next test by closing too."""
+    for piece in local_pieces(dmp):
+        piece.emb.close()
+
+
 @pytest.fixture(scope="module")
 def linked(process_group, tmp_path_factory):
     """A model trained 8 steps with linked saves after steps 2 (full), 4 and 6 (deltas)."""
@@ -75,24 +83,32 @@ def test_a_step_links_the_ssd_files_and_saves_their_maps(linked) -> None:
 
 @pytest.mark.parametrize("upto", SAVES)
 def test_a_fresh_model_adopts_the_linked_file_and_gets_the_state_of_each_step(linked, upto: int) -> None:
-    tmp, _, records, states = linked
+    tmp, trained, records, states = linked
+    _close(trained)
     dmp, _ = build(tmp, f"adopt_{upto}")
-    DifferentialCheckpointer(str(tmp / "ckpt")).restore(dmp, None, path=records[upto].path)
-    assert_equal(full_state(dmp), states[upto])
-    stores = _stores(dmp)
-    record = {p.spec.table: p for p in _manifest(records[upto].path).pieces}["ssd_a"]
-    link = os.path.join(records[upto].path, LINKS_DIR, record.snapshot.file)
-    assert os.stat(stores["ssd_a"].path).st_ino == os.stat(link).st_ino  # adopted, not copied
-    # The adopted store keeps every step on disk that links the same file.
-    assert sorted(stores["ssd_a"].pin_tags()) == SAVES
+    try:
+        DifferentialCheckpointer(str(tmp / "ckpt")).restore(dmp, None, path=records[upto].path)
+        assert_equal(full_state(dmp), states[upto])
+        stores = _stores(dmp)
+        record = {p.spec.table: p for p in _manifest(records[upto].path).pieces}["ssd_a"]
+        link = os.path.join(records[upto].path, LINKS_DIR, record.snapshot.file)
+        assert os.stat(stores["ssd_a"].path).st_ino == os.stat(link).st_ino  # adopted, not copied
+        # The adopted store keeps every step on disk that links the same file.
+        assert sorted(stores["ssd_a"].pin_tags()) == SAVES
+    finally:
+        _close(dmp)
 
 
 def test_a_resume_from_a_linked_step_trains_bit_identically(linked, tmp_path) -> None:
-    tmp, _, records, states = linked
+    tmp, trained, records, states = linked
+    _close(trained)
     dmp, opt = build(tmp, "resumed")
-    DifferentialCheckpointer(str(tmp / "ckpt")).restore(dmp, None, path=records[6].path)
-    train(dmp, opt, range(6, 8))
-    assert_equal(full_state(dmp), states["end"])
+    try:
+        DifferentialCheckpointer(str(tmp / "ckpt")).restore(dmp, None, path=records[6].path)
+        train(dmp, opt, range(6, 8))
+        assert_equal(full_state(dmp), states["end"])
+    finally:
+        _close(dmp)
 
 
 def test_other_tiers_read_the_rows_from_the_linked_file(linked) -> None:
@@ -183,6 +199,7 @@ def test_restoring_a_step_of_an_older_chain_keeps_that_chain(linked, tmp_path) -
             states[step] = full_state(dmp)
 
     train(dmp, opt, range(4), save)
+    _close(dmp)  # the job that saved is gone: its store files are free to adopt
     fresh, _ = build(tmp_path, "older_restored")
     # A checkpointer that keeps one chain would remove step 2's on its first use: not the
     # chain it is asked to restore.

@@ -3,6 +3,7 @@ cache_stats(), close(), set_rows(); and a long stress run with a tiny cache (CPU
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -34,9 +35,15 @@ TIERS = [Tier.DRAM, Tier.SCM, Tier.SSD]
 
 
 def _open_table_file(tier: Tier, storage_dir: Path, name: str):
+    """Opens a copy of the table file's bytes: the kernel's live store owns the file itself
+    (a second open of it is refused), and the copy reads exactly what the file holds."""
+    file = storage_dir / f"{name}.{'scm' if tier == Tier.SCM else 'blk'}"
+    copy = storage_dir / "copies" / file.name
+    copy.parent.mkdir(exist_ok=True)
+    shutil.copyfile(file, copy)
     if tier == Tier.SCM:
-        return ScmStore.open(storage_dir / f"{name}.scm")
-    return BlockStore.open(storage_dir / f"{name}.blk", dram_cache_mb=0)
+        return ScmStore.open(copy)
+    return BlockStore.open(copy, dram_cache_mb=0)
 
 
 def _expected_rows(weights: torch.Tensor, state: List[torch.Tensor]) -> torch.Tensor:

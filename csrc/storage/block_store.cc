@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/aligned_buffer.h"
+#include "common/file_lock.h"
 #include "storage/file_copy.h"
 #include "storage/lazy_init.h"
 
@@ -76,6 +77,19 @@ Status CreateSparseFile(const std::string& path, uint64_t size) {
   return st;
 }
 
+constexpr char kWhat[] = "table file";  // what ownership errors call the main file
+
+// Ok unless `path` is there and a store open for writing holds its lock (replacing the
+// file would leave that store writing to an unlinked inode).
+Status CheckNotOwned(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::Ok();  // nothing there to take from anyone
+  // close() releases only the probe's own lock: the locks of other opens stay.
+  const Status st = LockOpenFile(fd, path, LockKind::kExclusive, kWhat);
+  close(fd);
+  return st;
+}
+
 }  // namespace
 
 BlockStore::BlockStore(std::string path, TableHeader h) : path_(std::move(path)), h_(std::move(h)) {}
@@ -118,6 +132,7 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
     for (size_t j = i + 1; j < files.size(); ++j)
       if (files[i] == files[j]) return Status::InvalidArgument("file " + files[i] + " is named twice");
   if (overwrite) {
+    for (const auto& f : files) MTRAINS_RETURN_IF_ERROR(CheckNotOwned(f).WithContext("cannot overwrite " + f));
     for (const auto& f : files)
       if (unlink(f.c_str()) != 0 && errno != ENOENT) return Errno(errno, "cannot remove " + f);
   }
@@ -129,11 +144,15 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
       return st;
     }
   }
-  Status st;
-  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
+  // The ownership lock is taken before the header is written: an Open elsewhere between
+  // the two is refused here, or gets the lock and this Create fails (never both writing).
+  const int meta_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  Status st = meta_fd < 0 ? Errno(errno, "cannot open " + path)
+                          : LockOpenFile(meta_fd, path, LockKind::kExclusive, kWhat);
+  const int fd = st.ok() ? open(path.c_str(), O_WRONLY | O_CLOEXEC) : -1;
+  if (st.ok() && fd < 0) {
     st = Errno(errno, "cannot open " + path);
-  } else {
+  } else if (st.ok()) {
     ssize_t w = pwrite(fd, header.data(), h.block_size, 0);
     if (w != static_cast<ssize_t>(h.block_size))
       st = Errno(w < 0 ? errno : ENOSPC, "cannot write the header of " + path);
@@ -144,13 +163,13 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
   if (st.ok()) st = SyncParentDir(path);
   if (!st.ok()) {
     for (const auto& f : files) unlink(f.c_str());
+    if (meta_fd >= 0) close(meta_fd);
     return st;
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
   {
-    MutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
-    store->meta_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (store->meta_fd_ < 0) return Errno(errno, "cannot open " + path);
+    FairMutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
+    store->meta_fd_ = meta_fd;
     MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
   }
   *out = std::move(store);
@@ -175,6 +194,15 @@ Status BlockStore::OpenExisting(const std::string& path, const StoreRuntimeOptio
     const int err = errno;
     if (err == ENOENT) return Status::IoError(err, "table file " + path + " does not exist");
     return Errno(err, "cannot open " + path);
+  }
+  // A writer owns the file until Close. A read-only reader takes no lock: it reads only
+  // pinned segments, which the live store (holding the lock) never rewrites.
+  if (!read_only) {
+    const Status locked = LockOpenFile(fd, path, LockKind::kExclusive, kWhat);
+    if (!locked.ok()) {
+      close(fd);
+      return locked;
+    }
   }
   std::vector<uint8_t> buf(4096);
   size_t got = 0;
@@ -205,7 +233,7 @@ Status BlockStore::OpenExisting(const std::string& path, const StoreRuntimeOptio
   }
   std::unique_ptr<BlockStore> store(new BlockStore(path, h));
   {
-    MutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
+    FairMutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
     store->meta_fd_ = fd;
     store->read_only_ = read_only;
     MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime, read_only));
@@ -216,7 +244,7 @@ Status BlockStore::OpenExisting(const std::string& path, const StoreRuntimeOptio
 }
 
 void BlockStore::Abandon() {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   ReleaseLocked();
 }
 
@@ -288,7 +316,7 @@ Status BlockStore::CheckIds(const int64_t* ids, size_t n) const {
 }
 
 Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(ReadLocked(ids, n, out));
@@ -301,7 +329,7 @@ Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
 
 Status BlockStore::Exchange(const int64_t* write_ids, size_t nw, const uint8_t* write_rows,
                             const int64_t* read_ids, size_t nr, uint8_t* out) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckIds(write_ids, nw));
   MTRAINS_RETURN_IF_ERROR(CheckIds(read_ids, nr));
@@ -449,7 +477,7 @@ Status BlockStore::InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty
 }
 
 Status BlockStore::Write(const int64_t* ids, size_t n, const uint8_t* rows) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
   MTRAINS_RETURN_IF_ERROR(WriteLocked(ids, n, rows));
@@ -488,7 +516,7 @@ Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows
 }
 
 Status BlockStore::Flush() {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   return FlushLocked();
 }
@@ -506,10 +534,11 @@ Status BlockStore::FlushLocked() {
 }
 
 Status BlockStore::Snapshot(const std::string& dst) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   if (dst.empty() || dst == path_)
     return Status::InvalidArgument("snapshot destination '" + dst + "' must differ from " + path_);
+  MTRAINS_RETURN_IF_ERROR(CheckNotOwned(dst).WithContext("cannot snapshot " + path_ + " to " + dst));
   // Copy under temporary names, then rename: a crash never leaves a half snapshot at dst.
   TableHeader snap = h_;
   std::vector<std::pair<std::string, std::string>> copies;  // (src, final dst)
@@ -541,7 +570,7 @@ Status BlockStore::Snapshot(const std::string& dst) {
 }
 
 Status BlockStore::Close() {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   if (closed_) return Status::Ok();
   if (seg_log_) {
     MTRAINS_RETURN_IF_ERROR(FlushLocked());
@@ -577,7 +606,7 @@ void BlockStore::MapEntries(uint64_t first, uint64_t count, std::vector<int64_t>
 
 Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64_t>* out) {
   out->clear();
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckRowRange(first, count));
   MapEntries(first, count, out, nullptr);
@@ -592,13 +621,13 @@ Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64
 
 void BlockStore::ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno,
                           bool on_map) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   if (closed_) return;
   (on_map ? meta_ : log_)->Arm(kind, after, count, sys_errno);
 }
 
 std::vector<std::pair<std::string, double>> BlockStore::Stats() {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   std::vector<std::pair<std::string, double>> s;
   auto add = [&](const char* k, double v) { s.emplace_back(k, v); };
   add("rows_read", rows_read_);

@@ -7,8 +7,13 @@
 // so creating a 1 TB table writes one header block.
 //
 // Thread-safety: every public method may be called from any thread; calls are serialised
-// by one mutex (each call is a batch whose device I/O runs at full queue depth; Exchange
-// overlaps its writes and reads inside the call).
+// by one first-come, first-served mutex (each call is a batch whose device I/O runs at full
+// queue depth; Exchange overlaps its writes and reads inside the call), so a writer or
+// flusher waits behind at most one call of each thread that asked before it, however
+// tightly readers loop.
+// Ownership: a store opened for writing (Create, Open, OpenAdopted) holds an exclusive
+// lock on its main file until Close (common/file_lock.h); a second such open of the file,
+// in this process or another, is refused with IoError(EWOULDBLOCK) naming the holder.
 // Errors: failures are returned as a Status naming the file and the offending value, bad
 // options and table fields included (Create/Open return InvalidArgument, never throw).
 #pragma once
@@ -56,7 +61,8 @@ struct TableOptions {
 class BlockStore {
  public:
   // Creates a new table file at `path` (and its stripe files). Fails with EEXIST when a
-  // file is there unless `overwrite`.
+  // file is there unless `overwrite`; with `overwrite`, EWOULDBLOCK when one of them is
+  // the main file of a store open for writing (nothing is removed then).
   static Status Create(const std::string& path, const TableOptions& table,
                        const StoreRuntimeOptions& runtime, bool overwrite,
                        std::unique_ptr<BlockStore>* out);
@@ -66,7 +72,8 @@ class BlockStore {
   // Opens an existing table (the same header and file checks as Open) to read row
   // versions by location only: the devices are opened read-only and the map is not
   // loaded. Only ReadLocations, Stats, the header accessors and Close work (the others
-  // return InvalidArgument); Close writes nothing, so a live store may share the file.
+  // return InvalidArgument); Close writes nothing, so a live store may share the file
+  // (it takes no lock: it reads pinned segments, which the live store never rewrites).
   static Status OpenReadOnly(const std::string& path, const StoreRuntimeOptions& runtime,
                              std::unique_ptr<BlockStore>* out);
   // Opens an existing table and makes its location map exactly the entries
@@ -102,6 +109,7 @@ class BlockStore {
   // Writes every dirty row and the location map, then fsyncs.
   Status Flush() EXCLUDES(mu_);
   // Flushes, then writes a point-in-time copy of the table to `dst` (stripes beside it).
+  // EWOULDBLOCK, nothing copied, when `dst` is the main file of a store open for writing.
   Status Snapshot(const std::string& dst) EXCLUDES(mu_);
   // Flushes and releases the files; further calls return Closed.
   Status Close() EXCLUDES(mu_);
@@ -189,9 +197,10 @@ class BlockStore {
   bool direct_io_ = false;
   bool read_only_ = false;
 
-  Mutex mu_;
+  FairMutex mu_;
   bool closed_ GUARDED_BY(mu_) = false;
-  int meta_fd_ GUARDED_BY(mu_) = -1;  // plain descriptor for SEEK_DATA and snapshots
+  // Plain descriptor for SEEK_DATA and snapshots; a writable store's ownership lock is on it.
+  int meta_fd_ GUARDED_BY(mu_) = -1;
   std::unique_ptr<FaultInjectingDevice> meta_ GUARDED_BY(mu_), log_ GUARDED_BY(mu_);
   std::unique_ptr<SegmentLog> seg_log_ GUARDED_BY(mu_);
   std::unique_ptr<RowCache> cache_ GUARDED_BY(mu_);

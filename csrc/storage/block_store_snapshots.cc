@@ -32,7 +32,7 @@ Status BlockStore::OpenAdopted(const std::string& path, const StoreRuntimeOption
                                    std::to_string(h.LogSlots()) + "]");
   }
   if (st.ok()) {
-    MutexLock lock(&store->mu_);
+    FairMutexLock lock(&store->mu_);
     store->seg_log_->Adopt(rows, locations, n);
     store->seg_log_->PinLocations(pin_tag, locations, n);
     st = store->seg_log_->Commit().WithContext(path);
@@ -46,7 +46,7 @@ Status BlockStore::OpenAdopted(const std::string& path, const StoreRuntimeOption
 }
 
 Status BlockStore::PinSnapshot(uint64_t tag) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(FlushLocked());
   seg_log_->PinLive(tag);
@@ -58,7 +58,7 @@ Status BlockStore::SnapshotEntries(uint64_t tag, uint64_t first, uint64_t count,
                                    std::vector<int64_t>* rows, std::vector<uint64_t>* locations) {
   rows->clear();
   locations->clear();
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   MTRAINS_RETURN_IF_ERROR(CheckRowRange(first, count));
   auto it = snapshot_appends_.find(tag);
@@ -75,7 +75,7 @@ Status BlockStore::SnapshotEntries(uint64_t tag, uint64_t first, uint64_t count,
 }
 
 Status BlockStore::PinLocations(uint64_t tag, const uint64_t* locations, size_t n) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   if (seg_log_->append_seq() != 0)
     return Status::InvalidArgument(
@@ -95,21 +95,21 @@ Status BlockStore::PinLocations(uint64_t tag, const uint64_t* locations, size_t 
 }
 
 void BlockStore::UnpinSnapshot(uint64_t tag) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   if (!CheckUsable().ok()) return;
   seg_log_->Unpin(tag);
   snapshot_appends_.erase(tag);
 }
 
 std::vector<uint64_t> BlockStore::PinTags() {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   if (!CheckUsable().ok()) return {};
   return seg_log_->PinTags();
 }
 
 Status BlockStore::ReadLocations(const int64_t* rows, const uint64_t* locations, size_t n,
                                  uint8_t* out) {
-  MutexLock lock(&mu_);
+  FairMutexLock lock(&mu_);
   if (closed_) return Status::Closed(path_ + " is closed");
   MTRAINS_RETURN_IF_ERROR(CheckIds(rows, n));
   const uint64_t slots = h_.LogSlots();

@@ -505,6 +505,11 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     placement, rows = tier_of(planner), placement_rows(planner)
     tiered = {t: tier for t, tier in placement.items() if is_tiered(planner, t)}
     trainer = Trainer(args, dmp, dense_opt, optimizer, tiered, rank, world)
+    if trainer.checkpointer is not None:
+        # Held until the job ends, as each rank's storage directory is (its tables lock it
+        # when sharded): a second job on the same checkpoint directory stops here, before
+        # it trains or writes anything.
+        trainer.checkpointer.claim_directory()
     start = 0
     if args.resume:
         trainer.state = trainer.checkpointer.restore(dmp, dense_opt, path=args.resume_from)

@@ -57,6 +57,7 @@ from torchrec_mtrains.checkpoint.types import (
     PieceRecord,
     StepManifest,
 )
+from torchrec_mtrains.storage.file_lock import FileLock, lock_directory
 from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = ["DifferentialCheckpointer"]
@@ -100,6 +101,10 @@ class DifferentialCheckpointer:
             filesystem) by hard-linking the store's file and writing its location map, the
             store keeping the saved rows' log segments until the step is gone
             (``store_links.py``); False copies their rows like any other tier's.
+
+    One job owns ``directory``: the first save or restore (or ``claim_directory``) locks it
+    for as long as this checkpointer lives, and a checkpointer of another job on it is
+    refused there with an OSError (EWOULDBLOCK) naming the directory and the holder's pid.
     """
 
     def __init__(self, directory: str, full_every: int = 4, max_chain_fraction: float = 1.0,
@@ -118,16 +123,50 @@ class DifferentialCheckpointer:
         self.link_ssd_tables = bool(link_ssd_tables)
         self._chain: Optional[_Chain] = None
         self._started = False
+        self._claimed = False
+        self._dir_lock: Optional[FileLock] = None  # rank 0's: the job's ownership of directory
 
     def latest(self) -> Optional[str]:
         """The newest complete step, or None."""
         return chain_dir.latest_checkpoint(self.directory)
 
+    def claim_directory(self) -> None:
+        """Claims ``directory`` for this job, once (collective; the first save or restore
+        does it otherwise): rank 0 creates it and locks it until this checkpointer is gone.
+
+        Only rank 0 locks: all ranks of one job write into the directory (their manifests),
+        rank 0 alone writes ``latest`` and removes leftovers, and the ranks of another job
+        are refused with their rank 0. The lock dies with the process, so a job torchrun
+        restarts claims the directory again.
+
+        Raises:
+            OSError: on every rank, when rank 0 could not take the lock (EWOULDBLOCK: another
+                job holds it; the message names the directory and the holder's pid).
+        """
+        if self._claimed:
+            return
+        failure: Optional[Tuple[int, str]] = None
+        if _rank() == 0:
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                self._dir_lock = lock_directory(self.directory, "checkpoint directory")
+            except OSError as e:
+                failure = (e.errno or errno.EIO, f"rank 0: {e.strerror or e}")
+        failures: List[Optional[Tuple[int, str]]] = [failure]
+        if dist.is_initialized():
+            failures = [None] * _world()
+            dist.all_gather_object(failures, failure)
+        for f in failures:
+            if f is not None:
+                raise OSError(f[0], f[1])
+        self._claimed = True
+
     def _start(self, restoring: Optional[str] = None) -> None:
-        """Once: removes what killed saves left (rank 0) before anything else is written,
-        but not the chain of step ``restoring``."""
+        """Once: claims the directory, then removes what killed saves left (rank 0) before
+        anything else is written, but not the chain of step ``restoring``."""
         if self._started:
             return
+        self.claim_directory()
         if _rank() == 0:
             os.makedirs(self.directory, exist_ok=True)
             step = None

@@ -32,6 +32,7 @@ from torchrec_mtrains.kernels.tier_stores import ssd_file
 from torchrec_mtrains.sharding.checkpoint import load_optimizer_state, optimizer_state_of
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
+from torchrec_mtrains.storage.file_lock import FileLock, lock_directory
 from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "rank_storage_dir"]
@@ -174,11 +175,18 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             kernel_config = _kernel_config(self.table_params, config, self.storage_dir)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+        # This rank owns its storage directory while a kernel of it lives (the kernels of
+        # one process share the lock); another job on it is refused before any file changes.
+        self._dir_lock: Optional[FileLock] = None
         if self.storage_dir is not None:
             try:
                 os.makedirs(self.storage_dir, exist_ok=True)
             except OSError as e:
                 raise ValueError(f"{where}: cannot create {self.storage_dir}: {e.strerror}") from None
+            try:
+                self._dir_lock = lock_directory(self.storage_dir, "rank storage directory")
+            except OSError as e:
+                raise OSError(e.errno, f"{where}: {e.strerror or e}") from None
             row_bytes = [kernel_config.layout(t.local_cols).row_bytes for t in tables]
             _check_space(self.table_params, self.storage_dir, tables, row_bytes)
         self._tables = tables

@@ -153,6 +153,11 @@ class BlockStore(RowStore):
     ``errno``) for I/O failures such as a full disk, ``CorruptionError`` when data read
     back fails its checksum. Messages name the table file and the offending value. After
     any of these the store stays usable and nothing it had accepted is lost.
+
+    An open store owns its file until ``close``: opening it again for writing (``open``,
+    ``open_adopted``, creating over it with ``overwrite``, a ``snapshot`` onto it), in
+    another process or in this one, raises ``BlockingIOError`` (an OSError, errno
+    EWOULDBLOCK) naming the file and the pid holding it. ``open_read_only`` takes no lock.
     """
 
     def __init__(

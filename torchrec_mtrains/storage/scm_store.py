@@ -28,6 +28,10 @@ dies -- so by default the file's blocks are reserved at creation (``posix_falloc
 ext4/xfs an instant extent allocation) and a table that does not fit fails there with an
 OSError naming its file. ``preallocate=False`` makes a sparse file that takes no space until
 rows are written, for tables far larger than what they will ever touch, at that risk.
+
+An open store owns its file: it holds an exclusive lock on it until ``close`` (file_lock.py),
+and a second open -- in another process, or this one -- is refused with BlockingIOError
+naming the file and the holder's pid, before anything is truncated or mapped.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from torchrec_mtrains.storage._validation import (
     id_range_checked_by_op,
 )
 from torchrec_mtrains._ops import load_extension
+from torchrec_mtrains.storage.file_lock import FileLock, lock_file
 from torchrec_mtrains.storage.types import CorruptionError, RowStore
 
 __all__ = ["ScmStore"]
@@ -62,6 +67,7 @@ _HEADER_BYTES = 4096
 _CRC_AT = _HEADER_BYTES - 4  # header bytes covered by the CRC-32 stored after them
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ROW_CHECKSUMS = "crc32c"  # the header's "row_checksums" value in files with a checksum per row
+_WHAT = "SCM table file"  # what ownership errors call the file
 
 
 class ScmStore(RowStore):
@@ -97,7 +103,9 @@ class ScmStore(RowStore):
         }
         header = _encode_header(meta)
         size = _file_bytes(meta)
-        flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        # No O_TRUNC: an existing file is emptied only once its lock is ours (never under
+        # another store's mapping, which would then fault).
+        flags = os.O_RDWR | os.O_CREAT | (0 if overwrite else os.O_EXCL)
         try:
             fd = os.open(path, flags, 0o644)
         except FileExistsError as e:
@@ -105,6 +113,12 @@ class ScmStore(RowStore):
         except FileNotFoundError as e:
             raise FileNotFoundError(e.errno, f"the directory of {path} does not exist") from None
         try:
+            lock = lock_file(path, _WHAT, fd=os.dup(fd))  # its own descriptor: held after fd closes
+        except OSError:
+            os.close(fd)  # the file stays: it is another store's (or, just created, its next one's)
+            raise
+        try:
+            os.ftruncate(fd, 0)  # an overwritten table keeps none of its old rows
             os.ftruncate(fd, size)
             if preallocate:
                 os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later store
@@ -114,33 +128,40 @@ class ScmStore(RowStore):
         except OSError as e:
             os.close(fd)
             os.unlink(path)
+            lock.release()
             raise OSError(e.errno, f"cannot create {path} ({size:,} bytes): {e.strerror}") from None
         os.close(fd)
-        self._map(path, meta)
+        self._map(path, meta, lock)
 
     @classmethod
     def open(cls, path: PathLike) -> "ScmStore":
         """Opens an existing table file, validating its header and size."""
         path = check_path(path)
         try:
-            with open(path, "rb") as f:
-                head = f.read(_HEADER_BYTES)
+            lock = lock_file(path, _WHAT)
         except FileNotFoundError:
             raise FileNotFoundError(2, f"table file {path} does not exist") from None
-        meta = _decode_header(path, head)
-        expected = _file_bytes(meta)
-        size = os.path.getsize(path)
-        # Created with exactly this size (ftruncate): any other size means the header does
-        # not describe this file (or the file was cut or extended).
-        if size != expected:
-            what = "truncated" if size < expected else "longer than its header says"
-            raise ValueError(f"{path} is {what}: {size} bytes, the header needs {expected}")
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_HEADER_BYTES)
+            meta = _decode_header(path, head)
+            expected = _file_bytes(meta)
+            size = os.path.getsize(path)
+            # Created with exactly this size (ftruncate): any other size means the header
+            # does not describe this file (or the file was cut or extended).
+            if size != expected:
+                what = "truncated" if size < expected else "longer than its header says"
+                raise ValueError(f"{path} is {what}: {size} bytes, the header needs {expected}")
+        except (OSError, ValueError):
+            lock.release()
+            raise
         store = cls.__new__(cls)
-        store._map(path, meta)
+        store._map(path, meta, lock)
         return store
 
-    def _map(self, path: str, meta: Dict[str, Any]) -> None:
+    def _map(self, path: str, meta: Dict[str, Any], lock: FileLock) -> None:
         load_extension()
+        self._lock = lock
         self.path = path
         self.num_rows, self.dim, self.state_dim = meta["num_rows"], meta["dim"], meta["state_dim"]
         self.dtype = _DTYPES[meta["dtype"]]
@@ -211,6 +232,7 @@ class ScmStore(RowStore):
         self.flush()
         del self.data, self._tail
         self._rows_mm = self._tail_mm = None
+        self._lock.release()  # after the mapping is gone: the next owner may truncate
 
     def stats(self) -> Dict[str, float]:
         """Counters; ``rows_materialised`` (rows ever written, so held by the file rather than
