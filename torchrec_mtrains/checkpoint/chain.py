@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional
 from torchrec_mtrains.checkpoint.manifest_schema import check_trainer
 from torchrec_mtrains.checkpoint.restore import ChainStep
 from torchrec_mtrains.checkpoint.row_io import StepReader
+from torchrec_mtrains.storage.fsync import fsync_path
 from torchrec_mtrains.checkpoint.types import FULL, ChainError, StepManifest
 
 __all__ = [
@@ -66,13 +67,7 @@ def write_atomic(path: str, text: str) -> None:
     fsync_dir(directory)  # the rename itself survives a power loss
 
 
-def fsync_dir(path: str) -> None:
-    """Makes the entries of directory ``path`` (created, renamed files) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+fsync_dir = fsync_path  # the entries of a directory (created, renamed files) made durable
 
 
 def read_trainer(path: str, step: Optional[int]) -> Dict[str, Any]:

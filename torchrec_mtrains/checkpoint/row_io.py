@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceSpec
+from torchrec_mtrains.storage.fsync import fsync_path
 from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = [
@@ -234,13 +235,7 @@ class RowChunkWriter(GroupedFileWriter):
         return future
 
 
-def _fsync(path: str) -> None:
-    """fsyncs a closed file or a directory (its entries)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync = fsync_path
 
 
 def _item_bytes(item: WriteItem) -> int:

@@ -58,6 +58,7 @@ from torchrec_mtrains.storage._validation import (
 )
 from torchrec_mtrains._ops import load_extension
 from torchrec_mtrains.storage.file_lock import FileLock, lock_file
+from torchrec_mtrains.storage.fsync import fsync_path
 from torchrec_mtrains.storage.types import CorruptionError, RowStore
 
 __all__ = ["ScmStore"]
@@ -253,13 +254,7 @@ class ScmStore(RowStore):
         return as_ids(self.path, ids)
 
 
-def _fsync_dir(path: str) -> None:
-    """Makes the entries of directory ``path`` durable (a file just created in it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_dir = fsync_path  # the entries of a directory (a file just created in it)
 
 
 def _row_bytes(meta: Dict[str, Any]) -> int:
