@@ -14,17 +14,14 @@ safety is the block store's: their bytes are not compared here.)
 from __future__ import annotations
 
 import os
-import random
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import _dmp_harness as harness
 import pytest
 import torch
 
-from _fs_record import FsRecorder
+from _fs_record import FsRecorder, check_crash_images
 from _power_loss import NIGHTLY_IMAGES, images_wanted, nightly
 from torchrec_mtrains.checkpoint import ChainError, DifferentialCheckpointer
 from torchrec_mtrains.checkpoint.chain import latest_checkpoint, read_chain, step_of
@@ -100,27 +97,7 @@ class Workload:
 
 def run_images(tmp: Path, images: int, seed: int) -> Dict[str, int]:
     w = Workload(tmp)
-    shm = Path("/dev/shm")
-    scratch = Path(tempfile.mkdtemp(prefix="power-loss-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp))
-    try:
-        points = len(w.rec.events)
-        per_point = max(2, -(-images // points))
-        rng = random.Random(seed)
-        failures: List[str] = []
-        counts = {"images": 0, "points": points}
-        for point in range(points):
-            for variant in range(per_point):
-                image = scratch / "image"
-                shutil.rmtree(image, ignore_errors=True)
-                w.rec.build(point, variant, rng, image)
-                bad = w.check(point, image)
-                counts["images"] += 1
-                if bad is not None and len(failures) < 8:
-                    failures.append(f"crash after event {point} ({w.rec.events[point].kind}), variant {variant}: {bad}")
-        assert not failures, "\n".join(failures)
-        return counts
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    return check_crash_images(w.rec, w.check, tmp, images, seed)
 
 
 def test_checkpoint_chain_survives_power_loss(process_group, tmp_path: Path) -> None:

@@ -15,18 +15,15 @@ likes), some torn at 512-byte sectors. Checked against ScmStore's crash contract
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
 import torch
 
-from _fs_record import FsRecorder
+from _fs_record import FsRecorder, check_crash_images
 from _power_loss import NIGHTLY_IMAGES, images_wanted, nightly
 from torchrec_mtrains.storage import ScmStore
 from torchrec_mtrains.storage.types import CorruptionError
@@ -159,44 +156,9 @@ class Workload:
         return None
 
 
-def _scratch(tmp: Path) -> Path:
-    """A directory for the images: in memory (tmpfs) where there is one, since a store's
-    close msyncs and a disk's journal commit per image would dominate the run."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return Path(tempfile.mkdtemp(prefix="power-loss-", dir=shm))
-    return tmp
-
-
 def run_images(tmp: Path, images: int, seed: int) -> Dict[str, int]:
-    scratch = _scratch(tmp)
-    try:
-        return _run_images(tmp, scratch, images, seed)
-    finally:
-        if scratch != tmp:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _run_images(tmp: Path, scratch: Path, images: int, seed: int) -> Dict[str, int]:
     w = Workload(tmp / "work", seed)
-    points = len(w.rec.events)
-    per_point = max(2, -(-images // points))
-    rng = random.Random(seed)
-    failures: List[str] = []
-    counts = {"images": 0, "failures": 0}
-    for point in range(points):
-        for variant in range(per_point):
-            image = scratch / "image"
-            shutil.rmtree(image, ignore_errors=True)
-            w.rec.build(point, variant, rng, image)
-            bad = w.check(point, image)
-            counts["images"] += 1
-            if bad is not None:
-                counts["failures"] += 1
-                if len(failures) < 8:
-                    failures.append(f"crash after event {point} ({w.rec.events[point].kind}), variant {variant}: {bad}")
-    assert not failures, "\n".join(failures)
-    return counts
+    return check_crash_images(w.rec, w.check, tmp, images, seed)
 
 
 def test_scm_store_survives_power_loss(tmp_path: Path) -> None:
