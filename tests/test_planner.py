@@ -11,6 +11,7 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
 
+from _planner_nodes import CPU_NODE, G
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.model.locality import histogram_locality, zipf_locality
 from torchrec_mtrains.planner.model.model_spec import parse_model_spec
@@ -23,13 +24,6 @@ from torchrec_mtrains.sharding import (
     TieredParameterSharding,
 )
 
-G = 2**30
-CPU_NODE = TieredTopology(
-    "test-cpu", "cpu", 2,
-    {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9), Tier.SCM: TierSpec(16 * G, 2e9, 1e9),
-     Tier.SSD: TierSpec(64 * G, 2e8, 3e8, 47_000, 90_000, 4096)},
-    ComputeSpec(2e9, 0.002, 2e-7, 1e-6),
-)
 GPU_NODE = TieredTopology(
     "test-gpu", "cuda", 8,
     {Tier.HBM: TierSpec(60 * G, 1.5e12, 1.5e12), Tier.DRAM: TierSpec(128 * G, 2e10, 2e10),

@@ -14,19 +14,12 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.types import CacheParams, CacheStatistics, KeyValueParams
 
+from _planner_nodes import CPU_NODE
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.model.placement import PlacementError
 from torchrec_mtrains.planner.planner import StorageAwarePlanner
-from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
 from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
 
-G = 1 << 30
-CPU_NODE = TieredTopology(
-    "test-cpu", "cpu", 2,
-    {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9), Tier.SCM: TierSpec(16 * G, 2e9, 1e9),
-     Tier.SSD: TierSpec(64 * G, 2e8, 3e8, 47_000, 90_000, 4096)},
-    ComputeSpec(2e9, 0.002, 2e-7, 1e-6),
-)
 ROWS = (200_000, 50_000, 500)
 
 

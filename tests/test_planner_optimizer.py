@@ -12,19 +12,12 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from _planner_nodes import CPU_NODE
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.model.model_spec import parse_model_spec
 from torchrec_mtrains.planner.planner import StorageAwarePlanner
-from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
 from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
 
-G = 1 << 30
-CPU_NODE = TieredTopology(
-    "test-cpu", "cpu", 2,
-    {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9), Tier.SCM: TierSpec(16 * G, 2e9, 1e9),
-     Tier.SSD: TierSpec(64 * G, 2e8, 3e8, 47_000, 90_000, 4096)},
-    ComputeSpec(2e9, 0.002, 2e-7, 1e-6),
-)
 DIM = 16
 
 
