@@ -20,8 +20,7 @@ __all__ = ["measure"]
 
 def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, port: int = 0) -> float:
     """Median step seconds of the DLRM with ``tables`` tables, as rank ``rank`` of ``world``
-    (the job's processes meet at the TCPStore on 127.0.0.1:``port``; 0 for a job of one
-    rank). With more
+    (the job's processes meet at 127.0.0.1:``port``; 0 for a job of one rank). With more
     than one rank a step is timed by the wall clock: waiting for the peers' collectives and
     sharing the node's cores with them is the framework's cost too."""
     import torch
@@ -41,12 +40,8 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
     from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredTrainPipeline
 
     torch.set_num_threads(1)
-    if world == 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    else:  # the store served by the probe (probe_framework._run) on ``port``
-        store = dist.TCPStore("127.0.0.1", port, is_master=False)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     names = [f"t{i}" for i in range(tables)]
     configs = [EmbeddingBagConfig(name=n, num_embeddings=ROWS, embedding_dim=DIM, feature_names=[f"f{n}"])
                for n in names]

@@ -18,6 +18,7 @@ package.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from typing import Callable, Dict, List, Tuple
@@ -39,15 +40,16 @@ def over_in(tables: int) -> int:
     return DIM + (tables + 1) * tables // 2
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _run(tables: int, batch: int, steps: int, ranks: int) -> float:
     """The slowest rank's median step seconds of a ``ranks``-rank job."""
-    import torch.distributed as dist
-
     args = [sys.executable, "-m", WORKER, str(tables), str(batch), str(steps)]
-    # The ranks meet at a store this process serves on a port the OS picked when binding
-    # it (a port found free and handed on could be taken by then).
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if ranks > 1 else None
-    port = store.port if store is not None else 0
+    port = _free_port() if ranks > 1 else 0
     procs = [subprocess.Popen(args + [str(r), str(ranks), str(port)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     medians = []
