@@ -69,6 +69,7 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
         pipe.progress(it)
         if i:
             times.append(clock() - t0)
+    dist.barrier()  # no rank tears down its group while a peer still has a collective in flight
     dist.destroy_process_group()
     return statistics.median(times)
 
