@@ -9,7 +9,10 @@ the framework's cost too) train TorchRec's DLRM through ``DistributedModelParall
 and ``TieredTrainPipeline`` on prepared batches, with few and with many small tables whole
 in DRAM. The step's time (``timing.step_clock``) less what the profile's TBE and dense
 figures cost gives the fixed cost per step (``framework_step_s``) and per table
-(``framework_table_s``) by a fit over the two table counts.
+(``framework_table_s``) by a fit over the two table counts. Ranks sharing a node's cores
+make single jobs jittery (one job's median step of the same model moved 2x between
+back-to-back runs on an idle 2-core VM), so the two table counts alternate ``REPEATS``
+times and each count's median job is fitted.
 
 Each subprocess is ``WORKER`` (``python -m WORKER TABLES BATCH STEPS RANK WORLD PORT`` prints
 its median step seconds; the slowest rank's is the job's): it builds the model with the planner and the sharder, which sit above this
@@ -19,6 +22,7 @@ package.
 from __future__ import annotations
 
 import socket
+import statistics
 import subprocess
 import sys
 from typing import Callable, Dict, List, Tuple
@@ -27,6 +31,7 @@ __all__ = ["framework_costs"]
 
 WORKER = "torchrec_mtrains.commands.framework_step"
 TABLE_COUNTS = (2, 12)
+REPEATS = 3
 BATCH = 512
 ROWS = 1000
 DIM = 32
@@ -68,7 +73,7 @@ def _run(tables: int, batch: int, steps: int, ranks: int) -> float:
 
 
 def framework_costs(steps: int, modeled: Callable[[int, int], float],
-                    ranks: int = 1) -> Tuple[Dict[str, float], Dict[str, str]]:
+                    ranks: int = 1, repeats: int = REPEATS) -> Tuple[Dict[str, float], Dict[str, str]]:
     """``framework_step_s`` and ``framework_table_s`` and a note per YAML key.
 
     Args:
@@ -76,15 +81,22 @@ def framework_costs(steps: int, modeled: Callable[[int, int], float],
         modeled: ``modeled(tables, batch)`` -> the seconds the profile's other figures
             (TBE, dense layers) give such a step; the rest is the framework's.
         ranks: the job's ranks, all on this node (the profile's ranks per node).
+        repeats: jobs per table count (alternating); each count's median job is fitted.
     """
+    runs: Dict[int, List[float]] = {tables: [] for tables in TABLE_COUNTS}
+    for _ in range(max(1, repeats)):
+        for tables in TABLE_COUNTS:
+            runs[tables].append(_run(tables, BATCH, steps, ranks))
     rest: List[Tuple[int, float, float]] = []
     for tables in TABLE_COUNTS:
-        t = _run(tables, BATCH, steps, ranks)
+        t = statistics.median(runs[tables])
         rest.append((tables, t, t - modeled(tables, BATCH)))
     (k1, _, r1), (k2, _, r2) = rest
     per_table = max(0.0, (r2 - r1) / (k2 - k1))
     per_step = max(0.0, r1 - per_table * k1)
-    seen = "; ".join(f"{k} tables: {t * 1e3:.2f} ms, {r * 1e3:.2f} ms beyond TBE and dense" for k, t, r in rest)
+    seen = "; ".join(f"{k} tables: {t * 1e3:.2f} ms (median of {len(runs[k])} jobs: "
+                     f"{', '.join(f'{x * 1e3:.1f}' for x in runs[k])}), {r * 1e3:.2f} ms beyond TBE and dense"
+                     for k, t, r in rest)
     what = (f"TorchRec DLRM (dense {DENSE_IN}-{'-'.join(map(str, DENSE_MLP))}, over "
             f"{'-'.join(map(str, OVER_MLP))}) trained through DistributedModelParallel + TieredTrainPipeline, "
             f"{ranks} rank(s) on this node (wall clock when more than one), batch {BATCH} per rank, tables of {ROWS:,} x {DIM} whole in DRAM, one id per sample each: {seen}")

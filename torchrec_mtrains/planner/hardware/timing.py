@@ -4,7 +4,7 @@ and the least-squares fit that turns step times into per-unit costs."""
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -20,11 +20,17 @@ def step_clock() -> Callable[[], float]:
     return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
-def nonneg_fit(points: Sequence[Tuple[Sequence[float], float]]) -> List[float]:
+def nonneg_fit(points: Sequence[Tuple[Sequence[float], float]],
+               scales: Optional[Sequence[float]] = None) -> List[float]:
     """Non-negative least squares of ``y = x . coef`` over ``(x, y)`` points: a coefficient
-    that comes out negative (noise) is fixed at 0 and the others refitted."""
+    that comes out negative (noise) is fixed at 0 and the others refitted. ``scales``: each
+    point's residual is divided by its scale (e.g. the step time it was measured against,
+    whose noise grows with it), so a long step's jitter does not outweigh a short step."""
     xs = np.array([x for x, _ in points], dtype=np.float64)
     ys = np.array([y for _, y in points], dtype=np.float64)
+    if scales is not None:
+        w = 1.0 / np.array(scales, dtype=np.float64)
+        xs, ys = xs * w[:, None], ys * w
     active = list(range(xs.shape[1]))
     coef = np.zeros(xs.shape[1])
     while active:
