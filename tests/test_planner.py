@@ -148,6 +148,8 @@ def test_model_spec_reads_17_value_reuse_histograms() -> None:
         (lambda d: d["tables"][2].update(reuse_histogram=[1, 2]), r"tables\[1\].reuse_histogram"),
         (lambda d: d["tables"][0].pop("pooling_factor"), r"tables\[0\].pooling_factor is missing"),
         (lambda d: d["tables"].append(dict(d["tables"][2])), "duplicate names"),
+        (lambda d: d.update(input_time_per_sample=5), "input_time_per_sample: 5 has no unit"),
+        (lambda d: d.update(input_time_per_sample="-1us"), "input_time_per_sample: '-1us' is negative"),
     ],
 )
 def test_model_spec_errors_name_the_field(change, match) -> None:
@@ -219,6 +221,34 @@ def test_cpu_placement_keeps_tables_table_wise(tmp_path: Path) -> None:
                                 storage_dir=str(tmp_path))
     alone.plan(ebc, [TieredEmbeddingBagCollectionSharder()])
     assert alone.last_placement.tables["zipf"].tier is Tier.DRAM and alone.last_placement.tables["zipf"].cache_rows == 0
+
+
+def test_plan_predicts_its_slowest_rank(tmp_path: Path) -> None:
+    """``plan`` predicts the job at the pace of its slowest rank (its tables' cost, the
+    tiered kernel's fixed cost once on a rank with tiered tables, the dense part), not at
+    the even spread ``place`` assumes; the input pipeline's cost per sample lengthens it."""
+    ebc = _meta_ebc([("zipf", 1_000_000, 32), ("hot", 100_000, 32), ("tiny", 1_000, 32)])
+    locality = {"zipf": {"pooling_factor": 40, "zipf_alpha": 1.1}, "hot": {"pooling_factor": 1, "zipf_alpha": 0.8},
+                "tiny": {"pooling_factor": 1, "zipf_alpha": 0.8}}
+    budget = {Tier.DRAM: 200e6}  # a rank's share cannot hold "zipf" whole: cached, table-wise, on one rank
+
+    def planned(input_s: float) -> StorageAwarePlanner:
+        planner = StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=2, locality=locality, budget_bytes=budget,
+                                      storage_dir=str(tmp_path), input_s_per_sample=input_s)
+        planner.plan(ebc, [TieredEmbeddingBagCollectionSharder()])
+        return planner
+
+    planner = planned(0.0)
+    steps = planner.last_rank_step_s
+    assert len(steps) == 2 and planner.last_placement.predicted_step_s == pytest.approx(max(steps))
+    assert planner.last_placement.predicted_qps == pytest.approx(4096 / max(steps))
+    even = planner.place(ebc)
+    assert even.predicted_step_s < max(steps)  # one rank holds the big table: not an even split
+    slower = planned(1e-5)
+    assert slower.last_placement.predicted_step_s == pytest.approx(max(slower.last_rank_step_s))
+    assert slower.last_placement.predicted_step_s >= max(steps) + 2048 * 1e-5 * 0.999
+    with pytest.raises(ValueError, match="input_s_per_sample=-1"):
+        StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=2, input_s_per_sample=-1)
 
 
 def test_plan_goes_through_torchrec_planner_interfaces() -> None:

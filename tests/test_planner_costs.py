@@ -83,6 +83,10 @@ def test_dense_cost_comes_from_the_model_layers() -> None:
     large = _model(dense_layers=[[13, 512, 256, 64], [415, 512, 512, 256, 1]])
     assert dense_step_seconds(large, node, 2) > 3 * dense_step_seconds(small, node, 2) - 2 * framework
     assert dense_step_seconds(_model(), node, 2) == pytest.approx(1e-4 * 2048 + framework)
+    # The input pipeline's cost per sample of the rank's batch (MODEL.yaml input_time_per_sample).
+    fed = _model(dense_layers=[[13, 128, 32], [98, 256, 128, 1]], input_time_per_sample="5us")
+    assert fed.input_s_per_sample == pytest.approx(5e-6)
+    assert dense_step_seconds(fed, node, 2) == pytest.approx(per_rank + framework + 2048 * 5e-6)
 
 
 @pytest.mark.parametrize("layers,message", [

@@ -26,9 +26,9 @@ from torchrec_mtrains.planner.adapters.proposer import TieredProposer
 from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
 from torchrec_mtrains.planner.constraints import constrained_table, is_key_value, key_value_entry
-from torchrec_mtrains.planner.model.estimator import dense_step_seconds
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, parse_model_spec
 from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
+from torchrec_mtrains.planner.model.estimator import dense_step_seconds, kernel_step_seconds
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.types import Tier
@@ -66,6 +66,12 @@ class StorageAwarePlanner(ShardingPlanner):
             ``compute_kernels=["key_value"]`` keeps a table on Tier.SSD with its
             KeyValueParams and CacheParams (load_factor, algorithm, stats), FBGEMM's kernels
             alone keep it whole in the compute tier, ``sharding_types`` limit its sharding.
+        input_s_per_sample: CPU seconds the job's input pipeline spends per sample on the
+            rank's cores (reading, decoding or generating batches); it lengthens the step
+            like the dense part (0: free, or run elsewhere).
+
+    ``plan`` predicts the step of the slowest rank of its partition (``last_rank_step_s``,
+    ``last_placement.predicted_qps``); ``place`` alone spreads the tables' cost evenly.
     """
 
     def __init__(
@@ -82,7 +88,10 @@ class StorageAwarePlanner(ShardingPlanner):
         cache_algorithm: str = "lru",
         optimizer: Optional[str] = None,
         constraints: Optional[Mapping[str, ParameterConstraints]] = None,
+        input_s_per_sample: float = 0.0,
     ) -> None:
+        if not (isinstance(input_s_per_sample, (int, float)) and 0 <= input_s_per_sample < float("inf")):
+            raise ValueError(f"input_s_per_sample={input_s_per_sample!r} must be a finite number of seconds >= 0")
         if optimizer is not None:
             canonical_optimizer(optimizer)
         if isinstance(topology, str):
@@ -101,6 +110,7 @@ class StorageAwarePlanner(ShardingPlanner):
         self.cache_algorithm = cache_algorithm
         self.optimizer = optimizer
         self.constraints = dict(constraints or {})
+        self.input_s_per_sample = float(input_s_per_sample)
         self._trained_optimizer: Optional[str] = None  # what plan()'s sharders train with
         # What the last plan() decided, for reports.
         self.last_model: Optional[ModelSpec] = None
@@ -129,7 +139,8 @@ class StorageAwarePlanner(ShardingPlanner):
             constrained_table(t, self.constraints.get(t.name), compute_tier, t.name in self.locality)
             for t in spec.tables))
         dense = dense_spec_of(module, skip=[ebc for _, ebc in _ebcs(module)])  # its cost from its shapes
-        return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense)  # None: no target, place for speed
+        return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense,  # None: no target, place for speed
+                                   input_s_per_sample=self.input_s_per_sample)
 
     def row_optimizer(self) -> str:
         """The optimizer rows are sized for: the one given, else the one the last ``plan``'s
@@ -177,7 +188,8 @@ class StorageAwarePlanner(ShardingPlanner):
             estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
             enumerator = TieredEnumerator(topology, self.batch_size, self.constraints, estimators, model=self.last_model,
                                           placement=placement, compute_tier=fast)
-            proposer, partitioner = TieredProposer(), TieredPartitioner(dense, fast)
+            proposer = TieredProposer()
+            partitioner = TieredPartitioner(dense, fast, kernel_step_seconds(self.topology, True))
             proposer.load(enumerator.enumerate(module, sharders), enumerator)
             last: Optional[PlannerError] = None  # the last proposal's (row-wise tried) is the telling one
             while (proposal := proposer.propose()) is not None:
@@ -217,6 +229,10 @@ class StorageAwarePlanner(ShardingPlanner):
             raise ValueError(f"tables {tiered} go on the tiered kernel, which does not train "
                              f"{self.row_optimizer()!r} (it trains {list(TIERED_OPTIMIZERS)})")
         self.last_rank_step_s = rank_steps
+        if rank_steps and max(rank_steps) > 0:  # the job runs at its slowest rank's pace
+            step = max(rank_steps)
+            self.last_placement = placement = dataclasses.replace(
+                placement, predicted_step_s=step, predicted_qps=self.last_model.batch_size / step)
         self.last_assignment = {
             o.name: RankAssignment(o.sharding_type, tuple(int(s.rank) for s in o.shards)) for o in options
         }

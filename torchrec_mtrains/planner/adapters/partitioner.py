@@ -4,7 +4,8 @@ predicted step.
 Options are placed largest compute-tier footprint first (bin packing), then heaviest load:
 a table-wise one on the rank whose step grows least among those with room on every tier it
 uses (its rows on its tier, its cache in the compute tier); a row-wise one shard i on rank i.
-A rank's step is the perf model's: ``max(compute + dense, busiest tier)``. Options that fit
+A rank's step is the perf model's: ``max(compute + dense, busiest tier)``, its compute with
+the tiered kernel's fixed cost once if it holds any tiered table. Options that fit
 nowhere keep shards without a rank (the proposer's cue to propose them row-wise) and the
 partition raises ``PlannerError``.
 """
@@ -36,6 +37,7 @@ class _Rank:
     free: TieredStorage
     compute: float = 0.0
     io: Dict[Tier, float] = dataclasses.field(default_factory=dict)
+    kernel: float = 0.0  # the tiered kernel's fixed cost, once it holds a tiered table
 
     def with_work(self, option: TieredShardingOption, fraction: float) -> Tuple[float, Dict[Tier, float]]:
         """(compute, io per tier) of this rank plus ``fraction`` of the option's table."""
@@ -44,24 +46,29 @@ class _Rank:
             io[t] = io.get(t, 0.0) + s * fraction
         return self.compute + option.cost.compute_s * fraction, io
 
-    def step(self, dense: float, option: Optional[TieredShardingOption] = None) -> float:
+    def step(self, dense: float, option: Optional[TieredShardingOption] = None, kernel_s: float = 0.0) -> float:
         compute, io = (self.compute, self.io) if option is None else self.with_work(option, 1.0)
-        return step_seconds(compute, io, dense)
+        kernel = kernel_s if option is not None and option.is_tiered else self.kernel
+        return step_seconds(compute + max(kernel, self.kernel), io, dense)
 
-    def take(self, option: TieredShardingOption, shard_index: int) -> None:
+    def take(self, option: TieredShardingOption, shard_index: int, kernel_s: float) -> None:
         shard = option.shards[shard_index]
         self.free = self.free - shard.storage
         self.compute, self.io = self.with_work(option, option.shard_fraction(shard))
+        if option.is_tiered:
+            self.kernel = kernel_s
 
 
 class TieredPartitioner(Partitioner):
     """Args: ``dense_s_per_rank``: the dense part of a rank's step (it is the same on every
     rank, but sets how much embedding work a rank takes before its step grows);
-    ``compute_tier``: where caches and whole tables live (HBM or DRAM)."""
+    ``compute_tier``: where caches and whole tables live (HBM or DRAM); ``kernel_s``: the
+    tiered kernel's fixed cost per step, paid once by a rank with any tiered table."""
 
-    def __init__(self, dense_s_per_rank: float, compute_tier: Tier) -> None:
+    def __init__(self, dense_s_per_rank: float, compute_tier: Tier, kernel_s: float = 0.0) -> None:
         self._dense = dense_s_per_rank
         self._compute_tier = compute_tier
+        self._kernel = kernel_s
         self.rank_step_s: List[float] = []  # of the last successful partition
 
     def partition(self, proposal: List[ShardingOption], storage_constraint: Topology) -> List[ShardingOption]:
@@ -85,8 +92,8 @@ class TieredPartitioner(Partitioner):
                 if not fits:
                     unplaced.append(f"{option.name} (whole on one rank)")
                     continue
-                best = min(fits, key=lambda r: (ranks[r].step(self._dense, option), r))
-                ranks[best].take(option, 0)
+                best = min(fits, key=lambda r: (ranks[r].step(self._dense, option, self._kernel), r))
+                ranks[best].take(option, 0, self._kernel)
                 shard.rank = best
             else:  # row-wise: shard i on rank i
                 if len(option.shards) != len(ranks) or not all(
@@ -94,7 +101,7 @@ class TieredPartitioner(Partitioner):
                     unplaced.append(f"{option.name} (even split by rows)")
                     continue
                 for r, shard in enumerate(option.shards):
-                    ranks[r].take(option, r)
+                    ranks[r].take(option, r, self._kernel)
                     shard.rank = r
         if unplaced:
             names = ", ".join(unplaced[:5]) + (f" and {len(unplaced) - 5} more" if len(unplaced) > 5 else "")

@@ -11,6 +11,7 @@ import numpy as np
 import yaml
 
 from torchrec_mtrains.layout import PRECISIONS
+from torchrec_mtrains.planner.hardware.units import parse_quantity
 from torchrec_mtrains.types import Tier
 from torchrec_mtrains.planner.model.locality import (
     LocalityCurve,
@@ -22,7 +23,7 @@ from torchrec_mtrains.planner.model.optimizers import canonical_optimizer, optim
 __all__ = ["LAZY_TIERS", "DenseSpec", "ModelSpec", "ModelTable", "dense_spec_of", "load_model_spec",
            "parse_model_spec"]
 
-_TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables", "dense_layers"}
+_TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables", "dense_layers", "input_time_per_sample"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
                "reuse_trace_steps", "trace", "trace_table", "count", "rows_written", "drift"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
@@ -95,6 +96,9 @@ class ModelSpec:
     optimizer: str
     tables: Tuple[ModelTable, ...]
     dense: Optional[DenseSpec] = None  # None: costed at the profile's dense_time_per_sample
+    # Seconds a rank's input pipeline (reading or generating batches, on the rank's cores)
+    # spends per sample; 0: free, or off the training cores.
+    input_s_per_sample: float = 0.0
 
     @property
     def embedding_bytes(self) -> float:
@@ -213,7 +217,9 @@ def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"tables: duplicate names {dup[:5]}")
     dense = _dense_layers(doc["dense_layers"]) if "dense_layers" in doc else None
-    return ModelSpec(batch, qps, dtype, optimizer, tuple(tables), dense)
+    input_s = (parse_quantity(doc["input_time_per_sample"], "time", "input_time_per_sample")
+               if "input_time_per_sample" in doc else 0.0)
+    return ModelSpec(batch, qps, dtype, optimizer, tuple(tables), dense, input_s)
 
 
 def _dense_layers(doc: Any) -> DenseSpec:
