@@ -63,7 +63,8 @@ def test_component_launch_learns(default_run) -> None:
     assert len(losses) == STEPS and m["world_size"] == 2
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.05
     assert m["auc"] > 0.65
-    assert m["qps"] > 0
+    assert m["qps"] > 0 and m["predicted_qps"] > 0
+    assert m["input_seconds_per_sample"] > 0  # measured: the planner's step includes making the batches
     assert {"SSD", "SCM", "DRAM"} <= set(m["placement"].values())  # the default budget needs SCM and SSD
     tiered = {t for t, tier in m["placement"].items() if tier in ("SSD", "SCM")}
     assert set(m["hit_rate"]) == tiered and all(0 < h <= 1 for h in m["hit_rate"].values())
@@ -104,6 +105,7 @@ def test_resume_continues_exactly(default_run, tmp_path) -> None:
     (["--dram-budget", "1KiB"], "cannot hold the model"),
     (["--hardware", "gpu-scm-node"], "cuda node"),
     (["--data-dir", "."], "no Criteo files"),
+    (["--input-time-per-sample", "fast"], "--input-time-per-sample: cannot read 'fast'"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message) -> None:
     out = tmp_path / "out"

@@ -92,10 +92,12 @@ def make_planner(
     target_qps: Optional[float] = None,
     scm_budget_bytes: Optional[int] = None,
     ranks_per_node: Optional[int] = None,
+    input_s_per_sample: float = 0.0,
 ) -> StorageAwarePlanner:
     """The example's planner: the embeddings within ``dram_budget_bytes`` of DRAM per rank
     and, when given, ``scm_budget_bytes`` of SCM per rank (the rest goes to SSD), on nodes
-    of ``ranks_per_node`` ranks (``node_of``; default: the profile's)."""
+    of ``ranks_per_node`` ranks (``node_of``; default: the profile's); the input pipeline
+    costs ``input_s_per_sample`` of a rank's CPU per sample."""
     if dram_budget_bytes <= 0:
         raise ValueError(f"--dram-budget must be > 0 bytes, got {dram_budget_bytes}")
     if scm_budget_bytes is not None and scm_budget_bytes < 0:
@@ -113,6 +115,7 @@ def make_planner(
         locality={t.name: dict(t.locality) for t in tables},
         budget_bytes=budget,
         storage_dir=storage_dir,
+        input_s_per_sample=input_s_per_sample,
     )
 
 

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint import checkpointer_of, flush_tiers, latest_checkpoint  # noqa: E402
 from checksum import weights_sha256  # noqa: E402
+from input_cost import input_seconds_per_sample  # noqa: E402
 from data import (  # noqa: E402
     CRITEO_ROWS,
     DEFAULT_TABLES,
@@ -64,6 +65,7 @@ from tier_report import tier_counters  # noqa: E402
 
 from torchrec_mtrains.commands.quiet import quiet_framework_noise  # noqa: E402
 from torchrec_mtrains.elastic import exit_when_agent_dies, init_process_group, stop_if_orphaned  # noqa: E402
+from torchrec_mtrains.planner.hardware.units import parse_quantity  # noqa: E402
 from torchrec_mtrains.testing.faults import fault_point  # noqa: E402
 
 EXIT_IO_ERROR = 1
@@ -105,6 +107,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--target-qps", type=float, default=None,
                    help="throughput the planner must feed from the tiers (samples/s, all ranks; default: as fast "
                         "as the embedding compute, i.e. tiers must not slow the step)")
+    p.add_argument("--input-time-per-sample", default="measure",
+                   help="CPU time a rank spends making one sample's input (e.g. 10us), which the planner adds to "
+                        "the step it predicts and plans for; 'measure' (default): timed on a few batches at start, "
+                        "the slowest rank's")
     p.add_argument("--storage-dir", default=None,
                    help="where this node's SCM/SSD table files go (each rank in "
                         "rank_<r>/; a node-local disk; default: a temp dir)")
@@ -179,6 +185,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         args.dram_budget_bytes = parse_bytes(args.dram_budget, "--dram-budget")
         args.scm_budget_bytes = (None if str(args.scm_budget).lower() == "none"
                                  else parse_bytes(args.scm_budget, "--scm-budget"))
+        args.input_s_per_sample = (None if str(args.input_time_per_sample).lower() == "measure" else
+                                   parse_quantity(args.input_time_per_sample, "time", "--input-time-per-sample"))
     except ValueError as e:
         p.error(str(e))
     return args
@@ -471,15 +479,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     return code
 
 
+def criteo_train_batches(args, tables: List[TableInfo], prefixes: List[str], rank: int, world: int):
+    """This rank's training batches of the Criteo files (TorchRec's split), from the start."""
+    files, stage = criteo_splits(prefixes)["train"]
+    return criteo_batches(files, args.batch_size, rank, world, [t.num_embeddings for t in tables], stage,
+                          args.criteo_multi_hot)
+
+
 def criteo_iterators(args, tables: List[TableInfo], prefixes: List[str], rank: int, world: int, start: int):
     """(training batches from step ``start``, held-out batches) of this rank from the Criteo
     files: TorchRec's split (``criteo_splits``), ids hashed into each table's rows."""
     import itertools
 
     hashes = [t.num_embeddings for t in tables]
-    splits = criteo_splits(prefixes)
-    (train_files, train_stage), (eval_files, eval_stage) = splits["train"], splits["eval"]
-    train_data = criteo_batches(train_files, args.batch_size, rank, world, hashes, train_stage, args.criteo_multi_hot)
+    eval_files, eval_stage = criteo_splits(prefixes)["eval"]
+    train_data = criteo_train_batches(args, tables, prefixes, rank, world)
     if rank == 0 and len(train_data) < args.steps:
         print(f"train.py: note: {args.data_dir} holds {len(train_data)} batches per rank: training stops there, "
               f"before --steps {args.steps}", file=sys.stderr, flush=True)
@@ -490,16 +504,20 @@ def criteo_iterators(args, tables: List[TableInfo], prefixes: List[str], rank: i
 def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) -> int:
     t0 = time.perf_counter()
     local_world, nodes = node_shape(world)
-    planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
-                           args.scm_budget_bytes, local_world)
     if prefixes:
         from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 
         features = list(DEFAULT_CAT_NAMES)
+        sample_batches = criteo_train_batches(args, tables, prefixes, rank, world)
     else:
         data = SyntheticData(scaled_tables(args.table_scale, args.tables), args.batch_size, args.seed, args.drift,
                              args.max_rows)
         features = data.feature_names()
+        sample_batches = data.batches(0, args.steps, rank, stream=2)  # a stream training never draws
+    input_s = (input_seconds_per_sample(sample_batches, args.batch_size) if args.input_s_per_sample is None
+               else args.input_s_per_sample)
+    planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
+                           args.scm_budget_bytes, local_world, input_s)
     torch.manual_seed(args.seed)
     dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), planner)
     placement, rows = tier_of(planner), placement_rows(planner)
@@ -522,7 +540,8 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         print(f"placement by StorageAwarePlanner ({hardware.name}, --dram-budget {args.dram_budget}, "
               f"--scm-budget {args.scm_budget} per rank, "
               f"{world} ranks on {nodes} node{'s' if nodes > 1 else ''} of {local_world}; predicted "
-              f"{p.predicted_qps:,.0f} QPS):\n" + format_table(rows), flush=True)
+              f"{p.predicted_qps:,.0f} QPS, the input batches {input_s * args.batch_size * 1e3:.1f} ms per rank "
+              f"and step of it):\n" + format_table(rows), flush=True)
     if prefixes:
         train_it, eval_it = criteo_iterators(args, tables, prefixes, rank, world, start)
     else:
@@ -547,6 +566,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "dram_budget_bytes_per_rank": args.dram_budget_bytes, "scm_budget_bytes_per_rank": args.scm_budget_bytes,
         "dcn": args.dcn,
         "predicted_qps": planner.last_placement.predicted_qps,
+        "input_seconds_per_sample": input_s,
         "predicted_hit_rate": {t: planner.last_placement.tables[t].hit_rate for t in tiered},
         "data": "criteo" if prefixes else "synthetic", "wall_seconds": time.perf_counter() - t0,
         "step_times": [t - trainer.step_times[0] for t in trainer.step_times] if trainer.step_times else [],
