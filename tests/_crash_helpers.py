@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from _planner_nodes import PINNED_PROFILE
 from _ports import OS_PICKED_PORT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +23,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "dlrm"))
 STEPS = 20
 EVERY = 4
 SMALL = ["--steps", str(STEPS), "--batch-size", "64", "--table-scale", "0.05", "--dram-budget", "8MiB",
-         "--checkpoint-every", str(EVERY), "--eval-batches", "1", "--log-every", "5"]
+         "--checkpoint-every", str(EVERY), "--eval-batches", "1", "--log-every", "5",
+         "--hardware", PINNED_PROFILE, "--input-time-per-sample", "0s"]  # placements that do not move
 
 
 def env(fault: Optional[str] = None, **extra: str) -> Dict[str, str]:

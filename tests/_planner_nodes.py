@@ -1,11 +1,14 @@
-"""A small CPU node with DRAM, SCM and SSD tiers, shared by the planner tests."""
+"""A small CPU node with DRAM, SCM and SSD tiers, shared by the planner tests, and a frozen
+hardware profile for the example runs whose tests need given placements."""
 
 from __future__ import annotations
+
+import os
 
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
 
-__all__ = ["CPU_NODE", "G"]
+__all__ = ["CPU_NODE", "G", "PINNED_PROFILE"]
 
 G = 1 << 30
 CPU_NODE = TieredTopology(
@@ -14,3 +17,9 @@ CPU_NODE = TieredTopology(
      Tier.SSD: TierSpec(64 * G, 2e8, 3e8, 47_000, 90_000, 4096)},
     ComputeSpec(2e9, 0.002, 2e-7, 1e-6),
 )
+
+
+# A hardware profile frozen for tests whose scenario needs given placements (a table on SCM,
+# two on SSD, ...): the shipped ``local`` profile is re-measured from time to time and its
+# figures move the planner's choices.
+PINNED_PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", "two_core_vm.yaml")

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "dlrm"))
 
 import torch  # noqa: E402
 from _crash_helpers import TRAIN, env, run, torchrun_env  # noqa: E402
+from _planner_nodes import PINNED_PROFILE  # noqa: E402
 from data import (  # noqa: E402
     MultiHotCriteoBatches,
     criteo_batches,
@@ -39,7 +40,8 @@ VOCAB = 300  # distinct hex values per categorical feature
 # Two tables large enough to be tiered, the rest small; --target-qps makes the planner put
 # one of the two on SCM and the other on SSD (the local profile's bandwidths).
 ROWS = "50000,50000," + ",".join(["1000"] * (CAT - 2))
-TIERED = ["--criteo-rows", ROWS, "--dram-budget", "4MiB", "--scm-budget", "8MiB"]
+TIERED = ["--criteo-rows", ROWS, "--dram-budget", "4MiB", "--scm-budget", "8MiB", "--hardware", PINNED_PROFILE,
+          "--input-time-per-sample", "0s"]
 TWO_TIERS = ["--target-qps", "100000"]  # with 2 ranks: one table on SCM, one on SSD
 MULTI_HOT_SIZES = [3, 2] + [1] * (CAT - 2)
 

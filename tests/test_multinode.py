@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _crash_helpers import TRAIN, metrics, run, torchrun_env
+from _planner_nodes import PINNED_PROFILE
 from _ports import HOST, master_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 # Tables at 5% of their rows and an 8 MiB DRAM budget: the planner puts one table on SCM
 # (rank 0) and one on SSD (rank 1), so both nodes keep files.
 SMALL = ["--steps", "4", "--batch-size", "64", "--table-scale", "0.05", "--dram-budget", "8MiB",
-         "--eval-batches", "1", "--log-every", "2"]
+         "--eval-batches", "1", "--log-every", "2", "--hardware", PINNED_PROFILE, "--input-time-per-sample", "0s"]
 TIMEOUT = 240  # seconds per job; on timeout its whole process group is killed
 
 
