@@ -4,7 +4,8 @@ nodes needed with all tiers vs HBM + DRAM only on the model suite.
 
 1. Perf model: one table (default 1M x 64 fp32, batch 2048 x pooling 20, Zipf 1.05) trained
    with FBGEMM all in DRAM and with TieredEmbeddingBags on SCM and SSD (10% and 2% caches,
-   the table fully written first, the prefetch pipeline on, one thread as one rank); the
+   the table fully written first, the prefetch pipeline on, one thread as one rank; the
+   cases take turns in blocks of steps, so a slow spell of a shared machine hits them alike); the
    median step time against the step the perf model predicts from a hardware profile
    measured by `mtrains probe-hw --quick` at the start of the same run (the disk's speed
    drifts between runs) or from a given profile (target: within 25%).
@@ -21,6 +22,7 @@ nodes needed with all tiers vs HBM + DRAM only on the model suite.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -78,7 +80,9 @@ def _tiered(tier: Tier, rows: int, dim: int, cache_rows: int, directory: str):
     return kernel
 
 
-def _time_steps(module, batches, offsets, warmup: int, prefetch: bool) -> float:
+def _step_times(module, batches, offsets, prefetch: bool) -> list:
+    """Seconds of each training step over ``batches`` (the next one prefetched while a step
+    computes, when ``prefetch``); every batch prefetched here is consumed here."""
     times = []
     if prefetch:
         module.prefetch(batches[0], offsets)
@@ -87,9 +91,8 @@ def _time_steps(module, batches, offsets, warmup: int, prefetch: bool) -> float:
         if prefetch and i + 1 < len(batches):
             module.prefetch(batches[i + 1], offsets)
         module(idx, offsets).sum().backward()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def _measured_profile(directory: str) -> str:
@@ -113,21 +116,33 @@ def perf_model(args) -> list:
         (f"{tier.name}, cache {frac:.0%}", tier, frac) for tier in (Tier.SCM, Tier.SSD) for frac in (0.1, 0.02)]
     results = []
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        for name, tier, frac in cases:
+        modules = []
+        for i, (name, tier, frac) in enumerate(cases):
             if frac == 0:
                 module, prefetch = _fbgemm(rows, dim), False
             else:
-                module, prefetch = _tiered(tier, rows, dim, int(frac * rows), d), True
-            # Warm the cache over the warm-up steps, then time.
-            measured = _time_steps(module, batches, offsets, args.warmup, prefetch)
+                sub = os.path.join(d, f"case{i}")  # each case its own table files
+                os.makedirs(sub)
+                module, prefetch = _tiered(tier, rows, dim, int(frac * rows), sub), True
+            _step_times(module, batches[:args.warmup], offsets, prefetch)  # warm the cache
+            modules.append((module, prefetch))
+        # The cases take turns in blocks (each round in another order), so a slow spell of
+        # the shared machine falls on all of them rather than on whichever ran then.
+        times = [[] for _ in cases]
+        per_block = max(1, args.steps // args.blocks)
+        for r in range(args.blocks):
+            block = batches[args.warmup + r * per_block:args.warmup + (r + 1) * per_block]
+            for i in (range(len(cases)) if r % 2 == 0 else reversed(range(len(cases)))):
+                times[i] += _step_times(modules[i][0], block, offsets, modules[i][1])
+        for (name, tier, frac), (module, _), measured in zip(cases, modules, times):
             hit = None
             if frac:
                 hit = next(iter(module.cache_stats().values()))["hit_rate"]
                 module.close()
             cost = table_cost(table, tier, frac * rows, topo, batch)
             predicted = step_seconds(cost.compute_s, cost.io_s, 0.0)
-            results.append((name, measured, predicted, hit, cost.hit_rate))
-            del module
+            results.append((name, statistics.median(measured), predicted, hit, cost.hit_rate))
+        del modules
     return results
 
 
@@ -142,7 +157,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pooling", type=int, default=20)
     parser.add_argument("--zipf-alpha", type=float, default=1.05)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per case, in --blocks turns")
+    parser.add_argument("--blocks", type=int, default=3, help="turns the cases take, alternating")
     parser.add_argument("--dir", default=None, help="where the SCM/SSD files go (default: the temp dir)")
     parser.add_argument("--quick", action="store_true", help="smaller table and fewer steps")
     parser.add_argument("--skip-perf", action="store_true")
