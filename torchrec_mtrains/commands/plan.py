@@ -10,6 +10,7 @@ prefix and their count (``small_* (x400)``). ``--all-tables`` prints one row per
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -136,10 +137,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.target_qps is not None:
             if not args.target_qps > 0:
                 raise ValueError(f"--target-qps={args.target_qps} must be > 0")
-            model = ModelSpec(model.batch_size, args.target_qps, model.dtype, model.optimizer, model.tables)
-        report = plan_report(model, topo, args.max_nodes, args.policy)
+            model = dataclasses.replace(model, target_qps=args.target_qps)
     except (ValueError, OSError) as e:
         print(f"mtrains plan: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        report = plan_report(model, topo, args.max_nodes, args.policy)
+    except ValueError as e:  # the model and this hardware together: name both
+        print(f"mtrains plan: error: {args.model} on {args.hardware}: {e}", file=sys.stderr)
         return 2
     if args.json:
         json.dump(report, sys.stdout, indent=1)
