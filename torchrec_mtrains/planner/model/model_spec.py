@@ -4,6 +4,7 @@ their locality), read into ``ModelSpec`` with every field checked by name."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
@@ -105,11 +106,17 @@ class ModelSpec:
         return sum(t.bytes for t in self.tables)
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _number(where: str, value: Any, integer: bool = False, positive: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise ValueError(f"{where}={value!r} must be {'an integer' if integer else 'a number'}")
-    if not np.isfinite(value) or (positive and value <= 0) or value < 0:
+    # Python ints are exact at any size (np.isfinite refuses those beyond 64 bits).
+    if (isinstance(value, float) and not math.isfinite(value)) or (positive and value <= 0) or value < 0:
         raise ValueError(f"{where}={value!r} must be {'> 0' if positive else '>= 0'}")
+    if integer and value > _INT64_MAX:  # ids, rows and batches are int64 in TorchRec and FBGEMM
+        raise ValueError(f"{where}={value!r} must be < 2^63")
     return value
 
 
