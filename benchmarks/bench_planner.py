@@ -7,8 +7,8 @@ nodes needed with all tiers vs HBM + DRAM only on the model suite.
    the table fully written first, the prefetch pipeline on, one thread as one rank; the
    cases take turns in blocks of steps, so a slow spell of a shared machine hits them alike); the
    median step time against the step the perf model predicts from a hardware profile
-   measured by `mtrains probe-hw --quick` at the start of the same run (the disk's speed
-   drifts between runs) or from a given profile (target: within 25%).
+   measured by `mtrains probe-hw --quick --table-size <the table's bytes>` at the start of
+   the same run (the disk's speed drifts between runs) or from a given profile (target: within 25%).
 2. Planning time of the 1,000-table models (target: under 30 s each): `thousand_tables`
    (6.47 TiB, tables repeated by `count:`) and `thousand_tables_23tb` (~23 TB, every table
    its own size and locality curve, a capacity-bound target), from reading MODEL.yaml to
@@ -95,21 +95,24 @@ def _step_times(module, batches, offsets, prefetch: bool) -> list:
     return times
 
 
-def _measured_profile(directory: str) -> str:
+def _measured_profile(directory: str, table_bytes: int) -> str:
+    """A quick probe whose tier tables are as large as the benchmark's (a smaller file's
+    random reads are partly served by caches below the filesystem: 2x the IOPS here)."""
     from torchrec_mtrains.commands import probe_hw
 
     path = str(Path(directory) / "measured.yaml")
-    if probe_hw.main(["--quick", "--dir", directory, "--out", path]) != 0:
+    if probe_hw.main(["--quick", "--table-size", str(table_bytes), "--dir", directory, "--out", path]) != 0:
         raise SystemExit("probe-hw failed")
     return path
 
 
 def perf_model(args) -> list:
-    topo = load_topology(args.hardware if args.hardware != "measure" else _measured_profile(args.dir or tempfile.gettempdir()))
     rows, dim, batch, pf, alpha = args.rows, args.dim, args.batch, args.pooling, args.zipf_alpha
     spec = parse_model_spec({"batch_size": batch, "target_qps": 1.0, "tables": [
         {"name": "t", "num_embeddings": rows, "embedding_dim": dim, "pooling_factor": pf, "zipf_alpha": alpha}]})
     table = spec.tables[0]
+    topo = load_topology(args.hardware if args.hardware != "measure"
+                         else _measured_profile(args.dir or tempfile.gettempdir(), int(table.bytes)))
     batches = _batches(rows, batch * pf, alpha, args.warmup + args.steps)
     offsets = torch.arange(0, batch * pf + 1, pf)
     cases = [("FBGEMM, all in DRAM", Tier.DRAM, 0.0)] + [
@@ -149,7 +152,7 @@ def perf_model(args) -> list:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hardware", default="measure",
-                        help="profile the perf model reads: 'measure' (default) runs `mtrains probe-hw --quick` "
+                        help="profile the perf model reads: 'measure' (default) runs `mtrains probe-hw --quick` (tier tables as large as this one) "
                              "first, in this run, since the disk's speed drifts between runs; or a name / YAML")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=64)

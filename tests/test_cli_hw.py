@@ -27,7 +27,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
     out = tmp_path / "hw.yaml"
-    assert main(["probe-hw", "--quick", "--dir", str(tmp_path), "--out", str(out)]) == 0
+    assert main(["probe-hw", "--quick", "--table-size", "24MiB", "--dir", str(tmp_path), "--out", str(out)]) == 0
     topo = load_topology(out)
     assert topo.name == "local" and topo.compute_device == "cpu" and topo.ranks_per_node == 2
     assert set(topo.tiers) == {Tier.DRAM, Tier.SCM, Tier.SSD}
@@ -46,6 +46,7 @@ def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
     assert "probe-hw --quick" in topo.source
     text = out.read_text()
     assert "PER RANK" in text and "# DramStore.read" in text
+    assert "fully written 24 MiB table" in text  # --table-size sized the tier probes' tables
     assert list(tmp_path.iterdir()) == [out]  # scratch files removed
 
 
@@ -54,6 +55,8 @@ def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
     (["--ranks-per-node", "0"], "ranks_per_node=0"),
     (["--out", "/no/such/dir/x.yaml"], "does not exist"),
     (["--frobnicate"], "unrecognized arguments"),
+    (["--table-size", "5Q"], "--table-size: unknown unit 'Q'"),
+    (["--table-size", "1MiB"], "table_mib=1 must be an integer >= 16"),
 ])
 def test_probe_hw_bad_arguments_exit_2(argv: list, message: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from torchrec_mtrains.planner.hardware.probe import ProbeConfig, probe
 from torchrec_mtrains.planner.hardware.topology import parse_topology
+from torchrec_mtrains.planner.hardware.units import parse_size
 
 __all__ = ["main"]
 
@@ -28,9 +29,15 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="small tables, short runs (~20 s)")
     parser.add_argument("--ranks-per-node", type=int, default=2,
                         help="training processes per node; per-node figures are divided by it (default: 2)")
+    parser.add_argument("--table-size", default=None,
+                        help="size of each tier probe's table, e.g. 1GiB (default 256MiB, 32MiB with --quick): "
+                             "as large as the tables you train, so no cache below the filesystem holds it")
     args = parser.parse_args(list(argv))
     try:
-        cfg = ProbeConfig(args.dir, quick=args.quick, ranks_per_node=args.ranks_per_node)
+        table_mib = None
+        if args.table_size is not None:
+            table_mib = max(1, int(parse_size(args.table_size, "--table-size", bare_bytes=True)) >> 20)
+        cfg = ProbeConfig(args.dir, quick=args.quick, ranks_per_node=args.ranks_per_node, table_mib=table_mib)
     except ValueError as e:
         parser.error(str(e))  # exits 2
     if args.out is not None and not args.out.parent.is_dir():

@@ -56,6 +56,9 @@ MEMORY_ACCESS_BYTES = 64
 """A cache line: the access unit of byte-addressable memory (DRAM, mmap'd SCM)."""
 
 
+MIN_TABLE_MIB = 16
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
     """What to measure and how long.
@@ -69,6 +72,9 @@ class ProbeConfig:
             activations, page cache).
         storage_fraction: share of the directory's free space given to each of SCM and
             SSD (they share the filesystem here).
+        table_mib: MiB of each tier probe's table (default 256, 32 with ``quick``): random
+            reads of a small file can be served by caches below the filesystem (a VM's
+            host), so probe with tables the size of the ones that will be trained.
     """
 
     directory: Path
@@ -76,8 +82,13 @@ class ProbeConfig:
     ranks_per_node: int = 2
     dram_fraction: float = 0.5
     storage_fraction: float = 0.4
+    table_mib: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.table_mib is not None and (isinstance(self.table_mib, bool) or not isinstance(self.table_mib, int)
+                                           or self.table_mib < MIN_TABLE_MIB):
+            raise ValueError(f"table_mib={self.table_mib!r} must be an integer >= {MIN_TABLE_MIB} "
+                             "(the probes read batches of 16,384 distinct rows)")
         if not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1:
             raise ValueError(f"ranks_per_node={self.ranks_per_node!r} must be an integer >= 1")
         for name in ("dram_fraction", "storage_fraction"):
@@ -90,7 +101,7 @@ class ProbeConfig:
     @property
     def table_bytes(self) -> int:
         """Bytes of each probe table (far above the CPU caches; the SSD one is read O_DIRECT)."""
-        return (32 if self.quick else 256) * 2**20
+        return (self.table_mib or (32 if self.quick else 256)) * 2**20
 
     @property
     def seconds(self) -> float:
@@ -147,7 +158,7 @@ def probe_dram(cfg: ProbeConfig) -> tuple[TierSpec, Dict[str, str]]:
     reads, writes, _ = _row_io_rates(store, rows, 16384, cfg.seconds)
     del store
     table = torch.rand(rows, ROW_DIM + 1)
-    batch = 65536
+    batch = min(65536, rows)
     gen = torch.Generator().manual_seed(0)
     ids = [torch.randint(rows, (batch,), generator=gen) for _ in range(8)]
     perms = [torch.randperm(rows, generator=gen)[:batch] for _ in range(8)]
