@@ -47,7 +47,14 @@ void TestWriterWaitBounded() {
       }
     });
   std::thread writer([&] {
-    for (int i = 0; i < kWrites; ++i) take(kWriter);
+    // The first turn holds the mutex until every reader has asked for it (counted in
+    // tickets, not waited out on a clock), so the log has grants that found others waiting:
+    // on a loaded machine the threads could otherwise take turns without ever meeting.
+    const uint64_t first = mu.Lock();
+    log.push_back({kWriter, first, mu.TicketsIssued()});
+    while (mu.TicketsIssued() < first + 1 + kReaders) std::this_thread::yield();
+    mu.Unlock();
+    for (int i = 1; i < kWrites; ++i) take(kWriter);
     mu.Lock();
     writer_done = true;
     mu.Unlock();
@@ -72,7 +79,8 @@ void TestWriterWaitBounded() {
   }
   CHECK(writes == kWrites) << writes;
   // The case was contended: some grant found others already waiting (their tickets were
-  // issued while it waited or held the mutex), so the bound above was exercised.
+  // issued while it waited or held the mutex), so the bound above was exercised (the
+  // writer's first turn makes sure of it).
   size_t contended = 0;
   for (const Grant& g : log) contended += g.issued_at_grant > g.ticket + 1;
   CHECK(contended > 0) << "no grant saw another thread waiting";
