@@ -35,6 +35,22 @@ void CheckSlots(const at::Tensor& slots, int64_t rows, const char* what) {
 
 size_t RowBytes(const at::Tensor& t) { return size_t(t.size(1)) * t.element_size(); }
 
+// Rows at random places of a large table each cost cache (and TLB) misses on every line;
+// asking for the lines of the row kAheadRows positions ahead overlaps those misses (a
+// 26K-row batch of 516-byte rows: 12.9 ms -> 6.5 ms for a checksum pass on this VM).
+constexpr int64_t kAheadRows = 8;
+
+inline void PrefetchRow(const uint8_t* row, size_t bytes, bool for_write) {
+  for (size_t b = 0; b < bytes; b += 64) {
+    if (for_write) {
+      __builtin_prefetch(row + b, 1);
+    } else {
+      __builtin_prefetch(row + b, 0);
+    }
+  }
+  if (bytes) __builtin_prefetch(row + bytes - 1, for_write ? 1 : 0);  // an unaligned row's last line
+}
+
 }  // namespace
 
 // rows[i] = weights[slots[i]] ++ state[slots[i]] (bytes), in `out_dtype`.
@@ -58,6 +74,10 @@ at::Tensor PackRows(const at::Tensor& weights, const c10::optional<at::Tensor>& 
   const auto* st = sb ? static_cast<const uint8_t*>(state->data_ptr()) : nullptr;
   const int64_t* s = slots.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAheadRows < n) {
+      PrefetchRow(w + s[i + kAheadRows] * wb, wb, false);
+      if (sb) PrefetchRow(st + s[i + kAheadRows] * sb, sb, false);
+    }
     std::memcpy(o + i * (wb + sb), w + s[i] * wb, wb);
     if (sb) std::memcpy(o + i * (wb + sb) + wb, st + s[i] * sb, sb);
   }
@@ -81,7 +101,12 @@ void UnpackRows(const at::Tensor& rows, const at::Tensor& slots, const at::Tenso
   auto* w = static_cast<uint8_t*>(weights.data_ptr());
   auto* st = sb ? static_cast<uint8_t*>(state->data_ptr()) : nullptr;
   const int64_t* s = slots.data_ptr<int64_t>();
-  for (int64_t i = 0; i < slots.numel(); ++i) {
+  const int64_t n = slots.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAheadRows < n) {
+      PrefetchRow(w + s[i + kAheadRows] * wb, wb, true);
+      if (sb) PrefetchRow(st + s[i + kAheadRows] * sb, sb, true);
+    }
     std::memcpy(w + s[i] * wb, r + i * (wb + sb), wb);
     if (sb) std::memcpy(st + s[i] * sb, r + i * (wb + sb) + wb, sb);
   }
@@ -135,12 +160,10 @@ std::tuple<at::Tensor, int64_t, int64_t> GatherRows(const at::Tensor& data, cons
   const auto* word = static_cast<const Tail*>(tail.data_ptr());
   const int64_t* s = ids.data_ptr<int64_t>();
   int64_t lazy = 0;
-  constexpr int64_t kAhead = 8;  // rows: each costs a cache miss on its bytes and one on its word
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      __builtin_prefetch(word + s[i + kAhead]);
-      const uint8_t* next = d + s[i + kAhead] * rb;
-      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(next + b);
+    if (i + kAheadRows < n) {  // each row costs misses on its bytes and one on its word
+      __builtin_prefetch(word + s[i + kAheadRows]);
+      PrefetchRow(d + s[i + kAheadRows] * rb, rb, false);
     }
     const Tail want = word[s[i]];
     if (want == 0) {
@@ -178,14 +201,25 @@ template <typename Tail>
 void ScatterRows(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor& data, const at::Tensor& tail,
                  const char* what) {
   CheckTail<Tail>(tail, data, what);
-  UnpackRows(rows, ids, data, c10::nullopt);
+  CheckMatrix(rows, "rows");
+  CheckMatrix(data, "data");
+  CheckSlots(ids, data.size(0), what);  // every id, before any row is written
   const size_t rb = RowBytes(data);
-  const auto* d = static_cast<const uint8_t*>(data.data_ptr());
+  TORCH_CHECK_VALUE(rows.size(0) == ids.numel() && RowBytes(rows) == rb, what, ": rows have ", RowBytes(rows),
+                    " bytes per row for ", ids.numel(), " ids; expected ", rb);
+  const auto* r = static_cast<const uint8_t*>(rows.data_ptr());
+  auto* d = static_cast<uint8_t*>(data.data_ptr());
   auto* word = static_cast<Tail*>(tail.data_ptr());
   const int64_t* s = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) {
+  const int64_t n = ids.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAheadRows < n) {
+      __builtin_prefetch(word + s[i + kAheadRows], 1);
+      PrefetchRow(d + s[i + kAheadRows] * rb, rb, true);
+    }
+    std::memcpy(d + s[i] * rb, r + i * rb, rb);
     if constexpr (std::is_same_v<Tail, uint32_t>) {
-      word[s[i]] = RowSum(d + s[i] * rb, rb);
+      word[s[i]] = RowSum(r + i * rb, rb);  // the bytes just copied, read where they are hot
     } else {
       word[s[i]] = 1;
     }

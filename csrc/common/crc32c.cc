@@ -29,12 +29,14 @@ uint32_t SoftwareCrc(uint32_t crc, const uint8_t* p, size_t len) {
 }
 
 #if defined(__x86_64__)
-// Bytes per stream of the three-way loop below. The crc32 instruction has a latency of 3
-// cycles and a throughput of 1 per cycle: one dependent chain runs at a third of the
-// instruction's rate, three independent chains over adjacent stretches at nearly all of
-// it (a 4 KiB block: about 3x faster), joined by shifting the earlier chains' registers
-// over the later stretches' length (ShiftTable).
+// The crc32 instruction has a latency of 3 cycles and a throughput of 1 per cycle: one
+// dependent chain runs at a third of the instruction's rate, three independent chains over
+// adjacent stretches at nearly all of it (a 4 KiB block: about 3x faster), joined by
+// shifting the earlier chains' registers over the later stretches' length (ShiftTable).
+// Long buffers take 256-byte stretches; an embedding row (a few hundred bytes: 516 for 128
+// fp32 weights and a state) takes 128-byte ones for its first 384 bytes.
 constexpr size_t kStride = 256;
+constexpr size_t kRowStride = 128;
 
 __attribute__((target("sse4.2"))) uint32_t SingleStream(uint32_t crc, const uint8_t* p,
                                                          size_t len) {
@@ -51,39 +53,51 @@ __attribute__((target("sse4.2"))) uint32_t SingleStream(uint32_t crc, const uint
   return c32;
 }
 
-// The CRC register is linear over GF(2): running it over kStride zero bytes from state x
+// The CRC register is linear over GF(2): running it over `Stride` zero bytes from state x
 // gives the xor of that run from each of x's bytes alone, tabulated per byte position.
+template <size_t Stride>
 struct ShiftTable {
   uint32_t t[4][256];
   ShiftTable() {
-    static const uint8_t zeros[kStride] = {};
+    static const uint8_t zeros[Stride] = {};
     for (int k = 0; k < 4; ++k)
-      for (uint32_t b = 0; b < 256; ++b) t[k][b] = SingleStream(b << (8 * k), zeros, kStride);
+      for (uint32_t b = 0; b < 256; ++b) t[k][b] = SingleStream(b << (8 * k), zeros, Stride);
   }
   uint32_t Shift(uint32_t x) const {
     return t[0][x & 0xFF] ^ t[1][(x >> 8) & 0xFF] ^ t[2][(x >> 16) & 0xFF] ^ t[3][x >> 24];
   }
 };
 
+// One block of three adjacent `Stride`-byte stretches from `crc`: the CRC after them.
+template <size_t Stride>
+__attribute__((target("sse4.2"))) inline uint32_t ThreeStreams(uint32_t crc, const uint8_t* p) {
+  static const ShiftTable<Stride> shift;
+  uint64_t c0 = crc, c1 = 0, c2 = 0;
+  for (size_t i = 0; i < Stride; i += 8) {
+    uint64_t v0, v1, v2;
+    std::memcpy(&v0, p + i, 8);
+    std::memcpy(&v1, p + Stride + i, 8);
+    std::memcpy(&v2, p + 2 * Stride + i, 8);
+    c0 = _mm_crc32_u64(c0, v0);
+    c1 = _mm_crc32_u64(c1, v1);
+    c2 = _mm_crc32_u64(c2, v2);
+  }
+  // crc over A|B|C = shift(shift(crc over A) ^ crc0 over B) ^ crc0 over C.
+  return shift.Shift(shift.Shift(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^
+         static_cast<uint32_t>(c2);
+}
+
 __attribute__((target("sse4.2"))) uint32_t HardwareCrc(uint32_t crc, const uint8_t* p,
                                                         size_t len) {
-  static const ShiftTable shift;
   while (len >= 3 * kStride) {
-    uint64_t c0 = crc, c1 = 0, c2 = 0;
-    for (size_t i = 0; i < kStride; i += 8) {
-      uint64_t v0, v1, v2;
-      std::memcpy(&v0, p + i, 8);
-      std::memcpy(&v1, p + kStride + i, 8);
-      std::memcpy(&v2, p + 2 * kStride + i, 8);
-      c0 = _mm_crc32_u64(c0, v0);
-      c1 = _mm_crc32_u64(c1, v1);
-      c2 = _mm_crc32_u64(c2, v2);
-    }
-    // crc over A|B|C = shift(shift(crc over A) ^ crc0 over B) ^ crc0 over C.
-    crc = shift.Shift(shift.Shift(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^
-          static_cast<uint32_t>(c2);
+    crc = ThreeStreams<kStride>(crc, p);
     p += 3 * kStride;
     len -= 3 * kStride;
+  }
+  if (len >= 3 * kRowStride) {
+    crc = ThreeStreams<kRowStride>(crc, p);
+    p += 3 * kRowStride;
+    len -= 3 * kRowStride;
   }
   return SingleStream(crc, p, len);
 }

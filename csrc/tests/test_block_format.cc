@@ -348,7 +348,7 @@ uint32_t ReferenceCrc32c(uint32_t crc, const uint8_t* p, size_t len) {
   return ~crc;
 }
 
-// Crc32c (the multi-stream hardware path above 768 bytes) against the definition: every
+// Crc32c (the three-stream hardware paths from 384 bytes on) against the definition: every
 // length to 2 KiB and a block's, at odd alignments, in one call and split in two.
 void TestCrc32c() {
   CHECK(Crc32c(0, "123456789", 9) == 0xE3069283u) << "the CRC-32C check value";
