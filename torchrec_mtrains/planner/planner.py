@@ -26,9 +26,9 @@ from torchrec_mtrains.planner.adapters.proposer import TieredProposer
 from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
 from torchrec_mtrains.planner.constraints import constrained_table, is_key_value, key_value_entry
+from torchrec_mtrains.planner.model.estimator import dense_step_seconds, kernel_step_seconds
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, parse_model_spec
 from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
-from torchrec_mtrains.planner.model.estimator import dense_step_seconds, kernel_step_seconds
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.types import Tier
@@ -90,7 +90,8 @@ class StorageAwarePlanner(ShardingPlanner):
         constraints: Optional[Mapping[str, ParameterConstraints]] = None,
         input_s_per_sample: float = 0.0,
     ) -> None:
-        if not (isinstance(input_s_per_sample, (int, float)) and 0 <= input_s_per_sample < float("inf")):
+        if (isinstance(input_s_per_sample, bool) or not isinstance(input_s_per_sample, (int, float))
+                or not 0 <= input_s_per_sample < float("inf")):
             raise ValueError(f"input_s_per_sample={input_s_per_sample!r} must be a finite number of seconds >= 0")
         if optimizer is not None:
             canonical_optimizer(optimizer)

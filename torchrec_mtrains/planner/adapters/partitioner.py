@@ -48,8 +48,8 @@ class _Rank:
 
     def step(self, dense: float, option: Optional[TieredShardingOption] = None, kernel_s: float = 0.0) -> float:
         compute, io = (self.compute, self.io) if option is None else self.with_work(option, 1.0)
-        kernel = kernel_s if option is not None and option.is_tiered else self.kernel
-        return step_seconds(compute + max(kernel, self.kernel), io, dense)
+        kernel = max(self.kernel, kernel_s if option is not None and option.is_tiered else 0.0)
+        return step_seconds(compute + kernel, io, dense)
 
     def take(self, option: TieredShardingOption, shard_index: int, kernel_s: float) -> None:
         shard = option.shards[shard_index]
