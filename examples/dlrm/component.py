@@ -40,17 +40,17 @@ def dlrm(
         h: a registered named resource (takes precedence over cpu and memMB)
         env: environment variables for the run; OMP_NUM_THREADS defaults to 1 (train.py sets
             each rank's threads to the node's cores over its ranks itself; given here,
-            torchrun does not warn that it chose one); MALLOC_MMAP_THRESHOLD_ defaults to 262144
-            (glibc then maps every buffer of 256 KiB or more on its own and returns it when
-            freed: with its default sliding threshold the tiered kernel's per-step row buffers,
-            whose sizes follow the misses, fragment the heap and the RSS creeps; see
-            docs/reliability.md, Soak)
+            torchrun does not warn that it chose one); MALLOC_MMAP_THRESHOLD_ defaults to 4194304
+            (glibc then maps every buffer of 4 MiB or more on its own and returns it when freed,
+            instead of letting its sliding threshold move such buffers onto the heap, where the
+            tiered kernel's per-step row buffers fragment it; 262144 keeps the RSS flat but
+            costs ~30% of the example's QPS in page faults; see docs/reliability.md, Soak)
         max_retries: scheduler retries allowed
         mounts: mounts into each node's container (docker, kubernetes), e.g.
             type=bind,src=/mnt/nvme,dst=/mnt/nvme (a host path: node-local table files) or
             type=volume,src=CLAIM,dst=/ckpt (a persistent volume claim: checkpoints)
     """
-    env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "262144", **(env or {})}
+    env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "4194304", **(env or {})}
     return ddp(
         *script_args,
         script=SCRIPT,
