@@ -141,14 +141,11 @@ def lock_directory(directory: str, what: str) -> FileLock:
     if held is not None and held.held:
         os.close(fd)
         return held
-    lock = FileLock(fd, directory)
     try:
-        _flock(fd, directory, what, False)
+        lock = lock_file(directory, what, fd=fd)  # closes fd if refused
     except BlockingIOError:
-        lock.release()
         raise
     except OSError:  # the filesystem does not lock directories
-        lock.release()
         lock = _lock_file_inside(directory, what)
     _held_directories[key] = lock
     return lock
