@@ -33,7 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint import checkpointer_of, flush_tiers, latest_checkpoint  # noqa: E402
 from checksum import weights_sha256  # noqa: E402
-from input_cost import input_seconds_per_sample  # noqa: E402
 from data import (  # noqa: E402
     CRITEO_ROWS,
     DEFAULT_TABLES,
@@ -48,6 +47,7 @@ from data import (  # noqa: E402
     scaled_tables,
     table_locality,
 )
+from input_cost import input_seconds_per_sample  # noqa: E402
 from placement import (  # noqa: E402
     DEFAULT_PROFILE,
     TableInfo,
@@ -508,14 +508,15 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 
         features = list(DEFAULT_CAT_NAMES)
-        sample_batches = criteo_train_batches(args, tables, prefixes, rank, world)
     else:
         data = SyntheticData(scaled_tables(args.table_scale, args.tables), args.batch_size, args.seed, args.drift,
                              args.max_rows)
         features = data.feature_names()
-        sample_batches = data.batches(0, args.steps, rank, stream=2)  # a stream training never draws
-    input_s = (input_seconds_per_sample(sample_batches, args.batch_size) if args.input_s_per_sample is None
-               else args.input_s_per_sample)
+    input_s = args.input_s_per_sample
+    if input_s is None:  # --input-time-per-sample measure: time this rank's own batches
+        sample = (criteo_train_batches(args, tables, prefixes, rank, world) if prefixes
+                  else data.batches(0, args.steps, rank, stream=2))  # a stream training never draws
+        input_s = input_seconds_per_sample(sample, args.batch_size)
     planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
                            args.scm_budget_bytes, local_world, input_s)
     torch.manual_seed(args.seed)
