@@ -553,3 +553,33 @@ def test_snapshot_of_striped_table_to_long_path(tmp_path: Path) -> None:
         f"snapshot of a striped table to a {1350}-character path crashed or failed "
         f"(rc={res.returncode}): {res.stdout[-500:]} {res.stderr[-1500:]}"
     )
+
+
+# A forked child ------------------------------------------------------------------------------
+def test_a_forked_child_cannot_use_or_disturb_the_parents_store(tmp_path: Path) -> None:
+    """A child forked with a store open gets a clear error if it uses it, and its exit (the
+    handle's destructor) neither flushes through the parent's I/O rings nor drops its
+    queued writes: the parent then flushes, reads and reopens its rows."""
+    path = tmp_path / "t.blk"
+    store = BlockStore(path, num_rows=1000, dim=8, state_dim=1)
+    ids = torch.arange(0, 1000, 7)
+    rows = random_rows(ids.numel(), 9, torch.float32, seed=3)
+    store.write(ids, rows)  # accepted, not yet flushed
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code only, and skip pytest's teardown
+        code = 1
+        try:
+            store.read(ids[:3])
+        except RuntimeError as e:
+            code = 0 if "forked child cannot use it" in str(e) else 2
+        store.close()  # the child's copy: released without I/O
+        del store
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert_rows_equal(store.read(ids), rows)
+    store.flush()
+    store.close()
+    reopened = BlockStore.open(path)
+    assert_rows_equal(reopened.read(ids), rows)
+    reopened.close()

@@ -16,6 +16,8 @@
 #include <string>
 #include <tuple>
 
+#include <unistd.h>
+
 #include "storage/block_store.h"
 #include "storage/lazy_init.h"
 
@@ -148,6 +150,14 @@ at::ScalarType ScalarTypeOf(DType d) {
 
 class BlockStoreHandle : public torch::CustomClassHolder {
  public:
+  // A store's I/O threads, io_uring rings, queued writes and file lock belong to the process
+  // that opened it. A child forked from it (os.fork, a fork-started worker) gets a copy of
+  // this object whose destructor would flush and commit through the parent's rings and join
+  // threads the child does not have: the copy is leaked there instead, untouched.
+  ~BlockStoreHandle() override {
+    if (store_ != nullptr && getpid() != owner_pid_) (void)store_.release();
+  }
+
   StatusTuple create(const std::string& path, Config config, bool overwrite) {
     ConfigReader r(config);
     TableOptions table;
@@ -290,7 +300,13 @@ class BlockStoreHandle : public torch::CustomClassHolder {
 
   StatusTuple flush() { return ToTuple(store().Flush()); }
   StatusTuple snapshot(const std::string& dst) { return ToTuple(store().Snapshot(dst)); }
-  StatusTuple close() { return ToTuple(store().Close()); }
+  StatusTuple close() {
+    if (store_ != nullptr && getpid() != owner_pid_) {  // a forked child's copy: see the destructor
+      (void)store_.release();
+      return ToTuple(Status::Ok());
+    }
+    return ToTuple(store().Close());
+  }
 
   c10::Dict<std::string, double> stats() {
     c10::Dict<std::string, double> d;
@@ -341,6 +357,9 @@ class BlockStoreHandle : public torch::CustomClassHolder {
  private:
   BlockStore& store() {
     TORCH_CHECK(store_ != nullptr, "BlockStore handle is not open");
+    TORCH_CHECK(getpid() == owner_pid_, "this BlockStore was opened by process ", owner_pid_,
+                "; a forked child cannot use it (its I/O rings, threads and file lock are the "
+                "parent's): open the table in the child once the parent has closed it");
     return *store_;
   }
   static Status CheckIds(const at::Tensor& ids) {
@@ -372,6 +391,7 @@ class BlockStoreHandle : public torch::CustomClassHolder {
   }
 
   std::unique_ptr<BlockStore> store_;
+  const pid_t owner_pid_ = getpid();  // the process that made (and opens) this handle
 };
 
 // Initial values of rows `ids` (as a never-written BlockStore row reads): [n, dim + state_dim].
