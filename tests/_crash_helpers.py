@@ -55,10 +55,12 @@ def torchrun_env(**extra: str) -> Dict[str, str]:
     return e
 
 
-def run(cmd: List[str], environ: Dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs ``cmd`` in a session of its own; on timeout kills the whole group (torchrun's
-    workers too, which would outlive it) and raises TimeoutExpired."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+def run(cmd: List[str], environ: Dict[str, str], timeout: float = 120,
+        cwd: str = ROOT) -> subprocess.CompletedProcess:
+    """Runs ``cmd`` (in ``cwd``, default the repository) in a session of its own; on timeout
+    kills the whole group (torchrun's workers too, which would outlive it) and raises
+    TimeoutExpired."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -20,7 +20,11 @@ import queue
 import threading
 from typing import Callable, List, Optional
 
-__all__ = ["PrefetchPipeline", "Ticket"]
+__all__ = ["PrefetchCancelled", "PrefetchPipeline", "Ticket"]
+
+
+class PrefetchCancelled(RuntimeError):
+    """A queued prefetch dropped by ``shutdown(cancel=True)`` before its plan ran."""
 
 
 class Ticket:
@@ -47,9 +51,12 @@ class PrefetchPipeline:
         self._moves: "queue.SimpleQueue[Optional[Ticket]]" = queue.SimpleQueue()
         self._threads: List[threading.Thread] = []
         self._in_move_stage = 0  # jobs handed to the move thread and not yet done
-        self._order = threading.Lock()  # guards _in_move_stage
+        self._unfinished = 0  # jobs submitted and not yet on the done queue
+        self._cancelled = False  # set once by shutdown(cancel=True): plans not started are dropped
+        self._order = threading.Lock()  # guards _in_move_stage and _unfinished
         if background:
-            # Daemon threads: a process that never closes its kernel still exits.
+            # Daemon threads: a process that never closes its kernel still exits (its kernel's
+            # exit hook shuts them down first: see TieredEmbeddingBags).
             self._threads = [
                 threading.Thread(target=self._plan_loop, name="mtrains-plan", daemon=True),
                 threading.Thread(target=self._move_loop, name="mtrains-move", daemon=True),
@@ -63,6 +70,8 @@ class PrefetchPipeline:
         not run; once a stage failed, every later job fails too."""
         ticket = Ticket(plan, move)
         if self._threads:
+            with self._order:
+                self._unfinished += 1
             self._plans.put(ticket)
         else:
             self._run(ticket, "plan")
@@ -78,8 +87,25 @@ class PrefetchPipeline:
         if ticket.error is not None:
             raise ticket.error
 
-    def shutdown(self) -> None:
-        """Lets queued jobs finish and stops the threads. Idempotent."""
+    def in_flight(self) -> int:
+        """Jobs submitted whose stages have not all run (0 without background threads)."""
+        with self._order:
+            return self._unfinished
+
+    def cancel(self) -> None:
+        """From now on, drops each job when its plan would start (its ticket then fails with
+        ``PrefetchCancelled``); a job already planned still moves. Not undone."""
+        self._cancelled = True
+
+    def shutdown(self, cancel: bool = False) -> None:
+        """Stops the threads once queued jobs are done. Idempotent.
+
+        Args:
+            cancel: drop the jobs whose plan has not started instead of running them (the
+                running stage always completes: a C++ call cannot be interrupted).
+        """
+        if cancel:
+            self.cancel()
         if self._threads:
             self._plans.put(None)
             for thread in self._threads:
@@ -93,6 +119,9 @@ class PrefetchPipeline:
         else:
             work, ticket.move = ticket.move, None
         if ticket.error is not None:
+            return
+        if self._cancelled and stage == "plan":
+            ticket.error = PrefetchCancelled("the prefetch was dropped: its kernel shut down before it ran")
             return
         if self._failed is not None:
             ticket.error = RuntimeError(
@@ -109,7 +138,9 @@ class PrefetchPipeline:
             self._run(ticket, "plan")
             with self._order:
                 skip = not ticket.needs_move and self._in_move_stage == 0
-                if not skip:
+                if skip:
+                    self._unfinished -= 1
+                else:
                     self._in_move_stage += 1
             (self._done if skip else self._moves).put(ticket)
         self._moves.put(None)
@@ -120,6 +151,7 @@ class PrefetchPipeline:
                 self._run(ticket, "move")
             else:
                 ticket.move = None
-            self._done.put(ticket)
+            self._done.put(ticket)  # before the count drops: a skipping plan must queue after it
             with self._order:
                 self._in_move_stage -= 1
+                self._unfinished -= 1

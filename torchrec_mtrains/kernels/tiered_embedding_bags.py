@@ -38,6 +38,7 @@ from torchrec_mtrains.kernels.batch import (
 from torchrec_mtrains.kernels.checkpoint_rows import CheckpointRows
 from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
+from torchrec_mtrains.kernels.lifetime import KernelResources
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline, Ticket
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
@@ -215,6 +216,8 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         self._tbe_rows = [n + max(config.cache_ways, n // 8) for n in self.cache_rows]
         self._tbe = self._make_tbe(self._tbe_rows)
         self._pipeline = PrefetchPipeline(background=config.prefetch_pipeline)
+        # Stops the prefetch threads and closes the stores at close(), collection or exit.
+        self._resources = KernelResources(self, self._pipeline, self._stores, self.table_names)
         self._pending: Deque[_Step] = collections.deque()
         self._deferred: List[_Deferred] = []
         self._run = _RunState()
@@ -316,9 +319,31 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
     # ------------------------------------------------------------------- steps ----
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
         """Starts loading the rows of the batch that the next ``forward`` (after any already
-        prefetched) will compute, so the tier I/O overlaps the current step."""
+        prefetched) will compute, so the tier I/O overlaps the current step.
+
+        Each prefetched batch must be the next one given to ``forward``, in order: call
+        ``prefetch(b0)`` once, then each step ``out = emb(b_i)``, ``prefetch(b_{i+1})``,
+        ``backward``. A caller whose next batch changed drops its prefetches with
+        ``cancel_prefetch()``."""
         self._check_usable()
         self._pending.append(self._submit(indices, offsets))
+
+    @property
+    def pending_prefetches(self) -> int:
+        """Batches given to ``prefetch`` that no ``forward`` has computed yet."""
+        return len(self._pending)
+
+    def cancel_prefetch(self) -> int:
+        """Drops every pending prefetch, so the next ``forward`` may take any batch.
+
+        The rows already on their way are still put in the cache (a prefetch's row moves
+        cannot be undone: its evicted rows are written back as usual), so nothing is lost and
+        they serve later steps that look them up. Returns how many prefetches were dropped."""
+        self._check_usable()
+        dropped = len(self._pending)
+        self._drain()
+        self._pending.clear()
+        return dropped
 
     def forward(
         self,
@@ -341,7 +366,11 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         if self._pending:
             job = self._pending[0]
             if not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets):
-                raise ValueError("forward() got a batch different from the one prefetch() was given")
+                raise ValueError(
+                    f"forward() got a batch different from the one prefetch() was given for it "
+                    f"({len(self._pending)} prefetched batch(es) pending): prefetch(b) loads the rows "
+                    "of the batch the next forward() computes, so call forward(b) first, then "
+                    "prefetch the batch after it; or cancel_prefetch() to drop pending prefetches")
             self._pending.popleft()
             self._run.steps_prefetched += 1
         else:
@@ -662,14 +691,17 @@ class TieredEmbeddingBags(CheckpointRows, torch.nn.Module):
         return self._stores[table].stats()
 
     def close(self) -> None:
-        """Flushes, stops the prefetch thread and closes the stores. Idempotent."""
+        """Flushes, stops the prefetch threads and closes the stores. Idempotent.
+
+        A process that ends without it (normally, by ``sys.exit``, an exception, Ctrl-C or a
+        signal handler raising ``SystemExit``) does not flush: prefetches not started are
+        dropped, the running one completes, the threads are joined and the stores closed at
+        exit (kernels/lifetime.py), so the exit code is Python's and every flushed row stays."""
         if self._closed:
             return
         if self._broken is None:
             self.flush()
-        self._pipeline.shutdown()
-        for store in self._stores:
-            store.close()
+        self._resources.close()
         self._closed = True
 
 

@@ -26,6 +26,8 @@ the OOM killer or a lost node ends a job. Phases (``PHASES``) and where they are
   computes (mid-step: the previous step's optimizer has run, this one's not);
 - ``flush.table``: TieredEmbeddingBags.flush, after each table's rows are written and its
   store synced, before the next table;
+- ``release.in_flight``: a TieredEmbeddingBags released at exit (or collected) unclosed,
+  with prefetches still queued or running, before they are dropped or joined;
 - ``checkpoint.flush`` .. ``checkpoint.cleanup``: examples/dlrm/checkpoint.py, see there.
 - ``step``: examples/dlrm/train.py, after a step's loss is known, before its checkpoint.
 
@@ -43,7 +45,7 @@ from typing import Dict, Optional, TextIO, Tuple
 __all__ = ["PHASES", "fault_point"]
 
 PHASES = (
-    "prefetch.before", "prefetch.after", "forward", "flush.table",
+    "prefetch.before", "prefetch.after", "forward", "flush.table", "release.in_flight",
     "checkpoint.flush", "checkpoint.write", "checkpoint.saved", "checkpoint.latest", "checkpoint.cleanup",
     "step",
 )

@@ -1,0 +1,76 @@
+"""What a kernel holds beyond a step (its prefetch threads, its stores), released exactly once.
+
+A prefetch runs C++ (the cache plan, the tier I/O) on the pipeline's daemon threads with the
+GIL released. If the interpreter began finalizing while such a call ran, the thread's return
+to Python would end it with ``pthread_exit``, whose forced unwinding through C++ frames calls
+``std::terminate``: the process would abort (SIGABRT, exit 134) instead of exiting with its
+own code. So each kernel's resources are released by whichever comes first:
+
+- ``close()``: queued prefetches run to the end, then the threads stop and the stores close;
+- the kernel being collected, or the interpreter exiting (``weakref.finalize`` runs at
+  ``atexit``, after non-daemon threads are joined and before finalization), however the
+  process ends short of SIGKILL -- normally, ``sys.exit``, an uncaught exception,
+  ``KeyboardInterrupt``, a signal handler raising ``SystemExit``: prefetches whose plan has
+  not started are dropped, the running one completes, the threads are joined, and the stores
+  close. Rows the cache holds dirty are not written (only ``flush``/``close`` do that): what
+  was flushed stays, what was not is lost, and each store closes cleanly (the block store
+  commits its location map; the SCM mapping is synced), so it reopens without repair.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from typing import List, Optional, Sequence
+
+from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
+from torchrec_mtrains.storage import RowStore
+from torchrec_mtrains.testing.faults import fault_point
+
+__all__ = ["KernelResources"]
+
+
+class KernelResources:
+    """A kernel's prefetch pipeline and stores, with an exit hook that does not keep the
+    kernel alive (it refers to these, never to the kernel)."""
+
+    def __init__(self, owner: object, pipeline: PrefetchPipeline, stores: Sequence[RowStore],
+                 names: Sequence[str]) -> None:
+        self.pipeline = pipeline
+        self.stores: List[RowStore] = list(stores)
+        self._names = list(names)
+        self._pid = os.getpid()
+        self._at_exit = weakref.finalize(owner, self._release_at_exit)
+
+    def close(self) -> None:
+        """Lets queued prefetches finish, stops the threads and closes every store (each is
+        tried; the first error is raised after). The exit hook stays armed until every store
+        closed, so a failed close is retried there."""
+        self.pipeline.shutdown()
+        first_error: Optional[Exception] = None
+        for store in self.stores:
+            try:
+                store.close()
+            except Exception as e:  # the next stores still close; this one is raised
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        self._at_exit.detach()
+
+    def _release_at_exit(self) -> None:
+        """The exit (or collection) path: drops unstarted prefetches, joins the threads,
+        closes the stores. Reports a store that cannot close (a full disk, say) on stderr
+        rather than raising, which at exit could only print a traceback. A child forked from
+        the owning process leaves the stores alone: they are its parent's."""
+        if os.getpid() != self._pid:
+            return
+        if self.pipeline.in_flight():
+            fault_point("release.in_flight")
+        self.pipeline.shutdown(cancel=True)
+        for store, name in zip(self.stores, self._names):
+            try:
+                store.close()
+            except OSError as e:
+                warnings.warn(f"table {name}: its store did not close at exit ({e}); rows accepted "
+                              "since its last flush may be lost", RuntimeWarning, stacklevel=1)
