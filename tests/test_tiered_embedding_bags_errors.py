@@ -250,6 +250,32 @@ def test_forward_of_a_batch_other_than_the_prefetched_one(tmp_path: Path, pipeli
     _run_with_a_bad_call(tmp_path, Tier.SCM, pipeline, Workload(steps=20, data_seed=33), bad_call, queued=1)
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["inline", "pipeline"])
+@pytest.mark.parametrize("tier", [Tier.SCM, Tier.SSD], ids=["scm", "ssd"])
+def test_cancel_prefetch_lets_forward_take_another_batch(tmp_path: Path, tier: Tier, pipeline: bool) -> None:
+    """prefetch(b10), prefetch(b11), cancel_prefetch(): forward then takes any batch, and the
+    cancelled prefetches' row moves leave the tables exactly as the reference trains them."""
+    model = Model()
+    workload = Workload(steps=20, data_seed=34)
+    traj, steps = reference_run(model, workload), make_steps(model.specs, workload)
+    check = output_checker(traj, model)
+    ker = make_kernel(model, tier, tmp_path, cache_rows=16, cache_ways=4, prefetch_pipeline=pipeline)
+    for s in range(len(steps)):
+        if s in (5, 12):  # prefetch the wrong batches, then drop them
+            ker.prefetch(steps[s + 3].indices, steps[s + 3].offsets)
+            ker.prefetch(steps[s + 4].indices, steps[s + 4].offsets)
+            assert ker.pending_prefetches == 2
+            with pytest.raises(ValueError, match="cancel_prefetch"):
+                ker(steps[s].indices, steps[s].offsets)
+            assert ker.cancel_prefetch() == 2 and ker.pending_prefetches == 0
+        out = ker(steps[s].indices, steps[s].offsets, steps[s].per_sample_weights)
+        check(s, out.detach())
+        out.backward(steps[s].grad)
+    assert ker.cancel_prefetch() == 0
+    assert_tables_match(ker, traj, model)
+    ker.close()
+
+
 # Tier I/O errors ----------------------------------------------------------------------------
 def test_tier_io_error_names_table_tier_and_file(tmp_path: Path) -> None:
     """A full disk under a table (ENOSPC injected into its block store) surfaces as an
