@@ -33,6 +33,7 @@ from torchrec_mtrains import Tier
 from torchrec_mtrains.kernels import TieredEmbeddingBags
 from torchrec_mtrains.storage import BlockStore, ScmStore
 
+WORKER = os.path.abspath(__file__)  # what tests run
 EXIT_CODE = 7
 SIGTERM_CODE = 128 + signal.SIGTERM
 ROWS, DIM = 200_000, 64

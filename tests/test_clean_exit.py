@@ -21,12 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from _clean_exit_worker import EXIT_CODE, SIGTERM_CODE
+from _clean_exit_worker import EXIT_CODE, SIGTERM_CODE, WORKER
 from _crash_helpers import fault_trace, run
 
 from torchrec_mtrains.storage import BlockStore, ScmStore
-
-WORKER = str(Path(__file__).with_name("_clean_exit_worker.py"))
 
 HANG_GUARD_S = 300  # only against a hang: a case takes a few seconds
 EXPECTED_CODE = {

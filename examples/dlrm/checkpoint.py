@@ -13,11 +13,8 @@ keeps the N newest chains. Each step's ``trainer.json`` holds the step (= data p
 losses so far, AUC curve and seed. A save that fails (a full disk) removes its partial
 directory and raises an OSError naming it, leaving ``latest`` as it was.
 
-Fault points (``torchrec_mtrains.testing.faults``, for crash tests): ``checkpoint.write``
-(this rank's DCP data files written, no ``.metadata`` yet), ``checkpoint.saved`` (DCP save
-and manifests complete, no ``trainer.json``), ``checkpoint.latest`` (``trainer.json``
-written, ``latest`` not yet switched), ``checkpoint.cleanup`` (switched, older chains not
-yet removed).
+The save's fault points (``checkpoint.*``, for crash tests) are the checkpointer's: see
+``torchrec_mtrains.testing.faults``.
 """
 
 from __future__ import annotations

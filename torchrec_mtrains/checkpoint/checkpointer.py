@@ -198,6 +198,7 @@ class DifferentialCheckpointer:
             shutil.rmtree(path)
         _barrier()
         flush_tiers(model)
+        fault_point("checkpoint.flush")
         pieces = local_pieces(model)
         layout = _layout(pieces)
         linked = [p for p in pieces if self.link_ssd_tables and linked_store(p, self.directory) is not None]

@@ -28,8 +28,16 @@ the OOM killer or a lost node ends a job. Phases (``PHASES``) and where they are
   store synced, before the next table;
 - ``release.in_flight``: a TieredEmbeddingBags released at exit (or collected) unclosed,
   with prefetches still queued or running, before they are dropped or joined;
-- ``checkpoint.flush`` .. ``checkpoint.cleanup``: examples/dlrm/checkpoint.py, see there.
+- ``checkpoint.flush``: DifferentialCheckpointer.save, every tier flushed, nothing written;
+- ``checkpoint.write``: this rank's data files of the step written, no ``.metadata`` yet
+  (checkpoint/row_io.py);
+- ``checkpoint.saved``: the DCP save and the manifests complete, no ``trainer.json``;
+- ``checkpoint.latest``: ``trainer.json`` written, ``latest`` not yet switched;
+- ``checkpoint.cleanup``: ``latest`` switched, older chains not yet removed;
 - ``step``: examples/dlrm/train.py, after a step's loss is known, before its checkpoint.
+
+Every phase is reached by some workload (tests/test_fault_points.py checks it); a name that
+is not a phase is refused when the hook reads the environment.
 
 With MTRAINS_FAULT and MTRAINS_FAULT_TRACE unset, ``fault_point`` is one test of a module
 global: no cost on the data path.
