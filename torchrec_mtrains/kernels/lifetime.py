@@ -35,10 +35,12 @@ class KernelResources:
     """A kernel's prefetch pipeline and stores, with an exit hook that does not keep the
     kernel alive (it refers to these, never to the kernel)."""
 
-    def __init__(self, owner: object, pipeline: PrefetchPipeline, stores: Sequence[RowStore],
+    def __init__(self, owner: object, pipeline: PrefetchPipeline, stores: List[RowStore],
                  names: Sequence[str]) -> None:
         self.pipeline = pipeline
-        self.stores: List[RowStore] = list(stores)
+        # The owner's own list, not a copy: a store it swaps in later (a checkpoint's adopted
+        # file) is the one closed.
+        self.stores = stores
         self._names = list(names)
         self._pid = os.getpid()
         self._at_exit = weakref.finalize(owner, self._release_at_exit)
