@@ -1,5 +1,6 @@
 """The package's layers: every module's imports (at any depth, inside functions too) point
-down, never up, and no benchmark ships in the package.
+down, never up; no module imports itself back through others (no cycle, the benchmarks
+included); and no benchmark ships in the package.
 
 Layers, bottom up: ``_ops``, ``types``, ``storage``, ``stats``, ``testing`` (fault points
 the kernels and the example call) and ``elastic`` (a process-group helper of the example);
@@ -22,6 +23,7 @@ import torchrec_mtrains
 
 PKG = "torchrec_mtrains"
 ROOT = Path(torchrec_mtrains.__path__[0])
+BENCHMARKS = ROOT.parent / "benchmarks"
 _IMPORT_FUNCTIONS = {"import_module", "__import__"}
 
 
@@ -104,6 +106,75 @@ def imports(module: str, path: Path) -> Set[str]:
     return out
 
 
+def _all_modules() -> Dict[str, Path]:
+    """The package's modules and the benchmarks' (``benchmarks.lib.x``)."""
+    out = _modules()
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def module_edges(module: str, path: Path, known: Set[str]) -> Set[str]:
+    """The modules of ``known`` that ``module`` imports, at any depth: ``from p import m``
+    is an edge to the module ``p.m`` where that is one (Python imports it by itself, even
+    while ``p`` is still initialising), else to ``p``."""
+    out: Set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module or "")
+            out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)):
+            out.add(target)
+    return {m for m in out if m in known and m != module}
+
+
+def import_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm,
+    iterative): each is a set of modules that import one another in a cycle."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    cycles: List[List[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
 def _under(name: str, prefixes: Tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
@@ -133,6 +204,21 @@ def test_the_scan_sees_imports_at_any_depth(graph: Dict[str, Set[str]]) -> None:
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: ",".join(n.removeprefix(PKG + ".") for n in r.layers))
 def test_layers_import_only_downwards(rule: Rule, graph: Dict[str, Set[str]]) -> None:
     assert list(_violations(rule, graph)) == []
+
+
+def test_no_import_cycles() -> None:
+    modules = _all_modules()
+    graph = {name: module_edges(name, path, set(modules)) for name, path in modules.items()}
+    # The scan sees edges of every kind: to a package, to a submodule named in a from-import.
+    assert {f"{PKG}.checkpoint.steps", f"{PKG}.checkpoint.row_io"} <= graph[f"{PKG}.checkpoint.chain"]
+    assert f"{PKG}.storage" in graph[f"{PKG}.checkpoint.steps"]
+    assert "benchmarks.lib.beyond_ram_report" in graph["benchmarks.lib.beyond_ram"]
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e2"}, "e2": {"e"}}
+    assert sorted(import_cycles(graph)) == [["a", "b", "c"], ["e", "e2"]]
 
 
 def test_nothing_in_the_library_imports_the_benchmarks(graph: Dict[str, Set[str]]) -> None:

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -34,12 +33,11 @@ from typing import Dict, List, Optional
 
 from torchrec_mtrains.planner.hardware.probe import meminfo_bytes
 
+from benchmarks.lib.beyond_ram_report import RSS_LIMIT_SHARE, figures, summary
 from benchmarks.lib.process_monitor import Sample, run_monitored
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "dlrm" / "train.py"
-RSS_LIMIT_SHARE = 0.5  # of RAM, for the whole run
-MATERIALISED_GOAL = 1.5  # x RAM
 SSD_SHARE_OF_FREE = 0.8  # of the storage directory's free space, for the SSD tier...
 SCM_SHARE_OF_FREE = 0.1  # ...and for the SCM tier (the two share the disk)
 
@@ -111,58 +109,6 @@ def resume_check(first: Dict, resumed: Dict, from_step: int, peaks: Dict[str, in
             "peak_rss_bytes": peaks["rss"], "peak_disk_bytes": peaks["disk_bytes"]}
 
 
-def steady_step_seconds(metrics: Dict) -> float:
-    """Median seconds per step over the last half of the run's steps."""
-    times = metrics["step_times"]
-    half = times[len(times) // 2:]
-    return statistics.median(b - a for a, b in zip(half, half[1:]))
-
-
-def ssd_totals(metrics: Dict) -> Dict[str, float]:
-    """The SSD shards' store counters summed, and their rows and bytes materialised."""
-    keys = ("store_disk_rows_read", "store_device_reads", "store_device_writes", "store_device_bytes_read",
-            "store_device_bytes_written", "store_live_rows", "materialised_bytes")
-    shards = [s for s in metrics["tiers"]["shards"].values() if s["tier"] == "SSD"]
-    out = {k: sum(s.get(k, 0.0) for s in shards) for k in keys}
-    maps = [s["store_dram_bytes_per_row"] for s in shards if "store_dram_bytes_per_row" in s]
-    out["map_dram_bytes_per_logical_row"] = max(maps) if maps else float("nan")
-    return out
-
-
-def device_rates(samples: List[Sample]) -> Dict[str, float]:
-    """Median and peak of the device's reads/s, writes/s and MB/s between samples."""
-    rates: Dict[str, List[float]] = {"reads_per_s": [], "writes_per_s": [], "read_mb_per_s": [], "write_mb_per_s": []}
-    for a, b in zip(samples, samples[1:]):
-        dt = b.t - a.t
-        if dt <= 0:
-            continue
-        rates["reads_per_s"].append((b.disk.reads - a.disk.reads) / dt)
-        rates["writes_per_s"].append((b.disk.writes - a.disk.writes) / dt)
-        rates["read_mb_per_s"].append((b.disk.read_bytes - a.disk.read_bytes) / dt / 1e6)
-        rates["write_mb_per_s"].append((b.disk.write_bytes - a.disk.write_bytes) / dt / 1e6)
-    out = {}
-    for k, v in rates.items():
-        out[f"{k}_median"] = statistics.median(v) if v else float("nan")
-        out[f"{k}_max"] = max(v) if v else float("nan")
-    return out
-
-
-def per_tier_hits(metrics: Dict) -> Dict[str, Dict[str, float]]:
-    """Per tier: the planner's predicted hit rate (tables weighted by lookups per step, as
-    the warm measurement is) and the measured warm one."""
-    placement, predicted = metrics["placement"], metrics["predicted_hit_rate"]
-    shards = metrics["tiers"]["shards"]
-    out: Dict[str, Dict[str, float]] = {}
-    for tier in sorted(set(placement[t] for t in predicted)):
-        tables = [t for t in predicted if placement[t] == tier]
-        weights = {t: sum(s.get("cache_unique_rows", 0.0) for n, s in shards.items() if n.split(".r")[0] == t)
-                   for t in tables}
-        total = sum(weights.values()) or 1.0
-        out[tier] = {"predicted": sum(predicted[t] * weights[t] for t in tables) / total,
-                     "measured_warm": metrics["hit_rate_warm_per_tier"].get(tier, float("nan"))}
-    return out
-
-
 def plot(samples: List[Sample], ram: int, path: Path) -> None:
     import matplotlib
 
@@ -225,8 +171,6 @@ def _saved_run(out: Path):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from benchmarks.lib.beyond_ram_report import figures, summary
-
     args = parse_args(argv)
     out = (ROOT / args.out) if not os.path.isabs(args.out) else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,8 @@ import shutil
 from typing import Any, Dict, List, Optional
 
 from torchrec_mtrains.checkpoint.manifest_schema import check_trainer
-from torchrec_mtrains.checkpoint.restore import ChainStep
 from torchrec_mtrains.checkpoint.row_io import StepReader
+from torchrec_mtrains.checkpoint.steps import ChainStep, step_name, step_of
 from torchrec_mtrains.storage.fsync import fsync_path
 from torchrec_mtrains.checkpoint.types import FULL, ChainError, StepManifest
 
@@ -36,20 +36,6 @@ __all__ = [
     "dir_bytes", "fsync_dir", "latest_checkpoint", "read_chain", "read_trainer", "remove_leftovers", "step_name",
     "step_of", "write_atomic",
 ]
-
-_PREFIX = "step_"
-
-
-def step_name(step: int) -> str:
-    return f"{_PREFIX}{step:08d}"
-
-
-def step_of(name: str) -> Optional[int]:
-    digits = name[len(_PREFIX):]
-    if not name.startswith(_PREFIX) or not (digits.isascii() and digits.isdigit()):
-        return None
-    return int(name[len(_PREFIX):])
-
 
 def write_atomic(path: str, text: str) -> None:
     """Writes ``path`` whole or not at all, durably: a temporary file, fsync, fsync of the

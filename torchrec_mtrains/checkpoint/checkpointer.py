@@ -38,7 +38,8 @@ from torchrec_mtrains.checkpoint.kind_change import (
     restore_from_dense,
     tiered_tables,
 )
-from torchrec_mtrains.checkpoint.restore import ChainStep, apply_rows, chain_specs, check_rows
+from torchrec_mtrains.checkpoint.steps import ChainStep
+from torchrec_mtrains.checkpoint.restore import apply_rows, chain_specs, check_rows
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
 from torchrec_mtrains.checkpoint.store_links import adopt, link_pieces, linked_store, plan_adoption, release_pins
 from torchrec_mtrains.checkpoint.tiered_parts import (

@@ -46,7 +46,8 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 
 from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.checkpointer import check_files
-from torchrec_mtrains.checkpoint.restore import ChainStep, init_rows, read_chunk, split_rows
+from torchrec_mtrains.checkpoint.steps import ChainStep
+from torchrec_mtrains.checkpoint.restore import init_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
 from torchrec_mtrains.sharding.checkpoint import rowwise_metadata

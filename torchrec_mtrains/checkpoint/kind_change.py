@@ -21,7 +21,8 @@ from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchrec_mtrains.checkpoint.restore import ChainStep, chain_specs
+from torchrec_mtrains.checkpoint.steps import ChainStep
+from torchrec_mtrains.checkpoint.restore import chain_specs
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
 

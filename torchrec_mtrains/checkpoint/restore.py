@@ -10,40 +10,18 @@ written, so a damaged chain restores nothing.
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-from torchrec_mtrains.checkpoint.row_io import StepReader, chunk_crc32
+from torchrec_mtrains.checkpoint.row_io import chunk_crc32
+from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.store_links import read_linked_rows, read_map_chunk
-from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec, StepManifest
-from torchrec_mtrains.storage import BlockStore
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 
-__all__ = ["ChainStep", "apply_rows", "chain_specs", "check_rows", "init_rows", "read_chunk", "split_rows"]
-
-
-@dataclasses.dataclass
-class ChainStep:
-    """One step of a chain on disk: its reader and every rank's manifest (and readers of
-    the block-store files its linked pieces name, opened as needed)."""
-
-    step: int
-    reader: StepReader
-    manifests: List[StepManifest]
-    links: Dict[str, BlockStore] = dataclasses.field(default_factory=dict)
-
-    @property
-    def directory(self) -> str:
-        """The checkpoint directory holding this step."""
-        return os.path.dirname(self.reader.path)
-
-    def pieces(self):
-        for m in self.manifests:
-            yield from m.pieces
+__all__ = ["apply_rows", "chain_specs", "check_rows", "init_rows", "read_chunk", "split_rows"]
 
 
 def chain_specs(chain: List[ChainStep]) -> List[PieceSpec]:

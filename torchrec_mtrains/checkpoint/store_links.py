@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from torchrec_mtrains.checkpoint import chain as chain_dir
+from torchrec_mtrains.checkpoint.steps import step_name, step_of
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece, local_pieces
 from torchrec_mtrains.checkpoint.types import (
     LINKS_DIR,
@@ -41,6 +41,7 @@ from torchrec_mtrains.checkpoint.types import (
     StepManifest,
 )
 from torchrec_mtrains.storage import BlockStore
+from torchrec_mtrains.storage.fsync import fsync_path
 
 __all__ = [
     "Adoption",
@@ -102,8 +103,8 @@ def link_pieces(pieces: List[LocalPiece], path: str, step: int) -> List[PieceRec
         entries = sum(c.count for c in chunks)
         snapshot = SnapshotSpec(step, file_name, map_name, entries, store.table_uuid)
         records.append(PieceRecord(piece.spec, entries == piece.spec.rows, chunks, snapshot))
-    chain_dir.fsync_dir(links)
-    chain_dir.fsync_dir(path)
+    fsync_path(links)
+    fsync_path(path)
     return records
 
 
@@ -126,7 +127,7 @@ def _write_map(store: BlockStore, tag: int, rows: int, where: str, name: str) ->
 
 
 def _step_dir(directory: str, snapshot: SnapshotSpec) -> str:
-    return os.path.join(directory, chain_dir.step_name(snapshot.step))
+    return os.path.join(directory, step_name(snapshot.step))
 
 
 def read_map_chunk(directory: str, record: PieceRecord, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -265,7 +266,7 @@ def _other_links(directory: str, key: str, but: int) -> List[Tuple[int, PieceRec
     """(step, record) of the linked records of shard ``key`` in the other steps on disk."""
     out = []
     for name in sorted(os.listdir(directory)):
-        step = chain_dir.step_of(name)
+        step = step_of(name)
         if step is None or step == but:
             continue
         here = os.path.join(directory, name)
@@ -284,7 +285,7 @@ def _other_links(directory: str, key: str, but: int) -> List[Tuple[int, PieceRec
 
 def release_pins(model: nn.Module, directory: str) -> None:
     """Drops, in this rank's stores, the pins of steps no longer in ``directory``."""
-    kept = {s for n in os.listdir(directory) if (s := chain_dir.step_of(n)) is not None}
+    kept = {s for n in os.listdir(directory) if (s := step_of(n)) is not None}
     for piece in local_pieces(model):
         store = piece.emb.linkable_store(piece.t)
         if store is None:

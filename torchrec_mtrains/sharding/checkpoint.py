@@ -9,7 +9,7 @@ torch.distributed.checkpoint, between world sizes.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,9 +22,7 @@ from torch.distributed._shard.sharded_tensor import (
 )
 
 from torchrec_mtrains.sharding.staging import StagingArea
-
-if TYPE_CHECKING:
-    from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag
+from torchrec_mtrains.sharding.types import TieredShardSource
 
 __all__ = [
     "LocalShard",
@@ -36,14 +34,14 @@ __all__ = [
 ]
 
 # (kernel, kernel table index, shard offsets [row, col])
-LocalShard = Tuple["TieredBatchedEmbeddingBag", int, List[int]]
+LocalShard = Tuple[TieredShardSource, int, List[int]]
 
 
 def _offsets(meta: ShardMetadata) -> Tuple[int, ...]:
     return tuple(meta.shard_offsets)
 
 
-def _staging(kernel: "TieredBatchedEmbeddingBag") -> StagingArea:
+def _staging(kernel: TieredShardSource) -> StagingArea:
     return StagingArea(kernel.params.state_dict_ram_mb * 2**20, kernel.storage_dir)
 
 
@@ -124,7 +122,7 @@ def load_weights(table: str, value: object, local: List[LocalShard]) -> None:
 
 
 # ------------------------------------------------------------------ optimizer state ----
-def _shards_by_table(kernel: "TieredBatchedEmbeddingBag") -> Dict[str, List[Tuple[int, object]]]:
+def _shards_by_table(kernel: TieredShardSource) -> Dict[str, List[Tuple[int, object]]]:
     out: Dict[str, List[Tuple[int, object]]] = {}
     for t, table in kernel.shards():
         out.setdefault(table.name, []).append((t, table))
@@ -132,7 +130,7 @@ def _shards_by_table(kernel: "TieredBatchedEmbeddingBag") -> Dict[str, List[Tupl
 
 
 def optimizer_state_of(
-    kernel: "TieredBatchedEmbeddingBag", table_of_param: Dict[int, str], params: Iterable[torch.Tensor]
+    kernel: TieredShardSource, table_of_param: Dict[int, str], params: Iterable[torch.Tensor]
 ) -> Dict[torch.Tensor, Dict[str, ShardedTensor]]:
     """``{param: {"<table>.momentum1": ShardedTensor}}`` (empty dicts for SGD)."""
     by_table = _shards_by_table(kernel)
@@ -154,12 +152,12 @@ def optimizer_state_of(
             Shard(kernel.stage_shard(t, "state", _staging(kernel)), copy.deepcopy(mapping[_offsets(table.local_metadata)]))
             for t, table in shards
         ]
-        out[param][f"{name}.momentum1"] = _sharded(local, meta, kernel._pg)
+        out[param][f"{name}.momentum1"] = _sharded(local, meta, kernel.process_group)
     return out
 
 
 def load_optimizer_state(
-    kernel: "TieredBatchedEmbeddingBag", table_of_param: Dict[int, str], state: Dict[torch.Tensor, Dict[str, object]]
+    kernel: TieredShardSource, table_of_param: Dict[int, str], state: Dict[torch.Tensor, Dict[str, object]]
 ) -> None:
     """Writes state built by ``optimizer_state_of`` (and since filled by a load) to the tiers."""
     by_table = _shards_by_table(kernel)

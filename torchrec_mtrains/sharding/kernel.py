@@ -225,6 +225,11 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         return self._emb
 
     @property
+    def process_group(self) -> Optional[dist.ProcessGroup]:
+        """The group this kernel's tables are sharded over (None: the default group)."""
+        return self._pg
+
+    @property
     def fused_optimizer(self) -> "TieredFusedOptimizer":
         return self._optim
 

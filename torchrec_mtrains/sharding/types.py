@@ -15,15 +15,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_types import ShardedEmbeddingTable
 from torchrec.distributed.types import ParameterSharding
 
+from torchrec_mtrains.kernels import TieredEmbeddingBags
 from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR, DEFAULTS, TieredConfig
+from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.types import Tier
 
 __all__ = ["CACHE_LOAD_FACTOR", "FUSED_PARAM_KEYS", "TABLE_TIERS_KEY", "TieredParameterSharding", "TieredParams",
-           "per_table_fused_params"]
+           "TieredShardSource", "per_table_fused_params"]
 
 CACHE_LOAD_FACTOR = "cache_load_factor"  # TorchRec's key; its table grouping leaves it out
 
@@ -154,3 +159,26 @@ class TieredParameterSharding(ParameterSharding):
     ``CUSTOMIZED_KERNEL``); ``tiered`` carries the settings."""
 
     tiered: Optional[TieredParams] = None
+
+
+class TieredShardSource(Protocol):
+    """What a sharded module's state_dict (sharding/checkpoint.py) needs of a tiered kernel:
+    its local shards, staged out of the tiers and loaded back one at a time, and the group
+    its shards are sharded over. ``TieredBatchedEmbeddingBag`` is the one in this package."""
+
+    params: "TieredParams"  # the settings of the kernel's tables (staging RAM, storage)
+    storage_dir: Optional[str]  # this rank's directory of table files, if any
+
+    @property
+    def process_group(self) -> Optional[dist.ProcessGroup]: ...
+
+    @property
+    def emb_module(self) -> TieredEmbeddingBags: ...
+
+    def shards(self) -> List[Tuple[int, ShardedEmbeddingTable]]: ...
+
+    def has_optimizer_state(self) -> bool: ...
+
+    def stage_shard(self, t: int, part: str, area: StagingArea) -> torch.Tensor: ...
+
+    def load_shard(self, t: int, part: str, source: torch.Tensor) -> None: ...
