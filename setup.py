@@ -6,6 +6,12 @@ globbed at build time. Object files are kept in
 ``build/ext`` so that ninja recompiles only what changed, even under
 ``pip install -e`` (which otherwise builds in a fresh temporary directory).
 
+Release build by default: ``-O3`` without debug info (``-g0`` overrides the ``-g`` that
+Python's own CFLAGS carry), so the wheel's extension is small. ``MTRAINS_DEBUG=1`` builds with
+``-g`` into ``build/ext-debug`` (the two builds keep their objects apart, so switching does not
+recompile everything), for gdb and perf; the sanitizer drivers (scripts/sanitize.sh) build with
+debug info by themselves.
+
 io_uring: when liburing's header and library link a probe program that uses what
 csrc/storage/file_device.cc needs, the io_uring engine is built (MTRAINS_HAVE_LIBURING,
 ``-luring``); otherwise, or with ``MTRAINS_NO_LIBURING=1``, the extension has only the
@@ -28,6 +34,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, is_ninja_ava
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
+DEBUG = os.environ.get("MTRAINS_DEBUG", "0") not in ("", "0")
 
 # pip does not put the virtual environment's bin/ (where the `ninja` package puts
 # its binary) on PATH when it runs this file; torch looks for ninja on PATH.
@@ -83,7 +90,7 @@ def _liburing() -> tuple[bool, str]:
 class _BuildExt(BuildExtension):
     def finalize_options(self) -> None:
         super().finalize_options()
-        self.build_temp = str(ROOT / "build" / "ext")
+        self.build_temp = str(ROOT / "build" / ("ext-debug" if DEBUG else "ext"))
 
     def build_extensions(self) -> None:
         # Probed here, not at import, so that metadata-only runs of setup.py skip it.
@@ -103,7 +110,7 @@ setup(
             name="torchrec_mtrains._C",
             sources=_sources(),
             include_dirs=[str(CSRC)],
-            extra_compile_args={"cxx": ["-O3", "-std=c++17", "-msse4.2", "-Wall"]},
+            extra_compile_args={"cxx": ["-O3", "-std=c++17", "-msse4.2", "-Wall", "-g" if DEBUG else "-g0"]},
         )
     ],
     cmdclass={"build_ext": _BuildExt.with_options(use_ninja=is_ninja_available())},

@@ -10,7 +10,8 @@
 # their inputs, so a second run takes a second or two.
 # Environment: PYTHON (interpreter for a new .venv, default python3.11),
 #              MAX_JOBS (parallel C++ compile jobs, default 2),
-#              MTRAINS_NO_LIBURING=1 (build without the io_uring engine; see setup.py).
+#              MTRAINS_NO_LIBURING=1 (build without the io_uring engine; see setup.py),
+#              MTRAINS_DEBUG=1 (the extension with debug info, for gdb and perf; see setup.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -86,7 +87,7 @@ install_dependencies() {
 build_package() {
   [[ -d csrc ]] || die "csrc/ not found: nothing to build"
   local stamp="$VENV/.mtrains-build" want
-  want="$({ cat "$VENV/.mtrains-deps" setup.py pyproject.toml; echo "MTRAINS_NO_LIBURING=${MTRAINS_NO_LIBURING:-}"
+  want="$({ cat "$VENV/.mtrains-deps" setup.py pyproject.toml; echo "MTRAINS_NO_LIBURING=${MTRAINS_NO_LIBURING:-} MTRAINS_DEBUG=${MTRAINS_DEBUG:-}"
             find csrc -type f -print0 | sort -z | xargs -0 sha256sum; } | hash_of)"
   if [[ -f $stamp && $(<"$stamp") == "$want" && -x $VENV/bin/mtrains ]] &&
      compgen -G 'torchrec_mtrains/_C*.so' >/dev/null; then
