@@ -89,46 +89,46 @@ def _dynamic_target(call: ast.Call) -> str:
     return ""
 
 
+def _imported(module: str, path: Path) -> Iterator[Tuple[str, Tuple[str, ...]]]:
+    """(module named, names imported from it) for every import in ``module``, at any depth:
+    ``import a.b`` gives ("a.b", ()), ``from a import b, c`` ("a", ("b", "c")), relative
+    imports resolved, ``import_module("a.b")`` ("a.b", ())."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, ()
+        elif isinstance(node, ast.ImportFrom):
+            yield _resolve(module, is_package, node.level, node.module or ""), tuple(a.name for a in node.names)
+        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)):
+            yield target, ()
+
+
 def imports(module: str, path: Path) -> Set[str]:
     """Every module ``module`` imports: ``import a.b``, ``from a import b`` (as ``a`` and
     ``a.b``, ``b`` may be a submodule), relative imports, and ``import_module("a.b")``."""
     out: Set[str] = set()
-    is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve(module, is_package, node.level, node.module or "")
-            out.add(base)
-            out.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
-        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)):
-            out.add(target)
+    for base, names in _imported(module, path):
+        out.add(base)
+        out.update(f"{base}.{name}" for name in names if name != "*")
     return out
 
 
 def _all_modules() -> Dict[str, Path]:
     """The package's modules and the benchmarks' (``benchmarks.lib.x``)."""
-    out = _modules()
-    for path in sorted(BENCHMARKS.rglob("*.py")):
-        parts = path.relative_to(ROOT.parent).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
+    return {**_modules(), **{_module_name(p): p for p in sorted(BENCHMARKS.rglob("*.py"))}}
 
 
 def module_edges(module: str, path: Path, known: Set[str]) -> Set[str]:
-    """The modules of ``known`` that ``module`` imports, at any depth: ``from p import m``
-    is an edge to the module ``p.m`` where that is one (Python imports it by itself, even
-    while ``p`` is still initialising), else to ``p``."""
+    """The modules of ``known`` that ``module`` imports: ``from p import m`` is an edge to
+    the module ``p.m`` where that is one (Python imports it by itself, even while ``p`` is
+    still initialising), else to ``p``."""
     out: Set[str] = set()
-    is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve(module, is_package, node.level, node.module or "")
-            out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
-        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)):
-            out.add(target)
+    for base, names in _imported(module, path):
+        submodules = {f"{base}.{name}" for name in names} & known
+        out |= submodules
+        if len(submodules) < len(names) or not names:
+            out.add(base)
     return {m for m in out if m in known and m != module}
 
 
