@@ -24,7 +24,8 @@ __all__ = ["PrefetchCancelled", "PrefetchPipeline", "Ticket"]
 
 
 class PrefetchCancelled(RuntimeError):
-    """A queued prefetch dropped by ``shutdown(cancel=True)`` before its plan ran."""
+    """A queued prefetch dropped by ``cancel()`` (or ``shutdown(cancel=True)``) before its
+    plan ran."""
 
 
 class Ticket:
@@ -52,11 +53,11 @@ class PrefetchPipeline:
         self._threads: List[threading.Thread] = []
         self._in_move_stage = 0  # jobs handed to the move thread and not yet done
         self._unfinished = 0  # jobs submitted and not yet on the done queue
-        self._cancelled = False  # set once by shutdown(cancel=True): plans not started are dropped
+        self._cancelled = False  # set once by cancel(): plans not started are dropped
         self._order = threading.Lock()  # guards _in_move_stage and _unfinished
         if background:
-            # Daemon threads: a process that never closes its kernel still exits (its kernel's
-            # exit hook shuts them down first: see TieredEmbeddingBags).
+            # Daemon threads: a process that never closes its kernel still exits (the kernel's
+            # exit hook, kernels/lifetime.py, stops them before the interpreter finalizes).
             self._threads = [
                 threading.Thread(target=self._plan_loop, name="mtrains-plan", daemon=True),
                 threading.Thread(target=self._move_loop, name="mtrains-move", daemon=True),
