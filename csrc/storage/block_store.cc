@@ -1,3 +1,6 @@
+// BlockStore's data path: reads (DRAM cache, log, lazy initial rows), writes and exchanges
+// through the segment log, flush, snapshot copies, close and stats. Creating and opening a
+// table is in block_store_open.cc (block_store.h is the contract of both).
 #include "storage/block_store.h"
 
 #include <fcntl.h>
@@ -5,242 +8,26 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <iostream>
-#include <random>
 #include <system_error>
 #include <thread>
 
 #include "common/aligned_buffer.h"
-#include "common/file_lock.h"
+#include "storage/block_store_internal.h"
 #include "storage/file_copy.h"
 #include "storage/lazy_init.h"
 
 namespace mtrains {
-namespace {
 
-constexpr uint32_t kAlignment = 4096;        // O_DIRECT buffer/offset alignment (bytes)
-constexpr uint32_t kCacheOverheadBytes = 40; // per cached row: index, flags (estimate)
-
-Status Errno(int err, const std::string& what) {
-  return Status::IoError(err, what + ": " + std::strerror(err));
-}
-
-Status ValidateRuntime(const StoreRuntimeOptions& r) {
-  if (!std::isfinite(r.dram_cache_mb) || r.dram_cache_mb < 0)
-    return Status::InvalidArgument("dram_cache_mb=" + std::to_string(r.dram_cache_mb) +
-                                   " must be a finite number >= 0");
-  if (r.queue_depth < 1 || r.queue_depth > 4096)
-    return Status::InvalidArgument("queue_depth=" + std::to_string(r.queue_depth) +
-                                   " must be in [1, 4096]");
-  if (r.io_threads < 1 || r.io_threads > 256)
-    return Status::InvalidArgument("io_threads=" + std::to_string(r.io_threads) +
-                                   " must be in [1, 256]");
-  if (r.read_chunk_blocks < 1)
-    return Status::InvalidArgument("read_chunk_blocks must be positive");
-  return Status::Ok();
-}
-
-uint64_t StripeFileBytes(const TableHeader& h) {
-  const uint64_t n = h.stripe_paths.size();
-  return (h.num_segments + n - 1) / n * h.SegmentBytes();
-}
-
-Status ReadHeaderBytes(int fd, const std::string& path, uint8_t* buf, size_t len, size_t* got) {
-  *got = 0;
-  while (*got < len) {
-    const ssize_t r = pread(fd, buf + *got, len - *got, static_cast<off_t>(*got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Errno(errno, "read header of " + path);
-    if (r == 0) break;
-    *got += static_cast<size_t>(r);
-  }
-  return Status::Ok();
-}
-
-// Creates `path` exclusively with the given size (sparse).
-Status CreateSparseFile(const std::string& path, uint64_t size) {
-  const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == EEXIST)
-      return Status::IoError(err, path + " already exists (pass overwrite=True to replace it)");
-    if (err == ENOENT) return Status::IoError(err, "the directory of " + path + " does not exist");
-    return Errno(err, "cannot create " + path);
-  }
-  Status st;
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0)
-    st = Errno(errno, "cannot size " + path + " to " + std::to_string(size) + " bytes");
-  close(fd);
-  if (!st.ok()) unlink(path.c_str());
-  return st;
-}
-
-constexpr char kWhat[] = "table file";  // what ownership errors call the main file
-
-// Ok unless `path` is there and a store open for writing holds its lock (replacing the
-// file would leave that store writing to an unlinked inode).
-Status CheckNotOwned(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::Ok();  // nothing there to take from anyone
-  // close() releases only the probe's own lock: the locks of other opens stay.
-  const Status st = LockOpenFile(fd, path, LockKind::kExclusive, kWhat);
-  close(fd);
-  return st;
-}
-
-}  // namespace
-
-BlockStore::BlockStore(std::string path, TableHeader h) : path_(std::move(path)), h_(std::move(h)) {}
+using block_store_internal::CheckNotOwned;
+using block_store_internal::Errno;
+using block_store_internal::kAlignment;
 
 BlockStore::~BlockStore() {
   const Status st = Close();
   if (!st.ok()) std::cerr << "torchrec_mtrains BlockStore: " << st.message() << std::endl;
   if (meta_fd_ >= 0) close(meta_fd_);
-}
-
-Status BlockStore::Create(const std::string& path, const TableOptions& t,
-                          const StoreRuntimeOptions& runtime, bool overwrite,
-                          std::unique_ptr<BlockStore>* out) {
-  MTRAINS_RETURN_IF_ERROR(ValidateRuntime(runtime));
-  TableHeader h;
-  h.num_rows = t.num_rows;
-  h.dim = t.dim;
-  h.state_dim = t.state_dim;
-  h.dtype = t.dtype;
-  h.block_size = t.block_size;
-  h.seed = t.seed;
-  h.init_lo = t.init_lo;
-  h.init_hi = t.init_hi;
-  h.segment_blocks = t.segment_blocks;
-  h.stripe_paths = t.stripe_paths;
-  std::random_device rd;
-  do {
-    h.table_uuid = (uint64_t(rd()) << 32) ^ rd();
-  } while (h.table_uuid == 0);
-  MTRAINS_RETURN_IF_ERROR(ComputeLayout(&h, t.overprovision));
-  for (const auto& s : h.stripe_paths) {
-    if (s.empty() || s == path)
-      return Status::InvalidArgument("stripe path '" + s + "' must be non-empty and differ from " + path);
-  }
-  AlignedBuffer header(h.block_size, kAlignment);
-  MTRAINS_RETURN_IF_ERROR(EncodeHeader(h, header.data()));
-  std::vector<std::string> files{path};
-  files.insert(files.end(), h.stripe_paths.begin(), h.stripe_paths.end());
-  for (size_t i = 0; i < files.size(); ++i)
-    for (size_t j = i + 1; j < files.size(); ++j)
-      if (files[i] == files[j]) return Status::InvalidArgument("file " + files[i] + " is named twice");
-  if (overwrite) {
-    for (const auto& f : files) MTRAINS_RETURN_IF_ERROR(CheckNotOwned(f).WithContext("cannot overwrite " + f));
-    for (const auto& f : files)
-      if (unlink(f.c_str()) != 0 && errno != ENOENT) return Errno(errno, "cannot remove " + f);
-  }
-  for (size_t i = 0; i < files.size(); ++i) {
-    const uint64_t size = i == 0 ? h.MainFileBytes() : StripeFileBytes(h);
-    Status st = CreateSparseFile(files[i], size);
-    if (!st.ok()) {
-      for (size_t j = 0; j < i; ++j) unlink(files[j].c_str());
-      return st;
-    }
-  }
-  // The ownership lock is taken before the header is written: an Open elsewhere between
-  // the two is refused here, or gets the lock and this Create fails (never both writing).
-  const int meta_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  Status st = meta_fd < 0 ? Errno(errno, "cannot open " + path)
-                          : LockOpenFile(meta_fd, path, LockKind::kExclusive, kWhat);
-  const int fd = st.ok() ? open(path.c_str(), O_WRONLY | O_CLOEXEC) : -1;
-  if (st.ok() && fd < 0) {
-    st = Errno(errno, "cannot open " + path);
-  } else if (st.ok()) {
-    ssize_t w = pwrite(fd, header.data(), h.block_size, 0);
-    if (w != static_cast<ssize_t>(h.block_size))
-      st = Errno(w < 0 ? errno : ENOSPC, "cannot write the header of " + path);
-    else if (fsync(fd) != 0)
-      st = Errno(errno, "cannot fsync " + path);
-    close(fd);
-  }
-  if (st.ok()) st = SyncParentDir(path);
-  if (!st.ok()) {
-    for (const auto& f : files) unlink(f.c_str());
-    if (meta_fd >= 0) close(meta_fd);
-    return st;
-  }
-  std::unique_ptr<BlockStore> store(new BlockStore(path, h));
-  {
-    FairMutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
-    store->meta_fd_ = meta_fd;
-    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
-  }
-  *out = std::move(store);
-  return Status::Ok();
-}
-
-Status BlockStore::Open(const std::string& path, const StoreRuntimeOptions& runtime,
-                        std::unique_ptr<BlockStore>* out) {
-  return OpenExisting(path, runtime, false, out);
-}
-
-Status BlockStore::OpenReadOnly(const std::string& path, const StoreRuntimeOptions& runtime,
-                                std::unique_ptr<BlockStore>* out) {
-  return OpenExisting(path, runtime, true, out);
-}
-
-Status BlockStore::OpenExisting(const std::string& path, const StoreRuntimeOptions& runtime,
-                                bool read_only, std::unique_ptr<BlockStore>* out) {
-  MTRAINS_RETURN_IF_ERROR(ValidateRuntime(runtime));
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return Status::IoError(err, "table file " + path + " does not exist");
-    return Errno(err, "cannot open " + path);
-  }
-  // A writer owns the file until Close. A read-only reader takes no lock: it reads only
-  // pinned segments, which the live store (holding the lock) never rewrites.
-  if (!read_only) {
-    const Status locked = LockOpenFile(fd, path, LockKind::kExclusive, kWhat);
-    if (!locked.ok()) {
-      close(fd);
-      return locked;
-    }
-  }
-  std::vector<uint8_t> buf(4096);
-  size_t got = 0;
-  TableHeader h;
-  Status st = ReadHeaderBytes(fd, path, buf.data(), buf.size(), &got);
-  if (st.ok()) st = DecodeHeader(buf.data(), got, &h).WithContext(path);
-  struct stat sb;
-  if (st.ok() && fstat(fd, &sb) != 0) st = Errno(errno, "stat " + path);
-  if (st.ok() && static_cast<uint64_t>(sb.st_size) < h.MainFileBytes())
-    st = Status::FormatError(path + " is truncated: " + std::to_string(sb.st_size) +
-                             " bytes, the header needs " + std::to_string(h.MainFileBytes()));
-  // Create sizes the file exactly; a longer one has a header that describes another
-  // layout (the map journal, at the end, would be looked for in the wrong place).
-  if (st.ok() && static_cast<uint64_t>(sb.st_size) > h.MainFileBytes())
-    st = Status::FormatError(path + " is " + std::to_string(sb.st_size) + " bytes, but the header describes " +
-                             std::to_string(h.MainFileBytes()) + " (the header does not match the file)");
-  for (size_t i = 0; st.ok() && i < h.stripe_paths.size(); ++i) {
-    const std::string& s = h.stripe_paths[i];
-    struct stat ss;
-    if (stat(s.c_str(), &ss) != 0)
-      st = Status::IoError(errno, "stripe file " + s + " of " + path + " is missing");
-    else if (static_cast<uint64_t>(ss.st_size) < StripeFileBytes(h))
-      st = Status::FormatError("stripe file " + s + " of " + path + " is truncated");
-  }
-  if (!st.ok()) {
-    close(fd);
-    return st;
-  }
-  std::unique_ptr<BlockStore> store(new BlockStore(path, h));
-  {
-    FairMutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
-    store->meta_fd_ = fd;
-    store->read_only_ = read_only;
-    MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime, read_only));
-    if (!read_only) MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
-  }
-  *out = std::move(store);
-  return Status::Ok();
 }
 
 void BlockStore::Abandon() {
@@ -263,45 +50,6 @@ Status BlockStore::CheckUsable() const {
   if (read_only_)
     return Status::InvalidArgument(path_ + " is open as a read-only snapshot reader: only "
                                            "read_locations, stats and close work");
-  return Status::Ok();
-}
-
-Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime, bool read_only) {
-  FileDeviceOptions meta;
-  meta.read_only = read_only;
-  meta.paths = {path_};
-  meta.size = h_.MainFileBytes();  // header, map pages and (after the log) the map journal
-  meta.alignment = kAlignment;
-  meta.direct_io = runtime.direct_io;
-  meta.engine = runtime.engine;
-  meta.queue_depth = runtime.queue_depth;
-  meta.io_threads = runtime.io_threads;
-  FileDeviceOptions log = meta;
-  log.paths = h_.stripe_paths.empty() ? std::vector<std::string>{path_} : h_.stripe_paths;
-  log.base_offset = h_.stripe_paths.empty() ? h_.log_offset : 0;
-  log.size = h_.LogBytes();
-  log.stripe_unit = h_.SegmentBytes();
-  FileDeviceOpenResult m = OpenFileDevice(meta);
-  if (!m.status.ok()) return m.status;
-  FileDeviceOpenResult l = OpenFileDevice(log);
-  if (!l.status.ok()) return l.status;
-  engine_ = l.engine;
-  direct_io_ = l.direct_io && m.direct_io;
-  warning_ = l.warning.empty() ? m.warning : l.warning;
-  meta_ = std::make_unique<FaultInjectingDevice>(std::move(m.device));
-  log_ = std::make_unique<FaultInjectingDevice>(std::move(l.device));
-  read_window_ = std::max<uint32_t>(runtime.read_chunk_blocks, 2 * runtime.queue_depth);
-  if (read_only) return Status::Ok();  // no map, no log state, no cache
-  try {
-    seg_log_ = std::make_unique<SegmentLog>(h_, log_.get(), meta_.get());
-    const double bytes = runtime.dram_cache_mb * 1048576.0;
-    const uint64_t rows = std::min<uint64_t>(
-        h_.num_rows, static_cast<uint64_t>(bytes / (h_.geometry.row_bytes + kCacheOverheadBytes)));
-    cache_ = std::make_unique<RowCache>(rows, h_.geometry.row_bytes);
-  } catch (const std::exception& e) {
-    return Status::IoError(ENOMEM, path_ + ": " + e.what());
-  }
-  read_window_ = std::max<uint32_t>(runtime.read_chunk_blocks, 2 * runtime.queue_depth);
   return Status::Ok();
 }
 
