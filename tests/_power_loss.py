@@ -42,6 +42,7 @@ def images_wanted() -> int:
 DRIVER = "csrc/tests/test_power_loss.cc"
 DRIVER_SOURCES = [
     DRIVER, "csrc/storage/recording_device.cc", "csrc/storage/device.cc", "csrc/storage/segment_log.cc",
+    "csrc/storage/segment_log_map.cc", "csrc/storage/segment_log_space.cc",
     "csrc/storage/map_journal.cc", "csrc/storage/location_map.cc", "csrc/storage/block_format.cc",
     "csrc/common/crc32c.cc", "csrc/common/latency_histogram.cc",
 ]

@@ -27,7 +27,7 @@ from _block_store_helpers import assert_rows_equal, random_rows, reference_init_
 from _watch import run_watched
 from torchrec_mtrains.storage import BlockStore, CorruptionError
 
-CACHE_OVERHEAD_BYTES = 40  # per cached row, as csrc/storage/block_store.cc sizes the cache
+CACHE_OVERHEAD_BYTES = 40  # per cached row, as csrc/storage/block_store_open.cc sizes the cache
 TRACE = os.environ.get("MTRAINS_MODEL_TRACE") == "1"  # log every operation to stderr (child runs)
 
 

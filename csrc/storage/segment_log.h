@@ -25,6 +25,10 @@
 // Pins live in memory only.
 //
 // Not thread-safe: the owning BlockStore serialises all calls.
+//
+// Implementation, one job a file: segment_log.cc (the append head, the queue of full
+// segments, commit), segment_log_map.cc (the map's persistence), segment_log_space.cc
+// (segment liveness, pins, garbage collection).
 #pragma once
 
 #include <map>
