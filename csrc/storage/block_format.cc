@@ -150,7 +150,7 @@ Status ComputeLayout(TableHeader* h, double overprovision) {
   h->map_offset = h->block_size;
   h->log_offset = h->map_offset + h->map_pages * h->block_size;
   // The journal grows to about twice the map's checkpoint before a checkpoint empties it
-  // (segment_log.cc); the region is sparse, so its size costs nothing until written.
+  // (segment_log_map.cc); the region is sparse, so its size costs nothing until written.
   h->journal_offset = h->stripe_paths.empty() ? h->log_offset + h->LogBytes() : h->log_offset;
   h->journal_bytes = (2 * h->map_pages + 16) * h->block_size;
   return Status::Ok();
