@@ -25,7 +25,7 @@ from _fs_record import FsRecorder, check_crash_images
 from _power_loss import NIGHTLY_IMAGES, images_wanted, nightly
 from torchrec_mtrains.checkpoint import ChainError, DifferentialCheckpointer
 from torchrec_mtrains.checkpoint.chain import latest_checkpoint, read_chain, step_of
-from torchrec_mtrains.checkpoint.checkpointer import check_files
+from torchrec_mtrains.checkpoint.integrity import check_files
 
 TIERS = {"ssd_a": "ssd", "ssd_b": "ssd", "scm_c": "scm", "plain_d": None}
 SAVES = [1, 2, 3, 4]  # full, delta, full (a new chain: the old one goes), delta

@@ -19,22 +19,21 @@ import json
 import os
 import shutil
 import time
-import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
-import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchrec_mtrains.checkpoint import chain as chain_dir
+from torchrec_mtrains.checkpoint.collectives import all_gather, all_sum, barrier, gather_errors, rank, world_size
+from torchrec_mtrains.checkpoint.dense_state import load_dense, load_plain, load_state_dicts, state_of
+from torchrec_mtrains.checkpoint.failures import errno_of, first_line
+from torchrec_mtrains.checkpoint.integrity import check_files, file_crc
 from torchrec_mtrains.checkpoint.kind_change import (
-    ChangedTables,
     changed_tables,
     check_dense_sources,
     fused_pieces,
-    pop_changed,
     restore_from_dense,
     tiered_tables,
 )
@@ -77,14 +76,6 @@ class _Chain:
     base_bytes: int
     delta_bytes: int
     layout: Tuple
-
-
-def _file_crc(path: str) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            crc = zlib.crc32(block, crc)
-    return crc
 
 
 class DifferentialCheckpointer:
@@ -147,17 +138,13 @@ class DifferentialCheckpointer:
         if self._claimed:
             return
         failure: Optional[Tuple[int, str]] = None
-        if _rank() == 0:
+        if rank() == 0:
             try:
                 os.makedirs(self.directory, exist_ok=True)
                 self._dir_lock = lock_directory(self.directory, "checkpoint directory")
             except OSError as e:
                 failure = (e.errno or errno.EIO, f"rank 0: {e.strerror or e}")
-        failures: List[Optional[Tuple[int, str]]] = [failure]
-        if dist.is_initialized():
-            failures = [None] * _world()
-            dist.all_gather_object(failures, failure)
-        for f in failures:
+        for f in all_gather(failure):
             if f is not None:
                 raise OSError(f[0], f[1])
         self._claimed = True
@@ -168,13 +155,13 @@ class DifferentialCheckpointer:
         if self._started:
             return
         self.claim_directory()
-        if _rank() == 0:
+        if rank() == 0:
             os.makedirs(self.directory, exist_ok=True)
             step = None
             if restoring is not None and os.path.dirname(os.path.abspath(restoring)) == os.path.abspath(self.directory):
                 step = chain_dir.step_of(os.path.basename(os.path.abspath(restoring)))
             chain_dir.remove_leftovers(self.directory, self.keep_chains, step)
-        _barrier()
+        barrier()
         self._started = True
 
     # ------------------------------------------------------------------- save ----
@@ -195,9 +182,9 @@ class DifferentialCheckpointer:
         previous = self.latest()
         if previous is not None and os.path.basename(previous) == name:
             return self._record_of(previous, 0.0)  # already complete: nothing trained since
-        if _rank() == 0 and os.path.exists(path):
+        if rank() == 0 and os.path.exists(path):
             shutil.rmtree(path)
-        _barrier()
+        barrier()
         flush_tiers(model)
         fault_point("checkpoint.flush")
         pieces = local_pieces(model)
@@ -211,50 +198,52 @@ class DifferentialCheckpointer:
         writer = RowChunkWriter(path, planner.chunk_keys(), file_bytes=2 * self.chunk_bytes)
         try:
             with exclude_tiered_state(model):
-                dcp.save(_state(model, dense_optimizer), storage_writer=writer, planner=planner)
+                dcp.save(state_of(model, dense_optimizer), storage_writer=writer, planner=planner)
             links, error = self._link(linked, path, step)
             if error is None:
                 error = self._write_manifest(path, step, kind, base, parent, copied, chunks, links,
                                              writer.state_files, trainer or {})
-            errors = _gather_errors(error)
+            errors = gather_errors(error)
             if errors:
                 raise OSError(errno.EIO, "; ".join(errors))
             fault_point("checkpoint.saved")
-            rows, tiered, row_bytes, dense, rows_linked, linked_bytes, map_bytes = _all_sum([
+            rows, tiered, row_bytes, dense, rows_linked, linked_bytes, map_bytes = all_sum([
                 sum(c.count for c in chunks), sum(c.nbytes for c in chunks),
                 sum(c.count * c.piece.spec.row_bytes for c in chunks),
                 sum(os.path.getsize(os.path.join(path, f)) for f in writer.state_files),
                 sum(r.snapshot.entries for r in links), sum(r.snapshot.entries * r.spec.row_bytes for r in links),
                 sum(r.snapshot.entries * MAP_ENTRY_BYTES for r in links),
             ])
+            record = CheckpointRecord(step, kind, path, bytes=0, rows_written=rows, seconds=0.0, row_bytes=row_bytes,
+                                      dense_bytes=dense, rows_linked=rows_linked, linked_row_bytes=linked_bytes,
+                                      map_bytes=map_bytes)
             nbytes = 0
-            if _rank() == 0:
+            if rank() == 0:
                 nbytes = chain_dir.dir_bytes(path)
                 chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
                     **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
-                    "world_size": _world(), "bytes": nbytes, "rows_written": rows, "tiered_bytes": tiered,
-                    "row_bytes": row_bytes, "dense_bytes": dense, "rows_linked": rows_linked,
-                    "linked_row_bytes": linked_bytes, "map_bytes": map_bytes,
+                    "world_size": world_size(), "tiered_bytes": tiered,
+                    **dataclasses.replace(record, bytes=nbytes).counts(),
                 }))
-            nbytes = _all_sum([nbytes])[0]
+            record = dataclasses.replace(record, bytes=all_sum([nbytes])[0])
         except (CheckpointException, OSError) as e:
-            code = _errno_of(e)
+            code = errno_of(e)
             if code == errno.EIO and shutil.disk_usage(self.directory).free < _FULL_BYTES:
                 # DCP writes tensors through torch.save's zip writer, which reports a full disk
                 # as RuntimeError("unexpected pos ..."): name the cause from the free space.
                 code = errno.ENOSPC
-            if _rank() == 0:
+            if rank() == 0:
                 shutil.rmtree(path, ignore_errors=True)
             for p in linked:  # this step never completes: its rows need not stay
                 p.emb.linkable_store(p.t).unpin_snapshot(step)
-            raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {_first_line(e)}; "
+            raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {first_line(e)}; "
                                 f"the latest complete checkpoint is still {previous}") from e
-        if _rank() == 0:
+        if rank() == 0:
             fault_point("checkpoint.latest")
             chain_dir.write_atomic(os.path.join(self.directory, "latest"), name)
             fault_point("checkpoint.cleanup")
             chain_dir.remove_leftovers(self.directory, self.keep_chains)
-        _barrier()
+        barrier()
         release_pins(model, self.directory)
         clear_dirty(model)
         if kind == FULL:
@@ -262,8 +251,7 @@ class DifferentialCheckpointer:
         else:
             self._chain = dataclasses.replace(self._chain, last=step, steps=self._chain.steps + 1,
                                               delta_bytes=self._chain.delta_bytes + tiered)
-        return CheckpointRecord(step, kind, path, nbytes, rows, time.perf_counter() - t0, row_bytes, dense,
-                                rows_linked, linked_bytes, map_bytes)
+        return dataclasses.replace(record, seconds=time.perf_counter() - t0)
 
     @staticmethod
     def _link(pieces: List[LocalPiece], path: str, step: int) -> Tuple[List[PieceRecord], Optional[str]]:
@@ -271,7 +259,7 @@ class DifferentialCheckpointer:
         try:
             return link_pieces(pieces, path, step), None
         except (OSError, ValueError) as e:
-            return [], f"rank {_rank()}: {e}"
+            return [], f"rank {rank()}: {e}"
 
     def _kind_and_chunks(self, layout: Tuple, pieces: List[LocalPiece]) -> Tuple[str, List[PlannedChunk]]:
         """The step's kind and its chunks. FULL without a chain of this layout, after
@@ -282,7 +270,7 @@ class DifferentialCheckpointer:
         if c is None or c.layout != layout or c.steps >= self.full_every:
             return FULL, self._plan(FULL, pieces)
         chunks = self._plan(DELTA, pieces)
-        dirty = _all_sum([sum(ch.count * ch.piece.spec.row_bytes for ch in chunks)])[0]
+        dirty = all_sum([sum(ch.count * ch.piece.spec.row_bytes for ch in chunks)])[0]
         if c.delta_bytes + dirty > self.max_chain_fraction * c.base_bytes:
             return FULL, self._plan(FULL, pieces)
         return DELTA, chunks
@@ -308,23 +296,19 @@ class DifferentialCheckpointer:
             records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine]))
         records.sort(key=lambda r: r.spec.key)
         try:
-            files = {f: _file_crc(os.path.join(path, f)) for f in state_files}
-            if _rank() == 0:
-                files[".metadata"] = _file_crc(os.path.join(path, ".metadata"))
-            manifest = StepManifest(step, kind, base, parent, _rank(), _world(), records, files,
-                                    {**trainer, "step": step} if _rank() == 0 else {})
-            chain_dir.write_atomic(os.path.join(path, f"tiered.rank{_rank()}.json"), manifest.to_json())
+            files = {f: file_crc(os.path.join(path, f)) for f in state_files}
+            if rank() == 0:
+                files[".metadata"] = file_crc(os.path.join(path, ".metadata"))
+            manifest = StepManifest(step, kind, base, parent, rank(), world_size(), records, files,
+                                    {**trainer, "step": step} if rank() == 0 else {})
+            chain_dir.write_atomic(os.path.join(path, f"tiered.rank{rank()}.json"), manifest.to_json())
         except OSError as e:
-            return f"rank {_rank()}: {e}"
+            return f"rank {rank()}: {e}"
         return None
 
     def _record_of(self, path: str, seconds: float) -> CheckpointRecord:
-        trainer = chain_dir.read_trainer(path, chain_dir.step_of(os.path.basename(path)))
-        return CheckpointRecord(int(trainer["step"]), trainer.get("kind", FULL), path,
-                                int(trainer.get("bytes", 0)), int(trainer.get("rows_written", 0)), seconds,
-                                int(trainer.get("row_bytes", 0)), int(trainer.get("dense_bytes", 0)),
-                                int(trainer.get("rows_linked", 0)), int(trainer.get("linked_row_bytes", 0)),
-                                int(trainer.get("map_bytes", 0)))
+        return CheckpointRecord.from_trainer(path, chain_dir.read_trainer(path, chain_dir.step_of(os.path.basename(path))),
+                                             seconds)
 
     # ---------------------------------------------------------------- restore ----
     def restore(self, model: nn.Module, dense_optimizer: Any = None, path: Optional[str] = None) -> Dict[str, Any]:
@@ -344,14 +328,14 @@ class DifferentialCheckpointer:
         step = chain_dir.step_of(os.path.basename(path))
         trainer = chain_dir.read_trainer(path, step)
         if "kind" not in trainer:  # a plain DCP checkpoint (an export): TorchRec's own load
-            _load_plain(path, model, dense_optimizer)
+            load_plain(path, model, dense_optimizer)
             self._chain = None
             return trainer
         pieces = local_pieces(model)
         failure: Optional[ChainError] = None
         chain: List[ChainStep] = []
         with exclude_tiered_state(model):
-            state = _state(model, dense_optimizer)
+            state = state_of(model, dense_optimizer)
             try:
                 chain = chain_dir.read_chain(path)
                 changed = changed_tables(pieces, tiered_tables(model), chain, state["model"])
@@ -363,17 +347,17 @@ class DifferentialCheckpointer:
                 check_dense_sources(changed.to_tiered, chain[-1])
             except ChainError as e:
                 failure = e
-            errors = _gather_errors(None if failure is None else str(failure))
+            errors = gather_errors(None if failure is None else str(failure))
             if failure is not None:
                 raise failure
             if errors:  # another rank found damage: nothing is restored anywhere
                 raise ChainError("; ".join(errors), path, step)
-            _load_dense(path, state, changed)
+            load_dense(path, state, changed)
             for adoption in adoptions:
                 adopt(adoption, self.directory)
             apply_rows(targets, chain)  # FUSED-now tables: into the state's tensors
             restore_from_dense(pieces, changed.to_tiered, chain[-1])
-            _load_state_dicts(state, model, dense_optimizer)
+            load_state_dicts(state, model, dense_optimizer)
         clear_dirty(model)
         self._chain = _chain_of(chain)
         return dict(chain[-1].manifests[0].trainer)
@@ -403,125 +387,7 @@ def _spec_key(spec) -> str:
 
 def _layout(pieces: List[LocalPiece]) -> Tuple:
     """Every rank's shard specs, sorted: a chain continues only on the same layout."""
-    local = [p.spec for p in pieces]
-    if dist.is_initialized():
-        gathered: List[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, local)
-        local = [s for part in gathered for s in part]
-    return tuple(sorted(local, key=_spec_key))
+    every = [spec for part in all_gather([p.spec for p in pieces]) for spec in part]
+    return tuple(sorted(every, key=_spec_key))
 
 
-def check_files(chain: List[ChainStep]) -> None:
-    """Checks the CRC-32 of each step's ``.metadata`` and of the last step's dense-state
-    files (what a restore loads besides the row chunks).
-
-    Raises:
-        ChainError: a file is missing or damaged.
-    """
-    for s in chain:
-        for m in s.manifests:
-            for name, crc in m.files.items():
-                if name != ".metadata" and s is not chain[-1]:
-                    continue  # only the last step's dense state is loaded
-                where = os.path.join(s.reader.path, name)
-                try:
-                    ok = _file_crc(where) == crc
-                except OSError as e:
-                    message = f"checkpoint file {where} (step {s.step}) cannot be read: {e.strerror}"
-                    raise ChainError(message, where, s.step) from None
-                if not ok:
-                    raise ChainError(f"checkpoint file {where} (step {s.step}) fails its checksum", where, s.step)
-
-
-def _state(model: nn.Module, dense_optimizer: Any) -> Dict[str, Any]:
-    state: Dict[str, Any] = {"model": model.state_dict()}
-    fused = getattr(model, "fused_optimizer", None)
-    if fused is not None:
-        state["optim"] = fused.state_dict()
-    if dense_optimizer is not None:
-        state["dense_optim"] = dense_optimizer.state_dict()
-    return state
-
-
-def _load_dense(path: str, state: Dict[str, Any], changed: Optional[ChangedTables] = None) -> None:
-    """Fills ``state`` from the step's DCP files, leaving out tables that changed kind."""
-    taken = pop_changed(state, changed) if changed else []
-    # When this rank lacks keys the checkpoint has (another rank's table), DCP's load falls
-    # back to its pre-2.4 key format, in which a subtree without tensors (the optimizer
-    # state of a tiered table, kept out: {}) is a key of its own that no checkpoint holds.
-    emptied = _pop_empty(state)
-    dcp.load(state, checkpoint_id=path)
-    for parent, key, value in reversed(taken + emptied):
-        parent[key] = value
-
-
-def _load_state_dicts(state: Dict[str, Any], model: nn.Module, dense_optimizer: Any) -> None:
-    model.load_state_dict(state["model"])
-    if "optim" in state:
-        model.fused_optimizer.load_state_dict(state["optim"])
-    if dense_optimizer is not None:
-        dense_optimizer.load_state_dict(state["dense_optim"])
-
-
-def _pop_empty(tree: Dict[str, Any]) -> List[Tuple[Dict[str, Any], str, Any]]:
-    """Removes the dicts of ``tree`` that hold no value at any depth; returns (parent, key,
-    dict) of each, in removal order (put back in reverse order to restore ``tree``)."""
-    removed: List[Tuple[Dict[str, Any], str, Any]] = []
-    for key, value in list(tree.items()):
-        if isinstance(value, dict):
-            removed += _pop_empty(value)
-            if not value:
-                removed.append((tree, key, tree.pop(key)))
-    return removed
-
-
-def _load_plain(path: str, model: nn.Module, dense_optimizer: Any) -> None:
-    state = _state(model, dense_optimizer)
-    _load_dense(path, state)
-    _load_state_dicts(state, model, dense_optimizer)
-    clear_dirty(model)
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _all_sum(values: List[int]) -> List[int]:
-    t = torch.tensor(values, dtype=torch.int64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return [int(v) for v in t]
-
-
-def _gather_errors(error: Optional[str]) -> List[str]:
-    """Every rank's error (what failed where), so that all ranks fail together."""
-    errors: List[Optional[str]] = [error]
-    if dist.is_initialized():
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-    return [e for e in errors if e is not None]
-
-
-def _errno_of(e: BaseException) -> int:
-    if isinstance(e, OSError) and e.errno:
-        return e.errno
-    if isinstance(e, CheckpointException):
-        for exc, _ in e.failures.values():
-            if isinstance(exc, OSError) and exc.errno:
-                return exc.errno
-    return errno.EIO
-
-
-def _first_line(e: BaseException) -> str:
-    if isinstance(e, CheckpointException):
-        return "; ".join(f"rank {r}: {type(exc).__name__}: {exc}" for r, (exc, _) in sorted(e.failures.items()))
-    return f"{type(e).__name__}: {e}"

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from torchrec_mtrains.checkpoint import chain as chain_dir
-from torchrec_mtrains.checkpoint.checkpointer import check_files
+from torchrec_mtrains.checkpoint.integrity import check_files
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.restore import init_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter

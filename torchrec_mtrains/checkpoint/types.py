@@ -226,5 +226,18 @@ class CheckpointRecord:
     linked_row_bytes: int = 0  # bytes of those rows (kept in the store files, not copied)
     map_bytes: int = 0  # bytes of the location maps that name them
 
+    # The fields that trainer.json holds too, by these names (``counts``, ``from_trainer``).
+    COUNTS = ("bytes", "rows_written", "row_bytes", "dense_bytes", "rows_linked", "linked_row_bytes", "map_bytes")
+
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def counts(self) -> Dict[str, int]:
+        """The byte and row counts, as trainer.json holds them."""
+        return {name: getattr(self, name) for name in self.COUNTS}
+
+    @classmethod
+    def from_trainer(cls, path: str, trainer: Dict[str, Any], seconds: float) -> "CheckpointRecord":
+        """The record of the step at ``path`` from its trainer.json (counts it lacks: 0)."""
+        counts = {name: int(trainer.get(name, 0)) for name in cls.COUNTS}
+        return cls(step=int(trainer["step"]), kind=trainer.get("kind", FULL), path=path, seconds=seconds, **counts)
