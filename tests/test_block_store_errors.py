@@ -583,3 +583,21 @@ def test_a_forked_child_cannot_use_or_disturb_the_parents_store(tmp_path: Path) 
     reopened = BlockStore.open(path)
     assert_rows_equal(reopened.read(ids), rows)
     reopened.close()
+
+
+# One runtime config for every way of opening a store ----------------------------------------
+def test_runtime_config_opens_and_conflicts_with_loose_arguments(tmp_path: Path) -> None:
+    from torchrec_mtrains.storage import StoreRuntimeConfig
+
+    path = tmp_path / "t.blk"
+    runtime = StoreRuntimeConfig(dram_cache_mb=1.0, io_engine="threads", io_threads=2)
+    store = BlockStore(path, num_rows=100, dim=4, runtime=runtime)
+    assert store.io_engine == "threads"
+    store.close()
+    store = BlockStore.open(path, runtime=runtime)
+    assert store.io_engine == "threads"
+    store.close()
+    with pytest.raises(ValueError, match=r"not both: \['io_engine'\]"):
+        BlockStore.open(path, io_engine="threads", runtime=runtime)
+    with pytest.raises(ValueError, match="must be a StoreRuntimeConfig"):
+        BlockStore.open(path, runtime={"io_engine": "threads"})

@@ -34,28 +34,19 @@ from torchrec_mtrains.planner.types import (
     TierSpec,
 )
 
+# What a user imports from here (pinned by tests/test_package.py). The adapters to
+# TorchRec's planner interfaces and the model's parts stay importable from here and from
+# their modules.
 __all__ = [
     "ComputeSpec",
     "ModelSpec",
-    "ModelTable",
     "Placement",
     "PlacementError",
-    "RankAssignment",
     "StorageAwarePlanner",
-    "TablePlacement",
-    "TieredEnumerator",
-    "TieredPartitioner",
-    "TieredPerfEstimator",
-    "TieredProposer",
-    "TieredShardingOption",
-    "TieredStorage",
-    "TieredStorageEstimator",
     "TierSpec",
     "TieredTopology",
     "load_model_spec",
     "load_topology",
-    "parse_model_spec",
     "place",
     "size_cluster",
-    "torchrec_topology",
 ]

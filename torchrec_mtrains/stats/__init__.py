@@ -46,14 +46,13 @@ from torchrec_mtrains.stats.types import (
     Trace,
 )
 
+# What a user imports from here (pinned by tests/test_package.py). The reuse-bin
+# arithmetic, the dlrm_datasets file format, stack distances and replay stay importable
+# from here and from their modules.
 __all__ = [
     "DLRM_DATASETS_LOOKUP_SHARES",
-    "DLRM_DATASETS_REUSE",
     "DLRM_DATASETS_ROW_SHARES",
-    "REUSE_BIN_EDGES",
-    "REUSE_BIN_EDGES_16",
     "CurveCacheStatistics",
-    "DlrmBatch",
     "HitRateCurve",
     "ReuseHistogram",
     "SyntheticTable",
@@ -62,26 +61,11 @@ __all__ = [
     "Trace",
     "analyze_table",
     "analyze_trace",
-    "bin_edges_for",
-    "bin_mean_reuse",
-    "check_dlrm_batch",
-    "check_reuse_shares",
-    "drifted_ids",
-    "drifted_positions",
-    "fit_zipf_alpha",
     "generate_dlrm_batch",
     "lfu_curve",
     "load_dlrm_trace",
-    "lookups_per_unique_row",
     "lru_curve",
-    "read_dlrm_file",
-    "replay_cache_hit_rate",
     "reuse_histogram",
-    "rows_per_bin",
-    "shards_mask",
-    "stack_distances",
-    "step_accesses",
     "trace_from_dlrm_batches",
     "trace_from_kjts",
-    "write_dlrm_file",
 ]

@@ -140,6 +140,22 @@ class TableConfig:
         }
 
 
+def _runtime_of(runtime: Optional[StoreRuntimeConfig], dram_cache_mb: float, direct_io: bool, io_engine: str,
+                queue_depth: int, io_threads: int) -> StoreRuntimeConfig:
+    """``runtime``, or the config of the loose arguments; both at once is an error naming the
+    arguments changed from their defaults."""
+    loose = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
+    if runtime is None:
+        return loose
+    if not isinstance(runtime, StoreRuntimeConfig):
+        raise ValueError(f"runtime={runtime!r} must be a StoreRuntimeConfig")
+    changed = [f.name for f in dataclasses.fields(loose) if getattr(loose, f.name) != f.default]
+    if changed:
+        raise ValueError(f"give the runtime settings either as runtime= or as arguments, not both: {changed} "
+                         "set beside runtime")
+    return runtime
+
+
 class BlockStore(RowStore):
     """A table of embedding rows on a block device (file), with a DRAM row cache.
 
@@ -180,6 +196,7 @@ class BlockStore(RowStore):
         queue_depth: int = 64,
         io_threads: int = 8,
         overwrite: bool = False,
+        runtime: Optional[StoreRuntimeConfig] = None,
     ) -> None:
         table = TableConfig(
             num_rows=num_rows,
@@ -193,7 +210,7 @@ class BlockStore(RowStore):
             overprovision=overprovision,
             stripe_paths=tuple(os.fspath(p) for p in stripe_paths),
         )
-        runtime = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
+        runtime = _runtime_of(runtime, dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
         path = check_path(path)
         self._handle = _new_handle()
         _raise_for(self._handle.create(path, {**table.settings(), **runtime.settings()}, overwrite))
@@ -209,9 +226,14 @@ class BlockStore(RowStore):
         io_engine: str = "auto",
         queue_depth: int = 64,
         io_threads: int = 8,
+        runtime: Optional[StoreRuntimeConfig] = None,
     ) -> "BlockStore":
-        """Opens an existing table, validating its header, file sizes and location map."""
-        runtime = StoreRuntimeConfig(dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
+        """Opens an existing table, validating its header, file sizes and location map.
+
+        The runtime settings come either as the arguments above or all at once as
+        ``runtime`` (the one config type of every way of opening a store: ``open_read_only``
+        and ``open_adopted`` take it too), whose fields they are."""
+        runtime = _runtime_of(runtime, dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
         return cls._opened(lambda handle: handle.open(check_path(path), runtime.settings()))
 
     @classmethod
