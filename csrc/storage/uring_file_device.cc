@@ -32,7 +32,6 @@ int InitRing(unsigned entries, io_uring* ring) {
   return rc == -EINVAL ? io_uring_queue_init(entries, ring, 0) : rc;
 }
 
-
 // io_uring engine: keeps up to queue_depth parts in flight per call. Reads (and read
 // streams) and writes have a ring each, so a write from one thread runs beside a read
 // stream of another (BlockStore::Exchange writes evicted rows while it reads).
