@@ -4,7 +4,6 @@
 #include "storage/block_store.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -4,12 +4,7 @@
 // segment_log_space.cc.
 #include "storage/segment_log.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <iterator>
 #include <stdexcept>
 
 #include "storage/segment_log_internal.h"

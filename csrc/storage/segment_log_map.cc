@@ -6,10 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <iterator>
-#include <stdexcept>
 
 #include "storage/segment_log_internal.h"
 

@@ -3,13 +3,9 @@
 // (segment_log.h).
 #include "storage/segment_log.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <iterator>
-#include <stdexcept>
 
 #include "storage/segment_log_internal.h"
 
