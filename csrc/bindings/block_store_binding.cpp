@@ -9,6 +9,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 
 #include <unistd.h>
 
+#include "bindings/store_env.h"
 #include "storage/block_store.h"
 #include "storage/lazy_init.h"
 
@@ -87,6 +89,7 @@ class ConfigReader {
 };
 
 void ReadRuntime(ConfigReader& r, StoreRuntimeOptions* o) {
+  o->env = BindingStoreEnv();
   r.Real("dram_cache_mb", &o->dram_cache_mb);
   r.Flag("direct_io", &o->direct_io);
   const std::string engine = r.Text("io_engine", "auto");
@@ -341,19 +344,6 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     return d;
   }
 
-  void arm_fault(const std::string& kind, int64_t after, int64_t count, int64_t sys_errno,
-                 bool on_map) {
-    FaultKind k;
-    if (kind == "read_error") k = FaultKind::kReadError;
-    else if (kind == "write_error") k = FaultKind::kWriteError;
-    else if (kind == "sync_error") k = FaultKind::kSyncError;
-    else if (kind == "corrupt_read") k = FaultKind::kCorruptRead;
-    else throw c10::ValueError(c10::SourceLocation{__func__, __FILE__, __LINE__},
-                               "unknown fault kind '" + kind + "'");
-    TORCH_CHECK_VALUE(after >= 0 && count >= 0, "after and count must be >= 0");
-    store().ArmFault(k, after, count, static_cast<int>(sys_errno), on_map);
-  }
-
  private:
   BlockStore& store() {
     TORCH_CHECK(store_ != nullptr, "BlockStore handle is not open");
@@ -419,7 +409,17 @@ at::Tensor LazyInitRows(const at::Tensor& ids, int64_t dim, int64_t state_dim, i
   return out;
 }
 
+std::atomic<Env*> g_store_env{nullptr};
+
 }  // namespace
+
+Env* BindingStoreEnv() {
+  Env* env = g_store_env.load(std::memory_order_acquire);
+  return env != nullptr ? env : Env::Default();
+}
+
+void SetBindingStoreEnv(Env* env) { g_store_env.store(env, std::memory_order_release); }
+
 }  // namespace mtrains
 
 TORCH_LIBRARY(mtrains, m) {
@@ -464,7 +464,5 @@ TORCH_LIBRARY(mtrains, m) {
            "Writes a point-in-time copy of the table to a path -> status.")
       .def("close", &BlockStoreHandle::close, "Flushes and closes -> status.")
       .def("stats", &BlockStoreHandle::stats, "Counters and latency percentiles.")
-      .def("info", &BlockStoreHandle::info, "Table shape, engine and fallback warnings.")
-      .def("arm_fault", &BlockStoreHandle::arm_fault,
-           "Scripts a device fault for tests: (kind, after, count, errno, on_map).");
+      .def("info", &BlockStoreHandle::info, "Table shape, engine and fallback warnings.");
 }

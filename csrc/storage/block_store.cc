@@ -3,9 +3,6 @@
 // table is in block_store_open.cc (block_store.h is the contract of both).
 #include "storage/block_store.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <iostream>
@@ -14,19 +11,15 @@
 
 #include "common/aligned_buffer.h"
 #include "storage/block_store_internal.h"
-#include "storage/file_copy.h"
 #include "storage/lazy_init.h"
 
 namespace mtrains {
 
-using block_store_internal::CheckNotOwned;
-using block_store_internal::Errno;
 using block_store_internal::kAlignment;
 
 BlockStore::~BlockStore() {
   const Status st = Close();
   if (!st.ok()) std::cerr << "torchrec_mtrains BlockStore: " << st.message() << std::endl;
-  if (meta_fd_ >= 0) close(meta_fd_);
 }
 
 void BlockStore::Abandon() {
@@ -39,8 +32,7 @@ void BlockStore::ReleaseLocked() {
   cache_.reset();
   log_.reset();
   meta_.reset();
-  if (meta_fd_ >= 0) close(meta_fd_);
-  meta_fd_ = -1;
+  lock_.reset();
   closed_ = true;
 }
 
@@ -285,7 +277,8 @@ Status BlockStore::Snapshot(const std::string& dst) {
   MTRAINS_RETURN_IF_ERROR(CheckUsable());
   if (dst.empty() || dst == path_)
     return Status::InvalidArgument("snapshot destination '" + dst + "' must differ from " + path_);
-  MTRAINS_RETURN_IF_ERROR(CheckNotOwned(dst).WithContext("cannot snapshot " + path_ + " to " + dst));
+  MTRAINS_RETURN_IF_ERROR(
+      env_->CheckNotLocked(dst, block_store_internal::kWhat).WithContext("cannot snapshot " + path_ + " to " + dst));
   // Copy under temporary names, then rename: a crash never leaves a half snapshot at dst.
   TableHeader snap = h_;
   std::vector<std::pair<std::string, std::string>> copies;  // (src, final dst)
@@ -299,21 +292,16 @@ Status BlockStore::Snapshot(const std::string& dst) {
   copies.emplace_back(path_, dst);  // the main file last: it names the stripes
   for (const auto& [src, final_dst] : copies) {
     const std::string tmp = final_dst + ".tmp";
-    Status st = CopyFileSparse(src, tmp);
-    if (st.ok() && final_dst == dst && !h_.stripe_paths.empty()) {
-      const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd < 0 || pwrite(fd, header.data(), h_.block_size, 0) != static_cast<ssize_t>(h_.block_size) || fsync(fd) != 0)
-        st = Errno(errno, "cannot write the header of " + tmp);
-      if (fd >= 0) close(fd);
-    }
-    if (st.ok() && rename(tmp.c_str(), final_dst.c_str()) != 0)
-      st = Errno(errno, "cannot rename " + tmp + " to " + final_dst);
+    Status st = env_->CopyFile(src, tmp);
+    if (st.ok() && final_dst == dst && !h_.stripe_paths.empty())
+      st = env_->WriteFileHead(tmp, header.data(), h_.block_size);
+    if (st.ok()) st = env_->RenameFile(tmp, final_dst);
     if (!st.ok()) {
-      unlink(tmp.c_str());
+      (void)env_->RemoveFile(tmp);
       return st;
     }
   }
-  return SyncParentDir(dst);
+  return env_->SyncDir(dst);
 }
 
 Status BlockStore::Close() {
@@ -366,13 +354,6 @@ Status BlockStore::WrittenRows(uint64_t first, uint64_t count, std::vector<int64
   return Status::Ok();
 }
 
-void BlockStore::ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno,
-                          bool on_map) {
-  FairMutexLock lock(&mu_);
-  if (closed_) return;
-  (on_map ? meta_ : log_)->Arm(kind, after, count, sys_errno);
-}
-
 std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   FairMutexLock lock(&mu_);
   std::vector<std::pair<std::string, double>> s;
@@ -408,6 +389,7 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   add("map_checkpoint_bytes_written", sl.map_checkpoint_bytes_written);
   add("map_checkpoints", sl.map_checkpoints);
   add("map_journal_commits", sl.map_journal_commits);
+  add("torn_map_pages", sl.torn_map_pages);  // accepted at open: a checkpoint a crash cut short
   add("map_journal_bytes", seg_log_->journal_bytes());
   const LocationMap& lm = seg_log_->location_map();
   add("map_dram_bytes", lm.MemoryBytes());
@@ -417,7 +399,7 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   // Memory per logical row of everything kept per row (the location map, the rows changed
   // since the last commit, the checkpoint bitmap, the per-segment tables); not the cache.
   add("dram_bytes_per_row", double(seg_log_->DramBytes()) / double(h_.num_rows));
-  const Device& raw = log_->inner();
+  const Device& raw = *log_;
   add("read_latency_p50_us", raw.read_latency().Percentile(0.50) / 1000.0);
   add("read_latency_p99_us", raw.read_latency().Percentile(0.99) / 1000.0);
   add("read_latency_p999_us", raw.read_latency().Percentile(0.999) / 1000.0);

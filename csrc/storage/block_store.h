@@ -29,6 +29,7 @@
 #include "common/thread_annotations.h"
 #include "storage/block_format.h"
 #include "storage/device.h"
+#include "storage/env.h"
 #include "storage/file_device.h"
 #include "storage/row_cache.h"
 #include "storage/segment_log.h"
@@ -43,6 +44,9 @@ struct StoreRuntimeOptions {
   uint32_t queue_depth = 64;
   uint32_t io_threads = 8;
   uint32_t read_chunk_blocks = 128;  // read buffers in flight or being verified (extents)
+  // The files and devices the store lives on (not owned; must outlive the store). Null:
+  // Env::Default(), POSIX files with direct I/O. Tests pass their own (csrc/testing/).
+  Env* env = nullptr;
 };
 
 // What a new table looks like (persisted in its header).
@@ -148,9 +152,6 @@ class BlockStore {
 
   // Counters and latency percentiles (name, value).
   std::vector<std::pair<std::string, double>> Stats() EXCLUDES(mu_);
-  // Scripts a device fault (tests): on the log device, or the map device when `on_map`.
-  void ArmFault(FaultKind kind, uint64_t after, uint64_t count, int sys_errno, bool on_map)
-      EXCLUDES(mu_);
 
   const TableHeader& header() const { return h_; }
   const std::string& path() const { return path_; }
@@ -160,7 +161,7 @@ class BlockStore {
   const std::string& warning() const { return warning_; }
 
  private:
-  BlockStore(std::string path, TableHeader h);
+  BlockStore(std::string path, TableHeader h, Env* env);
   // Opens the devices, the log and the cache of a store not yet returned to the caller.
   Status OpenDevices(const StoreRuntimeOptions& runtime, bool read_only = false) REQUIRES(mu_);
   // Open and OpenReadOnly: the header and file checks, then the devices (and the map).
@@ -192,6 +193,7 @@ class BlockStore {
 
   const std::string path_;
   const TableHeader h_;
+  Env* const env_;
   // Set by OpenDevices before Create/Open return the store; constant afterwards.
   std::string engine_, warning_;
   bool direct_io_ = false;
@@ -199,9 +201,8 @@ class BlockStore {
 
   FairMutex mu_;
   bool closed_ GUARDED_BY(mu_) = false;
-  // Plain descriptor for SEEK_DATA and snapshots; a writable store's ownership lock is on it.
-  int meta_fd_ GUARDED_BY(mu_) = -1;
-  std::unique_ptr<FaultInjectingDevice> meta_ GUARDED_BY(mu_), log_ GUARDED_BY(mu_);
+  std::unique_ptr<FileLock> lock_ GUARDED_BY(mu_);  // a writable store's ownership lock
+  std::unique_ptr<Device> meta_ GUARDED_BY(mu_), log_ GUARDED_BY(mu_);
   std::unique_ptr<SegmentLog> seg_log_ GUARDED_BY(mu_);
   std::unique_ptr<RowCache> cache_ GUARDED_BY(mu_);
   uint32_t read_window_ GUARDED_BY(mu_) = 128;  // extents in the read pipeline (buffers)

@@ -2,25 +2,18 @@
 // (sparse, exclusively, locked before the header is written), reading and checking an
 // existing table's header and files, and opening its devices, location map and row cache.
 // The data path is in block_store.cc (block_store.h is the contract of both).
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <random>
 
 #include "common/aligned_buffer.h"
-#include "common/file_lock.h"
 #include "storage/block_store.h"
 #include "storage/block_store_internal.h"
-#include "storage/file_copy.h"
 
 namespace mtrains {
 namespace {
 
-using block_store_internal::CheckNotOwned;
-using block_store_internal::Errno;
 using block_store_internal::kAlignment;
 using block_store_internal::kWhat;
 
@@ -46,52 +39,30 @@ uint64_t StripeFileBytes(const TableHeader& h) {
   return (h.num_segments + n - 1) / n * h.SegmentBytes();
 }
 
-Status ReadHeaderBytes(int fd, const std::string& path, uint8_t* buf, size_t len, size_t* got) {
-  *got = 0;
-  while (*got < len) {
-    const ssize_t r = pread(fd, buf + *got, len - *got, static_cast<off_t>(*got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Errno(errno, "read header of " + path);
-    if (r == 0) break;
-    *got += static_cast<size_t>(r);
-  }
-  return Status::Ok();
+Env* EnvOf(const StoreRuntimeOptions& r) { return r.env != nullptr ? r.env : Env::Default(); }
+
+// Creates `path` exclusively with the given size (sparse), saying what a caller can do.
+Status CreateTableFile(Env* env, const std::string& path, uint64_t size) {
+  const Status st = env->CreateFile(path, size);
+  if (st.ok() || st.code() != StatusCode::kIoError) return st;
+  if (st.sys_errno() == EEXIST)
+    return Status::IoError(EEXIST, path + " already exists (pass overwrite=True to replace it)");
+  if (st.sys_errno() == ENOENT)
+    return Status::IoError(ENOENT, "the directory of " + path + " does not exist");
+  return st;
 }
 
-// Creates `path` exclusively with the given size (sparse).
-Status CreateSparseFile(const std::string& path, uint64_t size) {
-  const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == EEXIST)
-      return Status::IoError(err, path + " already exists (pass overwrite=True to replace it)");
-    if (err == ENOENT) return Status::IoError(err, "the directory of " + path + " does not exist");
-    return Errno(err, "cannot create " + path);
-  }
-  Status st;
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0)
-    st = Errno(errno, "cannot size " + path + " to " + std::to_string(size) + " bytes");
-  close(fd);
-  if (!st.ok()) unlink(path.c_str());
+// What opening a table file that failed with `st` says.
+Status OpenError(const Status& st, const std::string& path) {
+  if (st.code() == StatusCode::kIoError && st.sys_errno() == ENOENT)
+    return Status::IoError(ENOENT, "table file " + path + " does not exist");
   return st;
 }
 
 }  // namespace
 
-namespace block_store_internal {
-
-Status CheckNotOwned(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::Ok();  // nothing there to take from anyone
-  // close() releases only the probe's own lock: the locks of other opens stay.
-  const Status st = LockOpenFile(fd, path, LockKind::kExclusive, kWhat);
-  close(fd);
-  return st;
-}
-
-}  // namespace block_store_internal
-
-BlockStore::BlockStore(std::string path, TableHeader h) : path_(std::move(path)), h_(std::move(h)) {}
+BlockStore::BlockStore(std::string path, TableHeader h, Env* env)
+    : path_(std::move(path)), h_(std::move(h)), env_(env) {}
 
 Status BlockStore::Create(const std::string& path, const TableOptions& t,
                           const StoreRuntimeOptions& runtime, bool overwrite,
@@ -124,45 +95,34 @@ Status BlockStore::Create(const std::string& path, const TableOptions& t,
   for (size_t i = 0; i < files.size(); ++i)
     for (size_t j = i + 1; j < files.size(); ++j)
       if (files[i] == files[j]) return Status::InvalidArgument("file " + files[i] + " is named twice");
+  Env* const env = EnvOf(runtime);
   if (overwrite) {
-    for (const auto& f : files) MTRAINS_RETURN_IF_ERROR(CheckNotOwned(f).WithContext("cannot overwrite " + f));
     for (const auto& f : files)
-      if (unlink(f.c_str()) != 0 && errno != ENOENT) return Errno(errno, "cannot remove " + f);
+      MTRAINS_RETURN_IF_ERROR(env->CheckNotLocked(f, kWhat).WithContext("cannot overwrite " + f));
+    for (const auto& f : files) MTRAINS_RETURN_IF_ERROR(env->RemoveFile(f));
   }
   for (size_t i = 0; i < files.size(); ++i) {
     const uint64_t size = i == 0 ? h.MainFileBytes() : StripeFileBytes(h);
-    Status st = CreateSparseFile(files[i], size);
+    Status st = CreateTableFile(env, files[i], size);
     if (!st.ok()) {
-      for (size_t j = 0; j < i; ++j) unlink(files[j].c_str());
+      for (size_t j = 0; j < i; ++j) (void)env->RemoveFile(files[j]);
       return st;
     }
   }
   // The ownership lock is taken before the header is written: an Open elsewhere between
   // the two is refused here, or gets the lock and this Create fails (never both writing).
-  const int meta_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  Status st = meta_fd < 0 ? Errno(errno, "cannot open " + path)
-                          : LockOpenFile(meta_fd, path, LockKind::kExclusive, kWhat);
-  const int fd = st.ok() ? open(path.c_str(), O_WRONLY | O_CLOEXEC) : -1;
-  if (st.ok() && fd < 0) {
-    st = Errno(errno, "cannot open " + path);
-  } else if (st.ok()) {
-    ssize_t w = pwrite(fd, header.data(), h.block_size, 0);
-    if (w != static_cast<ssize_t>(h.block_size))
-      st = Errno(w < 0 ? errno : ENOSPC, "cannot write the header of " + path);
-    else if (fsync(fd) != 0)
-      st = Errno(errno, "cannot fsync " + path);
-    close(fd);
-  }
-  if (st.ok()) st = SyncParentDir(path);
+  std::unique_ptr<FileLock> owned;
+  Status st = env->LockFile(path, kWhat, &owned);
+  if (st.ok()) st = env->WriteFileHead(path, header.data(), h.block_size);
+  if (st.ok()) st = env->SyncDir(path);
   if (!st.ok()) {
-    for (const auto& f : files) unlink(f.c_str());
-    if (meta_fd >= 0) close(meta_fd);
+    for (const auto& f : files) (void)env->RemoveFile(f);
     return st;
   }
-  std::unique_ptr<BlockStore> store(new BlockStore(path, h));
+  std::unique_ptr<BlockStore> store(new BlockStore(path, h, env));
   {
     FairMutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
-    store->meta_fd_ = meta_fd;
+    store->lock_ = std::move(owned);
     MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime));
   }
   *out = std::move(store);
@@ -182,55 +142,43 @@ Status BlockStore::OpenReadOnly(const std::string& path, const StoreRuntimeOptio
 Status BlockStore::OpenExisting(const std::string& path, const StoreRuntimeOptions& runtime,
                                 bool read_only, std::unique_ptr<BlockStore>* out) {
   MTRAINS_RETURN_IF_ERROR(ValidateRuntime(runtime));
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return Status::IoError(err, "table file " + path + " does not exist");
-    return Errno(err, "cannot open " + path);
-  }
+  Env* const env = EnvOf(runtime);
   // A writer owns the file until Close. A read-only reader takes no lock: it reads only
   // pinned segments, which the live store (holding the lock) never rewrites.
-  if (!read_only) {
-    const Status locked = LockOpenFile(fd, path, LockKind::kExclusive, kWhat);
-    if (!locked.ok()) {
-      close(fd);
-      return locked;
-    }
-  }
+  std::unique_ptr<FileLock> owned;
+  if (!read_only) MTRAINS_RETURN_IF_ERROR(OpenError(env->LockFile(path, kWhat, &owned), path));
   std::vector<uint8_t> buf(4096);
   size_t got = 0;
   TableHeader h;
-  Status st = ReadHeaderBytes(fd, path, buf.data(), buf.size(), &got);
+  Status st = OpenError(env->ReadFileHead(path, buf.data(), buf.size(), &got), path);
   if (st.ok()) st = DecodeHeader(buf.data(), got, &h).WithContext(path);
-  struct stat sb;
-  if (st.ok() && fstat(fd, &sb) != 0) st = Errno(errno, "stat " + path);
-  if (st.ok() && static_cast<uint64_t>(sb.st_size) < h.MainFileBytes())
-    st = Status::FormatError(path + " is truncated: " + std::to_string(sb.st_size) +
+  uint64_t size = 0;
+  if (st.ok()) st = env->FileSize(path, &size);
+  if (st.ok() && size < h.MainFileBytes())
+    st = Status::FormatError(path + " is truncated: " + std::to_string(size) +
                              " bytes, the header needs " + std::to_string(h.MainFileBytes()));
   // Create sizes the file exactly; a longer one has a header that describes another
   // layout (the map journal, at the end, would be looked for in the wrong place).
-  if (st.ok() && static_cast<uint64_t>(sb.st_size) > h.MainFileBytes())
-    st = Status::FormatError(path + " is " + std::to_string(sb.st_size) + " bytes, but the header describes " +
+  if (st.ok() && size > h.MainFileBytes())
+    st = Status::FormatError(path + " is " + std::to_string(size) + " bytes, but the header describes " +
                              std::to_string(h.MainFileBytes()) + " (the header does not match the file)");
   for (size_t i = 0; st.ok() && i < h.stripe_paths.size(); ++i) {
     const std::string& s = h.stripe_paths[i];
-    struct stat ss;
-    if (stat(s.c_str(), &ss) != 0)
-      st = Status::IoError(errno, "stripe file " + s + " of " + path + " is missing");
-    else if (static_cast<uint64_t>(ss.st_size) < StripeFileBytes(h))
+    uint64_t stripe_size = 0;
+    const Status there = env->FileSize(s, &stripe_size);
+    if (!there.ok())
+      st = Status::IoError(there.sys_errno(), "stripe file " + s + " of " + path + " is missing");
+    else if (stripe_size < StripeFileBytes(h))
       st = Status::FormatError("stripe file " + s + " of " + path + " is truncated");
   }
-  if (!st.ok()) {
-    close(fd);
-    return st;
-  }
-  std::unique_ptr<BlockStore> store(new BlockStore(path, h));
+  if (!st.ok()) return st;
+  std::unique_ptr<BlockStore> store(new BlockStore(path, h, env));
   {
     FairMutexLock lock(&store->mu_);  // not shared yet: uncontended, and the analysis checks it
-    store->meta_fd_ = fd;
+    store->lock_ = std::move(owned);
     store->read_only_ = read_only;
     MTRAINS_RETURN_IF_ERROR(store->OpenDevices(runtime, read_only));
-    if (!read_only) MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap(fd).WithContext(path));
+    if (!read_only) MTRAINS_RETURN_IF_ERROR(store->seg_log_->LoadMap().WithContext(path));
   }
   *out = std::move(store);
   return Status::Ok();
@@ -251,15 +199,15 @@ Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime, bool read_onl
   log.base_offset = h_.stripe_paths.empty() ? h_.log_offset : 0;
   log.size = h_.LogBytes();
   log.stripe_unit = h_.SegmentBytes();
-  FileDeviceOpenResult m = OpenFileDevice(meta);
+  FileDeviceOpenResult m = env_->OpenDevice(path_, DeviceRole::kMeta, meta);
   if (!m.status.ok()) return m.status;
-  FileDeviceOpenResult l = OpenFileDevice(log);
+  FileDeviceOpenResult l = env_->OpenDevice(path_, DeviceRole::kLog, log);
   if (!l.status.ok()) return l.status;
   engine_ = l.engine;
   direct_io_ = l.direct_io && m.direct_io;
   warning_ = l.warning.empty() ? m.warning : l.warning;
-  meta_ = std::make_unique<FaultInjectingDevice>(std::move(m.device));
-  log_ = std::make_unique<FaultInjectingDevice>(std::move(l.device));
+  meta_ = std::move(m.device);
+  log_ = std::move(l.device);
   read_window_ = std::max<uint32_t>(runtime.read_chunk_blocks, 2 * runtime.queue_depth);
   if (read_only) return Status::Ok();  // no map, no log state, no cache
   try {

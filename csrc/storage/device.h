@@ -4,7 +4,7 @@
 // per-operation latency; subclasses implement only the raw I/O. Implementations:
 //   FileDevice (file_device.h)   direct-I/O files, io_uring or a pread/pwrite thread pool
 //   MemoryDevice (below)         a heap buffer, for tests and sanitizer runs
-//   FaultInjectingDevice (below) wraps another device and fails or corrupts scripted ops
+// and, for tests only, those of csrc/testing/ (failing on command, recording every write).
 #pragma once
 
 #include <atomic>
@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/latency_histogram.h"
@@ -60,14 +61,21 @@ class Device {
   Status ReadStream(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
                     const ReadCallback& on_done);
 
+  // Extents [first, second) of [begin, end), ascending, that may hold data; the rest has
+  // never been written and reads as zeros. Lets a reader skip the holes of a sparse file.
+  // Default: the whole range.
+  virtual Status DataExtents(uint64_t begin, uint64_t end,
+                             std::vector<std::pair<uint64_t, uint64_t>>* out) const;
+
   uint64_t size() const { return size_; }
   uint32_t alignment() const { return alignment_; }
   // A short human-readable description ("io_uring qd=64 on /path", ...).
   virtual std::string Describe() const = 0;
 
   DeviceCounters counters() const;
-  const LatencyHistogram& read_latency() const { return read_latency_; }
-  const LatencyHistogram& write_latency() const { return write_latency_; }
+  // Per-operation latencies of the device doing the I/O (a wrapper reports its inner one's).
+  virtual const LatencyHistogram& read_latency() const { return read_latency_; }
+  virtual const LatencyHistogram& write_latency() const { return write_latency_; }
 
  protected:
   // Raw I/O, called after validation. Implementations call RecordLatency per operation.
@@ -104,42 +112,6 @@ class MemoryDevice final : public Device {
  private:
   Mutex mu_;
   std::vector<uint8_t> data_ GUARDED_BY(mu_);
-};
-
-// Kinds of scripted faults.
-enum class FaultKind { kReadError, kWriteError, kSyncError, kCorruptRead };
-
-// Wraps a device; after `after` successful operations of the fault's kind, the next
-// `count` such operations fail with `sys_errno` (or, for kCorruptRead, succeed with one
-// byte flipped in the first op's buffer). With no fault armed it only forwards.
-// Thread-safe.
-class FaultInjectingDevice final : public Device {
- public:
-  explicit FaultInjectingDevice(std::unique_ptr<Device> inner);
-  void Arm(FaultKind kind, uint64_t after, uint64_t count, int sys_errno) EXCLUDES(mu_);
-  void Disarm() EXCLUDES(mu_);
-  std::string Describe() const override { return inner_->Describe(); }
-  // The wrapped device (its latency histograms hold the real per-op latencies).
-  const Device& inner() const { return *inner_; }
-
- protected:
-  Status ReadImpl(IoOp* ops, size_t n) override;
-  Status WriteImpl(const IoOp* ops, size_t n) override;
-  Status SyncImpl() override;
-  Status ReadStreamImpl(const uint64_t* offsets, size_t n, uint32_t len, uint32_t window,
-                        const ReadCallback& on_done) override;
-
- private:
-  // Returns true when the current operation of `kind` must fail (and consumes one fault),
-  // setting `*sys_errno` to the errno it fails with.
-  bool Trip(FaultKind kind, int* sys_errno) EXCLUDES(mu_);
-
-  std::unique_ptr<Device> inner_;
-  Mutex mu_;
-  bool armed_ GUARDED_BY(mu_) = false;
-  FaultKind kind_ GUARDED_BY(mu_) = FaultKind::kReadError;
-  uint64_t skip_ GUARDED_BY(mu_) = 0, remaining_ GUARDED_BY(mu_) = 0;
-  int errno_ GUARDED_BY(mu_) = EIO;
 };
 
 }  // namespace mtrains

@@ -64,6 +64,26 @@ Status FileSet::SyncAll() const {
   return Status::Ok();
 }
 
+void FileSet::DataExtents(uint64_t begin, uint64_t end,
+                          std::vector<std::pair<uint64_t, uint64_t>>* out) const {
+  out->clear();
+  uint64_t off = begin;
+  while (off < end) {
+    const off_t data = fds_.size() == 1 ? lseek(fds_[0], static_cast<off_t>(base_ + off), SEEK_DATA) : -1;
+    if (data < 0 && errno == ENXIO) return;  // no data after off
+    if (data < 0) {                          // striped, or no SEEK_DATA: all of it
+      out->emplace_back(off, end);
+      return;
+    }
+    const uint64_t lo = static_cast<uint64_t>(data) - base_;
+    if (lo >= end) return;
+    const off_t hole = lseek(fds_[0], data, SEEK_HOLE);
+    const uint64_t hi = hole < 0 ? end : std::min<uint64_t>(end, static_cast<uint64_t>(hole) - base_);
+    out->emplace_back(lo, hi);
+    off = hi;
+  }
+}
+
 Status FileSet::PartError(const Part& p, bool write, int err) const {
   return Status::IoError(err, std::string(write ? "write" : "read") + " of " + std::to_string(p.len) +
                                   " bytes at offset " + std::to_string(p.file_offset) + " of " +

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -46,6 +47,10 @@ class FileSet {
 
   // fdatasync of every file; the first failure names its file.
   Status SyncAll() const;
+
+  // Device::DataExtents: of one file, its data extents (SEEK_DATA / SEEK_HOLE); striped
+  // files, or a filesystem without SEEK_DATA, the whole range.
+  void DataExtents(uint64_t begin, uint64_t end, std::vector<std::pair<uint64_t, uint64_t>>* out) const;
 
   // The error of part `p` that failed with `err`, naming its file, offset and length.
   Status PartError(const Part& p, bool write, int err) const;

@@ -67,10 +67,9 @@ class SegmentLog {
   SegmentLog(const SegmentLog&) = delete;
   SegmentLog& operator=(const SegmentLog&) = delete;
 
-  // Reads and verifies the map checkpoint (skipping holes of the sparse file through
-  // `meta_fd`, a plain descriptor of the main file), replays the map journal over it and
-  // rebuilds segment liveness.
-  Status LoadMap(int meta_fd);
+  // Reads and verifies the map checkpoint (skipping the holes the meta device reports:
+  // Device::DataExtents), replays the map journal over it and rebuilds segment liveness.
+  Status LoadMap();
 
   // Slot of the row's latest version + 1, or 0 when the row was never written.
   uint64_t Location(uint64_t row) const { return map_.Get(row); }

@@ -3,8 +3,6 @@
 // changed, checkpointing the changed pages, adopting a snapshot's map (segment_log.h).
 #include "storage/segment_log.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -35,7 +33,7 @@ void SegmentLog::MarkMapDirty(uint64_t row) {
   }
 }
 
-Status SegmentLog::LoadMap(int meta_fd) {
+Status SegmentLog::LoadMap() {
   const uint64_t B = h_.block_size;
   const uint64_t total_slots = h_.LogSlots();
   const uint64_t chunk_pages = MapChunkPages(h_.map_pages);
@@ -75,23 +73,18 @@ Status SegmentLog::LoadMap(int meta_fd) {
     }
     return Status::Ok();
   };
-  // Visit only the extents of the map region that hold data (the rest are holes).
+  // Visit only the extents of the map region that hold data (the rest are holes), each
+  // widened to whole pages.
   const uint64_t begin = h_.map_offset, end = h_.log_offset;
-  uint64_t off = begin;
-  while (off < end) {
-    off_t data = lseek(meta_fd, static_cast<off_t>(off), SEEK_DATA);
-    if (data < 0 && errno == ENXIO) break;  // no data after off
-    if (data < 0) {                          // SEEK_DATA unsupported: read everything
-      MTRAINS_RETURN_IF_ERROR(load_pages((off - begin) / B, (end - off) / B));
-      break;
-    }
-    if (static_cast<uint64_t>(data) >= end) break;
-    off_t hole = lseek(meta_fd, data, SEEK_HOLE);
-    const uint64_t lo = (static_cast<uint64_t>(data) - begin) / B * B + begin;
-    uint64_t hi = hole < 0 ? end : std::min<uint64_t>(end, static_cast<uint64_t>(hole));
-    hi = std::min(end, (hi - begin + B - 1) / B * B + begin);
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  MTRAINS_RETURN_IF_ERROR(meta_->DataExtents(begin, end, &extents));
+  uint64_t loaded = begin;  // pages below it are loaded
+  for (const auto& [data, hole] : extents) {
+    const uint64_t lo = std::max(loaded, (data - begin) / B * B + begin);
+    const uint64_t hi = std::min(end, (hole - begin + B - 1) / B * B + begin);
+    if (lo >= hi) continue;
     MTRAINS_RETURN_IF_ERROR(load_pages((lo - begin) / B, (hi - lo) / B));
-    off = hi;
+    loaded = hi;
   }
   MTRAINS_RETURN_IF_ERROR(journal_.Replay([this](uint64_t row, uint64_t value) {
     map_.Set(row, value);

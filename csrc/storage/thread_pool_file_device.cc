@@ -88,6 +88,11 @@ class ThreadPoolFileDevice final : public Device {
   ThreadPoolFileDevice(const FileDeviceOptions& o, std::unique_ptr<FileSet> files)
       : Device(o.size, o.alignment), files_(std::move(files)), pool_(o.io_threads - 1),
         threads_(o.io_threads) {}
+  Status DataExtents(uint64_t begin, uint64_t end,
+                     std::vector<std::pair<uint64_t, uint64_t>>* out) const override {
+    files_->DataExtents(begin, end, out);
+    return Status::Ok();
+  }
   std::string Describe() const override {
     return "threads n=" + std::to_string(threads_) + " on " + files_->JoinedPaths();
   }

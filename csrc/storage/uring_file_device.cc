@@ -45,6 +45,11 @@ class UringFileDevice final : public Device {
     io_uring_queue_exit(&ring_);
     io_uring_queue_exit(&write_ring_);
   }
+  Status DataExtents(uint64_t begin, uint64_t end,
+                     std::vector<std::pair<uint64_t, uint64_t>>* out) const override {
+    files_->DataExtents(begin, end, out);
+    return Status::Ok();
+  }
   std::string Describe() const override {
     return "io_uring qd=" + std::to_string(depth_) + " on " + files_->JoinedPaths();
   }

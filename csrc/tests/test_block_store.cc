@@ -23,6 +23,8 @@
 #include "storage/lazy_init.h"
 #include "storage/location_map.h"
 #include "storage/segment_log.h"
+#include "testing/fault_injecting_device.h"
+#include "testing/fault_injecting_env.h"
 #include "tests/check.h"
 
 namespace mtrains {
@@ -168,7 +170,7 @@ void TestSegmentLogOnMemoryDevice() {
       << "the test did not exercise both the journal and checkpoints: " << seg.counters().map_checkpoints << " " << seg.counters().map_journal_commits << " " << seg.counters().commits;
   // A second log over the same devices (a reopen): checkpoint + journal give the same map.
   SegmentLog again(h, &log, &meta);
-  CHECK_OK(again.LoadMap(-1));
+  CHECK_OK(again.LoadMap());
   for (uint64_t r = 0; r < h.num_rows; ++r)
     CHECK(again.Location(r) == seg.Location(r)) << "row " << r << " after reload: " << again.Location(r)
                                                   << " != " << seg.Location(r);
@@ -213,7 +215,7 @@ void TestMapJournal() {
   }
   const uint64_t blocks = [&] {
     SegmentLog s(h, &log, &meta);
-    CHECK_OK(s.LoadMap(-1));
+    CHECK_OK(s.LoadMap());
     for (uint64_t r = 0; r < h.num_rows; ++r) CHECK(s.Location(r) == expect[r]) << "row " << r;
     return s.journal_bytes() / kJournalBlockBytes;
   }();
@@ -221,7 +223,7 @@ void TestMapJournal() {
   flip(block_at(blocks - 1));
   {
     SegmentLog s(h, &log, &meta);
-    CHECK_OK(s.LoadMap(-1));
+    CHECK_OK(s.LoadMap());
     for (uint64_t r = 0; r < h.num_rows; ++r)
       CHECK(s.Location(r) == after_first[r]) << "row " << r << " after a torn tail";
   }
@@ -230,7 +232,7 @@ void TestMapJournal() {
   flip(block_at(0));
   {
     SegmentLog s(h, &log, &meta);
-    const Status st = s.LoadMap(-1);
+    const Status st = s.LoadMap();
     CHECK(st.code() == StatusCode::kCorruption) << CodeName(st.code()) << " " << st.message();
     CHECK(st.message().find(std::to_string(block_at(0))) != std::string::npos) << st.message();
   }
@@ -243,14 +245,14 @@ void TestMapJournal() {
     IoOp op{h.journal_offset, d.data(), 4096};
     CHECK_OK(meta.Write(&op, 1));
     SegmentLog s(h, &log, &meta);
-    CHECK(s.LoadMap(-1).code() == StatusCode::kCorruption);
+    CHECK(s.LoadMap().code() == StatusCode::kCorruption);
     std::memset(d.data(), 0, 4096);
     CHECK_OK(meta.Write(&op, 1));
   }
   // Many small commits until a checkpoint: the journal empties, and the map survives.
   {
     SegmentLog s(h, &log, &meta);
-    CHECK_OK(s.LoadMap(-1));
+    CHECK_OK(s.LoadMap());
     std::mt19937_64 rng(3);
     for (int c = 0; c < 400 && s.counters().map_checkpoints == 0; ++c) {
       CHECK_OK(s.Reserve(50));
@@ -270,7 +272,7 @@ void TestMapJournal() {
     for (uint64_t r = 0; r < h.num_rows; ++r) expect[r] = s.Location(r);
   }
   SegmentLog s(h, &log, &meta);
-  CHECK_OK(s.LoadMap(-1));
+  CHECK_OK(s.LoadMap());
   for (uint64_t r = 0; r < h.num_rows; ++r) CHECK(s.Location(r) == expect[r]) << "row " << r << " after a checkpoint";
 }
 
@@ -381,11 +383,16 @@ void TestStoreRoundTrip(IoEngineKind engine, bool striped, double cache_mb) {
 void TestStoreFaults(IoEngineKind engine) {
   const std::string path = Path(std::string("faults_") + (engine == IoEngineKind::kUring ? "uring" : "threads"));
   RemoveTable(path);
+  FaultInjectingEnv env(Env::Default());  // the store's devices fail on command
   StoreRuntimeOptions rt;
   rt.engine = engine;
   rt.dram_cache_mb = 0;  // every read goes to the device
+  rt.env = &env;
   std::unique_ptr<BlockStore> s;
   CHECK_OK(BlockStore::Create(path, SmallTable(2000), rt, false, &s));
+  auto arm = [&](FaultKind kind, uint64_t after, uint64_t count, int err, bool on_map) {
+    CHECK_OK(env.Arm(path, on_map ? DeviceRole::kMeta : DeviceRole::kLog, kind, after, count, err));
+  };
   Model m;
   std::vector<int64_t> ids;
   for (int64_t r = 0; r < 2000; r += 3) ids.push_back(r);
@@ -393,7 +400,7 @@ void TestStoreFaults(IoEngineKind engine) {
   CHECK_OK(s->Flush());
   // A full disk on the log: the write or flush fails with ENOSPC, and after the disk has
   // room again, a flush persists everything that was accepted.
-  s->ArmFault(FaultKind::kWriteError, 0, 1000000, ENOSPC, false);
+  arm(FaultKind::kWriteError, 0, 1000000, ENOSPC, false);
   Status st;
   for (int i = 0; i < 20 && st.ok(); ++i) {
     std::vector<int64_t> some(ids.begin(), ids.begin() + 200);
@@ -404,25 +411,25 @@ void TestStoreFaults(IoEngineKind engine) {
   }
   CHECK(st.code() == StatusCode::kIoError && st.sys_errno() == ENOSPC) << CodeName(st.code()) << " " << st.message();
   CHECK(st.message().find(path) != std::string::npos) << "error does not name the file: " << st.message();
-  s->ArmFault(FaultKind::kWriteError, 0, 0, 0, false);  // count 0: disarm
+  arm(FaultKind::kWriteError, 0, 0, 0, false);  // count 0: disarm
   CHECK_OK(s->Flush());
   CheckAgainstModel(s.get(), m, "after ENOSPC");
   // A failing map write and a failing sync fail the flush; a retry succeeds.
   WriteRows(s.get(), {5, 6}, &m);
-  s->ArmFault(FaultKind::kWriteError, 0, 1, EIO, true);
+  arm(FaultKind::kWriteError, 0, 1, EIO, true);
   CHECK_CODE(s->Flush(), kIoError);
   CHECK_OK(s->Flush());
   WriteRows(s.get(), {7}, &m);
-  s->ArmFault(FaultKind::kSyncError, 0, 1, EIO, false);
+  arm(FaultKind::kSyncError, 0, 1, EIO, false);
   CHECK_CODE(s->Flush(), kIoError);
   CHECK_OK(s->Flush());
   // Read errors and corrupted reads.
   uint8_t out[kRowBytes];
   const int64_t one = 0;
-  s->ArmFault(FaultKind::kReadError, 0, 1, EIO, false);
+  arm(FaultKind::kReadError, 0, 1, EIO, false);
   st = s->Read(&one, 1, out);
   CHECK(st.code() == StatusCode::kIoError && st.sys_errno() == EIO) << st.message();
-  s->ArmFault(FaultKind::kCorruptRead, 0, 1, 0, false);
+  arm(FaultKind::kCorruptRead, 0, 1, 0, false);
   CHECK_CODE(s->Read(&one, 1, out), kCorruption);
   CheckAgainstModel(s.get(), m, "after read faults");
   const TableHeader h = s->header();

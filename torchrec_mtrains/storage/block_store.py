@@ -306,6 +306,11 @@ class BlockStore(RowStore):
         return self._info["path"]
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (every other method then raises ValueError)."""
+        return self._closed
+
+    @property
     def io_engine(self) -> str:
         """The I/O engine in use: "io_uring" or "threads"."""
         return self._info["io_engine"]
@@ -471,20 +476,6 @@ class BlockStore(RowStore):
         write amplification, location-map memory as ``dram_bytes_per_row`` and map journal /
         checkpoint bytes written) and device latency percentiles (microseconds)."""
         return dict(self._live().stats())
-
-    def _inject_fault(
-        self, kind: str, after: int = 0, count: int = 1, errno_code: int = 5, on_map: bool = False
-    ) -> None:
-        """Testing hook: fail (or, with "corrupt_read", corrupt) upcoming device operations.
-
-        Args:
-            kind: "read_error", "write_error", "sync_error" or "corrupt_read".
-            after: operations of that kind to let through first.
-            count: operations to fail.
-            errno_code: errno of the injected failure (e.g. errno.ENOSPC).
-            on_map: target the location-map device instead of the log.
-        """
-        self._live().arm_fault(kind, after, count, errno_code, on_map)
 
     def __repr__(self) -> str:
         state = "closed" if getattr(self, "_closed", True) else self.io_engine
