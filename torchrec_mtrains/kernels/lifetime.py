@@ -20,6 +20,7 @@ own code. So each kernel's resources are released by whichever comes first:
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
 from typing import List, Optional, Sequence
@@ -66,6 +67,12 @@ class KernelResources:
         rather than raising, which at exit could only print a traceback. A child forked from
         the owning process leaves the stores alone: they are its parent's."""
         if os.getpid() != self._pid:
+            return
+        if self.pipeline.on_stage_thread():
+            # The cycle collector ran on a prefetch thread: that thread cannot join itself,
+            # and the stage it interrupted may still use the stores. Release from a thread of
+            # its own (not a daemon: the interpreter waits for it at exit).
+            threading.Thread(target=self._release_at_exit, name="mtrains-release").start()
             return
         if self.pipeline.in_flight():
             fault_point("release.in_flight")

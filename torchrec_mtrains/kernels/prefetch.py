@@ -88,6 +88,10 @@ class PrefetchPipeline:
         if ticket.error is not None:
             raise ticket.error
 
+    def on_stage_thread(self) -> bool:
+        """Whether the calling thread is one of this pipeline's stage threads."""
+        return threading.current_thread() in self._threads
+
     def in_flight(self) -> int:
         """Jobs submitted whose stages have not all run (0 without background threads)."""
         with self._order:

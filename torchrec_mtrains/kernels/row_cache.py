@@ -1,0 +1,129 @@
+"""RowCache: a kernel's tables behind their row cache, as the parts of
+``TieredEmbeddingBags`` share them: the step path (``steps.py``), whole-table access
+(``table_rows.py``) and the checkpoint's row access (``checkpoint_rows.py``).
+
+These are plain objects, not ``nn.Module`` attributes: a module attribute assignment costs
+microseconds (``Module.__setattr__``), which every step would pay for each counter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from torchrec_mtrains.kernels.dirty_rows import DirtyRows
+from torchrec_mtrains.kernels.row_codec import RowCodec
+from torchrec_mtrains.kernels.slots import CacheSlots
+from torchrec_mtrains.storage import RowStore
+from torchrec_mtrains.types import Tier
+
+__all__ = ["RowCache", "RunState", "TableCounters"]
+
+
+class RunState:
+    """The scalars every step updates."""
+
+    __slots__ = ("next_step", "last_forward_step", "unflushed", "wait_seconds", "plan_seconds",
+                 "steps_prefetched")
+
+    def __init__(self) -> None:
+        self.next_step = 0
+        self.last_forward_step = -1
+        # False once a flush left the tiers holding every row as the cache has it; any
+        # training step, write-back or set_rows makes it True again.
+        self.unflushed = True
+        self.wait_seconds = 0.0  # forward's wait for prefetches
+        self.plan_seconds = 0.0  # the cache index's work, every table at once
+        self.steps_prefetched = 0  # forwards whose rows a prefetch() loaded
+
+
+@dataclasses.dataclass
+class TableCounters:
+    rows_loaded: int = 0
+    rows_written_back: int = 0
+    tier_seconds: float = 0.0  # moving rows to and from the tier
+
+
+class RowCache:
+    """Per table (by index): ``names``, ``tiers``, ``specs`` (``(num_rows, dim)``),
+    ``codecs``, backing ``stores``, ``counters`` and ``dirty`` rows; over all tables: the
+    cache ``index`` (one C++ object plans every table's step), the ``slots`` (the TBE) and
+    the ``run`` state. ``broken`` says why once the cache may no longer match the tiers;
+    ``closed`` is set by the kernel's ``close()``.
+
+    ``stores`` is the list the kernel's exit hook closes: a store swapped in (a checkpoint's
+    adopted file) replaces its entry in place. ``dirty`` holds the rows trained (or set)
+    since the last ``clear_dirty()``, what a differential checkpoint saves: marked as a
+    training forward looks them up, so rows a prefetch loaded for a step not yet computed
+    are not among them.
+    """
+
+    def __init__(self, names: Sequence[str], tiers: Sequence[Tier], specs: Sequence[Tuple[int, int]],
+                 codecs: Sequence[RowCodec], stores: List[RowStore], index: torch.ScriptObject,
+                 slots: CacheSlots) -> None:
+        self.names, self.tiers, self.specs = names, tiers, specs
+        self.codecs, self.stores, self.index, self.slots = codecs, stores, index, slots
+        self.run = RunState()
+        self.counters = [TableCounters() for _ in specs]
+        self.dirty = [DirtyRows(rows) for rows, _ in specs]
+        self.dirty_bits = [d.bits for d in self.dirty]  # the per-step marking call's argument
+        self.broken: Optional[str] = None
+        self.closed = False
+
+    def check_usable(self) -> None:
+        """Raises ValueError once closed, RuntimeError once broken."""
+        if self.closed:
+            raise ValueError("TieredEmbeddingBags is closed")
+        if self.broken is not None:
+            raise RuntimeError(
+                f"TieredEmbeddingBags is unusable: {self.broken}; the cache may no longer match "
+                "the tier. Rebuild the module and restore the last checkpoint."
+            )
+
+    def check_table(self, table: int) -> None:
+        """Raises IndexError unless ``table`` is a table's index."""
+        if not 0 <= table < len(self.specs):
+            raise IndexError(f"table {table} is outside [0, {len(self.specs)})")
+
+    @contextlib.contextmanager
+    def naming(self, t: int) -> Iterator[None]:
+        """Re-raises a store's OSError (a full disk, a failed or corrupt read; its message
+        names the file) with the table and tier in front, keeping its type and errno."""
+        try:
+            yield
+        except OSError as e:
+            raise type(e)(e.errno, f"table {self.names[t]} on {self.tiers[t].name}: {e.strerror or e}") from e
+
+    def cached(self, t: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(row ids, slots) of table t's rows the cache holds in the TBE's slots."""
+        rows, slots = self.index.occupied(t)
+        keep = self.slots.in_tbe(t, slots)
+        return rows[keep], slots[keep]
+
+    def stats(self) -> Dict[str, Dict[str, float]]:
+        """``TieredEmbeddingBags.cache_stats()``."""
+        out: Dict[str, Dict[str, float]] = {}
+        capacities = self.index.capacities()
+        run = self.run
+        for t, name in enumerate(self.names):
+            c = dict(self.index.counters(t))
+            k = self.counters[t]
+            unique = max(1, c["unique_rows"])
+            row_bytes = self.codecs[t].layout.row_bytes
+            out[name] = {
+                **{key: float(v) for key, v in c.items()},
+                "hit_rate": c["hits"] / unique,
+                "rows_loaded": float(k.rows_loaded),
+                "rows_written_back": float(k.rows_written_back),
+                "bytes_read_from_tier": float(k.rows_loaded * row_bytes),
+                "bytes_written_to_tier": float(k.rows_written_back * row_bytes),
+                "plan_seconds": run.plan_seconds,
+                "tier_seconds": k.tier_seconds,
+                "cache_capacity_rows": float(capacities[t]),
+                "prefetch_wait_seconds": run.wait_seconds,
+                "steps_prefetched": float(run.steps_prefetched),
+            }
+        return out

@@ -1,0 +1,139 @@
+"""CacheSlots: the FBGEMM TBE whose rows are a kernel's cache slots.
+
+Table t of one ``SplitTableBatchedEmbeddingBagsCodegen`` (HOST/CPU) has a row per slot of
+table t's cache, plus room for its overflow pool; a step's indices remapped to slots make
+forward, backward and the fused optimizer FBGEMM's own code. When an overflow pool
+outgrows the TBE, rows loaded for slots past its end wait (``deferred``) and the TBE is
+rebuilt larger between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+
+from torchrec_mtrains.kernels.config import TieredConfig
+from torchrec_mtrains.kernels.row_codec import RowCodec
+
+__all__ = ["CacheSlots", "Deferred"]
+
+_NO_STATE = torch.empty(0)  # a table without optimizer state, in plan calls
+
+
+@dataclasses.dataclass
+class Deferred:
+    """Rows loaded for overflow slots past the TBE's current size, copied in once it grows."""
+
+    table: int
+    slots: torch.Tensor
+    ids: torch.Tensor
+    rows: torch.Tensor
+
+
+class CacheSlots:
+    """The TBE over every table's cache slots, and its weights and optimizer state per table.
+
+    ``weights[t]`` and ``states[t]`` (None without optimizer state) alias the TBE's tensors
+    with version counters of their own: the prefetch thread fills slots of the next step
+    while autograd holds the weights of the current one, and those writes (to other rows)
+    must not invalidate its saved tensors. ``plan_states`` is the cache index's view of the
+    same state (an empty tensor where there is none); ``rows[t]`` is table t's TBE rows.
+
+    Args:
+        specs: ``(num_rows, dim)`` per table.
+        config: the kernel's settings (optimizer, precision, pooling, cache ways).
+        codecs: each table's row codec.
+        feature_table_map: FBGEMM's, checked (None: one feature per table).
+        rows: each table's TBE rows to start with.
+    """
+
+    def __init__(self, specs: Sequence[Tuple[int, int]], config: TieredConfig, codecs: Sequence[RowCodec],
+                 feature_table_map: Optional[List[int]], rows: List[int]) -> None:
+        self._dims = [dim for _, dim in specs]
+        self._config = config
+        self._codecs = codecs
+        self._feature_table_map = feature_table_map
+        self.learning_rate = config.learning_rate  # kept when the TBE is rebuilt
+        self.deferred: List[Deferred] = []
+        self._build(rows)
+
+    def _build(self, rows: List[int]) -> None:
+        config = self._config
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(r, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, dim in zip(rows, self._dims)],
+            optimizer=config.optimizer,
+            learning_rate=self.learning_rate,
+            eps=config.eps,
+            pooling_mode=config.pooling_mode,
+            weights_precision=config.weights_precision,
+            output_dtype=SparseType.FP32,
+            feature_table_map=self._feature_table_map,
+        )
+        self.weights = [_alias(w) for w in tbe.split_embedding_weights()]
+        states = tbe.split_optimizer_states() if self._codecs[0].layout.state_values else []
+        self.states: List[Optional[torch.Tensor]] = [_alias(s[0]) for s in states] if states else [None] * len(rows)
+        self.plan_states = [_NO_STATE if s is None else s for s in self.states]
+        self.tbe, self.rows = tbe, rows
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The fused optimizer's learning rate, now and after the TBE is rebuilt."""
+        self.learning_rate = learning_rate
+        self.tbe.set_learning_rate(learning_rate)
+
+    def grow(self, capacities: Sequence[int]) -> None:
+        """Rebuilds the TBE larger when a table's cache (``capacities``: slots per table, its
+        overflow pool included) outgrew it, and copies the deferred rows in. Call only
+        between steps."""
+        if all(n <= r for n, r in zip(capacities, self.rows)):
+            return
+        old_w, old_s, old_rows = self.weights, self.states, self.rows
+        ways = self._config.cache_ways
+        self._build([max(r, n + max(ways, n // 4)) if n > r else r for n, r in zip(capacities, old_rows)])
+        with torch.no_grad():
+            for t in range(len(old_rows)):
+                self.weights[t][: old_rows[t]].copy_(old_w[t])
+                if old_s[t] is not None:
+                    self.states[t][: old_rows[t]].copy_(old_s[t])
+        deferred, self.deferred = self.deferred, []
+        for d in deferred:
+            self.scatter(d.table, d.slots, d.rows)
+
+    def in_tbe(self, t: int, slots: torch.Tensor) -> torch.Tensor:
+        """Which of table t's ``slots`` the TBE has (the others are overflow slots past it)."""
+        return slots < self.rows[t]
+
+    def gather(self, t: int, slots: torch.Tensor) -> torch.Tensor:
+        """Store rows of table t's ``slots`` (all in the TBE)."""
+        return self._codecs[t].gather(self.weights[t], self.states[t], slots)
+
+    def scatter(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Writes store ``rows`` into table t's ``slots`` (all in the TBE)."""
+        self._codecs[t].scatter(self.weights[t], self.states[t], slots, rows)
+
+    def load(self, t: int, slots: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Puts rows ``ids`` read from the tier into table t's ``slots``; those of slots past
+        the TBE wait in ``deferred`` until it grows."""
+        ready = self.in_tbe(t, slots)
+        if bool(ready.all()):
+            self.scatter(t, slots, rows)
+        else:
+            self.scatter(t, slots[ready], rows[ready])
+            self.deferred.append(Deferred(t, slots[~ready], ids[~ready], rows[~ready]))
+
+    def drop_deferred(self, t: int) -> None:
+        """Forgets table t's deferred rows (its cache was reset)."""
+        self.deferred = [d for d in self.deferred if d.table != t]
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over the same memory as ``t`` with a version counter of its own."""
+    with torch.no_grad():
+        return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
