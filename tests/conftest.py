@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-from _block_store_helpers import uring_unavailable_reason
-from _ports import master_store
+
+from tests.support.block_store_helpers import uring_unavailable_reason
+from tests.support.ports import master_store
+from torchrec_mtrains.testing import enable_device_faults
+
+
+@pytest.fixture(scope="session", autouse=True)
+def device_faults_armable() -> None:
+    """Stores the tests open in this process can be given device faults
+    (torchrec_mtrains.testing.inject_device_fault); production stores run on plain devices."""
+    enable_device_faults()
 
 
 @pytest.fixture(params=["uring", "threads"])

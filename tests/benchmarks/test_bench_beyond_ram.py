@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from _watch import run_watched
+from tests.support.paths import BENCHMARKS, EXAMPLE_DLRM
+from tests.support.watch import run_watched
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "examples", "dlrm", "train.py")
+TRAIN = str(EXAMPLE_DLRM / "train.py")
 STEPS = 12
 # The preset's tables at 1/2000 of their rows (400M -> 200K), small batches, and a DRAM budget
 # that puts the large tables on SSD and SCM behind caches.
@@ -68,7 +68,7 @@ def test_scaled_down_beyond_ram_run_trains_checkpoints_and_resumes_exactly(tmp_p
 @pytest.mark.multiprocess
 def test_bench_beyond_ram_reports_side_by_side(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_beyond_ram.py"), "--steps", "8",
+    cmd = [sys.executable, str(BENCHMARKS / "bench_beyond_ram.py"), "--steps", "8",
            "--table-scale", "0.0005", "--baseline-steps", "6", "--baseline-rows", "1000", "--fio-seconds", "0",
            "--interval", "0.5", "--out", str(out), "--dir", str(tmp_path / "work")]
     proc = run_watched(cmd, stall_s=300, env=_env())

@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-from _watch import run_watched
 from benchmarks.lib.checkpoints_report import keep_chains_replay
+from tests.support.paths import BENCHMARKS
+from tests.support.watch import run_watched
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = str(BENCHMARKS / "bench_checkpoint.py")
 STEPS, EVERY = 6, 2
 TINY = "--table-scale 0.02 --batch-size 64 --dram-budget 8MiB --eval-batches 0 --log-every 2"
 
@@ -36,7 +37,7 @@ def test_keep_chains_replay_peaks_before_the_old_chain_goes():
 @pytest.mark.multiprocess
 def test_bench_checkpoint_accounts_for_every_save(tmp_path):
     out = tmp_path / "results.json"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_checkpoint.py"), "--steps", str(STEPS),
+    cmd = [sys.executable, BENCH, "--steps", str(STEPS),
            "--checkpoint-every", str(EVERY), "--full-every", "3", "--example-args", TINY, "--disk-method", "python",
            "--disk-mb", "8", "--nproc", "1", "--workdir", str(tmp_path / "work"), "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MTRAINS_FAULT", "TORCHELASTIC"))}
@@ -70,6 +71,6 @@ def test_bench_checkpoint_accounts_for_every_save(tmp_path):
     assert all(s in ("PASS", "MISS", "SKIP", "INFO") for s in statuses.values())
     assert not (tmp_path / "work" / "measured" / "ckpt").exists()  # removed without --keep
 
-    again = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_checkpoint.py"),
-                            "--report-only", str(out)], capture_output=True, text=True, env=env, check=True)
+    again = subprocess.run([sys.executable, BENCH, "--report-only", str(out)], capture_output=True, text=True, env=env,
+                           check=True)
     assert "targets:" in again.stdout and "write reduction" in again.stdout

@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 from typing import Dict, List
 
-import _dmp_harness as harness
 import pytest
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+from tests.support import dmp_harness as harness
 from torchrec_mtrains.checkpoint import ChainError, DifferentialCheckpointer
 from torchrec_mtrains.checkpoint.row_io import StepReader
 from torchrec_mtrains.checkpoint.types import StepManifest

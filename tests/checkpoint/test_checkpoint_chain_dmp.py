@@ -19,10 +19,11 @@ import signal
 from pathlib import Path
 from typing import Dict, List
 
-import _dmp_harness as harness
 import pytest
 import torch
-from _crash_helpers import fault_trace
+
+from tests.support import dmp_harness as harness
+from tests.support.crash_helpers import fault_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

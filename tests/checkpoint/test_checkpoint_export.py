@@ -19,8 +19,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
-import _dmp_harness as h
-from _ports import file_init_method
+from tests.support import dmp_harness as h
+from tests.support.ports import file_init_method
 from torchrec_mtrains.checkpoint import (
     ChainError,
     DifferentialCheckpointer,

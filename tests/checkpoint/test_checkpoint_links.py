@@ -7,11 +7,11 @@ import os
 import shutil
 from pathlib import Path
 
-import _dmp_harness as harness
 import pytest
 import torch
-from test_checkpoint_chain import assert_equal, build, full_state, train
 
+from tests.checkpoint.test_checkpoint_chain import assert_equal, build, full_state, train
+from tests.support import dmp_harness as harness
 from torchrec_mtrains.checkpoint import ChainError, DifferentialCheckpointer, export_full_checkpoint
 from torchrec_mtrains.checkpoint.store_links import read_map_chunk
 from torchrec_mtrains.checkpoint.types import LINKS_DIR, MAP_ENTRY_BYTES, StepManifest

@@ -2,7 +2,7 @@
 directory, recorded while a model trains and saves (full steps, deltas, a new chain that
 retires the old one), checked as a restore finds them.
 
-The recorder (tests/_fs_record.py) wraps the file operations the checkpointer and DCP do
+The recorder (tests/support/fs_record.py) wraps the file operations the checkpointer and DCP do
 (fsync, rename/replace, link, mkdir, unlink, rmdir); each crash image keeps what was synced
 and loses or keeps, independently, each directory entry and file write since. A restore
 must either find a complete checkpoint -- ``latest`` names a step no older than the last
@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 from typing import Dict, Optional
 
-import _dmp_harness as harness
 import pytest
 import torch
 
-from _fs_record import FsRecorder, check_crash_images
-from _power_loss import NIGHTLY_IMAGES, images_wanted, nightly
+from tests.support import dmp_harness as harness
+from tests.support.fs_record import FsRecorder, check_crash_images
+from tests.support.power_loss import NIGHTLY_IMAGES, images_wanted, nightly
 from torchrec_mtrains.checkpoint import ChainError, DifferentialCheckpointer
 from torchrec_mtrains.checkpoint.chain import latest_checkpoint, read_chain, step_of
 from torchrec_mtrains.checkpoint.integrity import check_files

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import MODEL_CONFIGS
 from torchrec_mtrains.cli import main
-
-MODELS = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "models"
 
 
 def test_plan_json_has_the_contract_keys(capsys, tmp_path: Path) -> None:
-    assert main(["plan", "--model", str(MODELS / "prod_a.yaml"), "--hardware", "gpu-scm-node", "--json",
+    assert main(["plan", "--model", str(MODEL_CONFIGS / "prod_a.yaml"), "--hardware", "gpu-scm-node", "--json",
                  "--plot", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert {"nodes", "nodes_hbm_ddr_only", "node_ratio", "predicted_qps", "tables"} <= set(report)
@@ -25,7 +24,7 @@ def test_plan_json_has_the_contract_keys(capsys, tmp_path: Path) -> None:
 
 
 def test_plan_prints_a_table(capsys) -> None:
-    assert main(["plan", "--model", str(MODELS / "prod_a.yaml"), "--hardware", "gpu-scm-node",
+    assert main(["plan", "--model", str(MODEL_CONFIGS / "prod_a.yaml"), "--hardware", "gpu-scm-node",
                  "--target-qps", "500000"]) == 0
     out = capsys.readouterr().out
     assert "nodes with all tiers:" in out and "node ratio" in out and "per node:" in out
@@ -59,7 +58,7 @@ def _table_rows(out: str) -> list:
 
 
 def test_plan_groups_alike_tables_and_all_tables_lists_each(capsys) -> None:
-    args = ["plan", "--model", str(MODELS / "prod_a.yaml"), "--hardware", "gpu-scm-node"]
+    args = ["plan", "--model", str(MODEL_CONFIGS / "prod_a.yaml"), "--hardware", "gpu-scm-node"]
     assert main(args) == 0
     grouped = _table_rows(capsys.readouterr().out)
     assert main([*args, "--all-tables"]) == 0

@@ -12,8 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from _ports import OS_PICKED_PORT, master_store
-
+from tests.support.ports import OS_PICKED_PORT, master_store
 from torchrec_mtrains.elastic import init_process_group
 
 WORLD = 2

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from _clean_exit_worker import WORKER
-from _crash_helpers import env, fault_trace, run, train_cmd
-
+from tests.support.clean_exit_worker import WORKER
+from tests.support.crash_helpers import env, fault_trace, run, train_cmd
 from torchrec_mtrains.testing import PHASES
 
 HANG_GUARD_S = 600  # only against a hang: the workloads take seconds
@@ -27,7 +26,7 @@ def test_every_phase_is_reached_by_a_traced_workload(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     # ... and a process that ends with prefetches in flight (the kernel's exit hook).
     exit_trace = str(tmp_path / "exit.trace")
-    proc = run([sys.executable, WORKER, "SSD", str(tmp_path / "exit_storage"), "normal", str(tmp_path / "r.json")],
+    proc = run([*WORKER, "SSD", str(tmp_path / "exit_storage"), "normal", str(tmp_path / "r.json")],
                env(MTRAINS_FAULT_TRACE=exit_trace), timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reached = {line[0] for line in fault_trace(train_trace) + fault_trace(exit_trace)}

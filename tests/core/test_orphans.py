@@ -12,8 +12,7 @@ from typing import List
 
 import pytest
 
-from _crash_helpers import fault_trace, torchrun_cmd, torchrun_env
-
+from tests.support.crash_helpers import fault_trace, torchrun_cmd, torchrun_env
 from torchrec_mtrains.elastic import exit_when_agent_dies
 
 WORKERS_GONE_S = 30  # the bound on how long orphans may outlive their agent

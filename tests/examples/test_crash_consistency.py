@@ -20,11 +20,15 @@ import subprocess
 from typing import Dict, List, Tuple
 
 import pytest
-from _crash_helpers import (EVERY, STEPS, assert_same_tensors, checkpoint_tensors, env, fault_trace, metrics, run,
-                            torchrun_cmd, torchrun_env, train_cmd)
-from checkpoint import latest_checkpoint
+
+from tests.support.crash_helpers import (EVERY, STEPS, assert_same_tensors, checkpoint_tensors, env, fault_trace,
+                                         metrics, run, torchrun_cmd, torchrun_env, train_cmd)
+from tests.support.paths import add_example_to_path
 from torchrec_mtrains.checkpoint import export_full_checkpoint
 from torchrec_mtrains.testing import PHASES
+
+add_example_to_path()
+from checkpoint import latest_checkpoint  # noqa: E402
 
 # Each entry kills one attempt at the n-th time (counted in that process) it reaches a
 # phase; "random" draws the phase and the count from a seeded RNG among those the attempt

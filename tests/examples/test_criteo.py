@@ -18,13 +18,13 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "examples", "dlrm"))
+from tests.support.crash_helpers import TRAIN, env, run, torchrun_env
+from tests.support.paths import add_example_to_path
+from tests.support.planner_nodes import PINNED_PROFILE
 
-import torch  # noqa: E402
-from _crash_helpers import TRAIN, env, run, torchrun_env  # noqa: E402
-from _planner_nodes import PINNED_PROFILE  # noqa: E402
+add_example_to_path()
 from data import (  # noqa: E402
     MultiHotCriteoBatches,
     criteo_batches,

@@ -15,17 +15,15 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(ROOT, "examples", "dlrm")
-sys.path.insert(0, EXAMPLE)
+from tests.support.paths import EXAMPLE_DLRM, REPO_ROOT, add_example_to_path
+from torchrec_mtrains import Tier
 
-import torch  # noqa: E402
+add_example_to_path()
 from placement import (TableInfo, check_fits, is_tiered, load_hardware, make_planner, parse_bytes,  # noqa: E402
                        placement_rows, tier_of)
 from report import auc, write_outputs  # noqa: E402
-
-from torchrec_mtrains import Tier  # noqa: E402
 
 STEPS = 30
 
@@ -38,7 +36,7 @@ def _env() -> dict:
 
 def _torchx(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchx"), "run", "-s", "local_cwd", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def _metrics(out) -> dict:
@@ -109,8 +107,8 @@ def test_resume_continues_exactly(default_run, tmp_path) -> None:
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), *args, "--out", str(out)],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(EXAMPLE_DLRM / "train.py"), *args, "--out", str(out)],
+                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not out.exists() and os.listdir(tmp_path) == []

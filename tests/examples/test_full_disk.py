@@ -23,8 +23,11 @@ import time
 import pytest
 import torch
 
-from _crash_helpers import ROOT, assert_same_tensors, env, metrics, run, train_cmd  # noqa: F401
-from checkpoint import latest_checkpoint
+from tests.support.crash_helpers import assert_same_tensors, env, metrics, run, train_cmd  # noqa: F401
+from tests.support.paths import REPO_ROOT, add_example_to_path
+
+add_example_to_path()
+from checkpoint import latest_checkpoint  # noqa: E402
 
 
 def _mount_tmpfs(path, size: str) -> str:
@@ -90,7 +93,7 @@ def test_tier_files_filling_up_while_training(tmp_path, small_fs) -> None:
     # (stderr to a file: a full pipe would block the run before it gets there.)
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen(train_cmd(fs, ckpt, str(tmp_path / "out"), *steps), cwd=ROOT,
+        proc = subprocess.Popen(train_cmd(fs, ckpt, str(tmp_path / "out"), *steps), cwd=REPO_ROOT,
                                 env=env("checkpoint.cleanup:1", MTRAINS_FAULT_SIGNAL="SIGSTOP"),
                                 stdout=subprocess.DEVNULL, stderr=err)
     stopped = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
@@ -161,13 +164,13 @@ def test_checkpoint_dir_filling_up(tmp_path, small_fs) -> None:
 def test_tier_files_filling_up_under_a_two_rank_torchrun_job(tmp_path, small_fs) -> None:
     """The disk fills under a 2-rank job: the rank that hits it exits 1 naming the table and
     file, torchrun ends its peer (no hang in a collective), and the last checkpoint loads."""
-    from _crash_helpers import torchrun_cmd, torchrun_env
+    from tests.support.crash_helpers import torchrun_cmd, torchrun_env
 
     fs = small_fs("tiers2", "64M")
     ckpt = str(tmp_path / "ckpt")
     cmd = torchrun_cmd(fs, ckpt, str(tmp_path / "out"), "--steps", "400", max_restarts=0)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=torchrun_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=torchrun_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
         deadline = time.time() + 180
         while latest_checkpoint(ckpt) is None and proc.poll() is None and time.time() < deadline:

@@ -13,9 +13,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from _crash_helpers import TRAIN, metrics, run, torchrun_env
-from _planner_nodes import PINNED_PROFILE
-from _ports import HOST, master_store
+
+from tests.support.crash_helpers import TRAIN, metrics, run, torchrun_env
+from tests.support.planner_nodes import PINNED_PROFILE
+from tests.support.ports import HOST, master_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

@@ -1,7 +1,7 @@
 """A process that ends with prefetches in flight exits with Python's own code, and its stores
 reopen holding every flushed row (kernels/lifetime.py).
 
-Each case runs tests/_clean_exit_worker.py in a subprocess: it trains an SSD or SCM table,
+Each case runs tests/support/clean_exit_worker.py in a subprocess: it trains an SSD or SCM table,
 flushes, queues prefetches that read from the device, and ends -- normally without close(),
 by sys.exit, an uncaught exception, SIGINT, or SIGTERM with a handler raising SystemExit.
 Before the exit hook it would abort: C++ running on the prefetch threads while the
@@ -14,16 +14,14 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from _clean_exit_worker import EXIT_CODE, SIGTERM_CODE, WORKER
-from _crash_helpers import fault_trace, run
-
+from tests.support.clean_exit_worker import EXIT_CODE, SIGTERM_CODE, WORKER
+from tests.support.crash_helpers import fault_trace, run
 from torchrec_mtrains.storage import BlockStore, ScmStore
 
 HANG_GUARD_S = 300  # only against a hang: a case takes a few seconds
@@ -56,7 +54,7 @@ def test_ending_with_prefetches_in_flight_exits_cleanly(tmp_path: Path, tier: st
     report, trace = tmp_path / "report.json", tmp_path / "fault.trace"
     env = dict(os.environ, MTRAINS_FAULT_TRACE=str(trace), OMP_NUM_THREADS="1")
     env.pop("MTRAINS_FAULT", None)
-    proc = run([sys.executable, WORKER, tier, str(tmp_path / "storage"), end, str(report)], env,
+    proc = run([*WORKER, tier, str(tmp_path / "storage"), end, str(report)], env,
                timeout=HANG_GUARD_S)
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == EXPECTED_CODE[end], proc.stderr[-3000:]
@@ -74,7 +72,7 @@ def test_a_forked_child_that_exits_leaves_the_parents_stores_alone(tmp_path: Pat
     report = tmp_path / "report.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("MTRAINS_FAULT", None)
-    proc = run([sys.executable, WORKER, tier, str(tmp_path / "storage"), "fork", str(report)], env,
+    proc = run([*WORKER, tier, str(tmp_path / "storage"), "fork", str(report)], env,
                timeout=HANG_GUARD_S)
     assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-3000:]
     with open(report) as f:

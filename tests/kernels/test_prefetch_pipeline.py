@@ -54,3 +54,31 @@ def test_inline_pipeline_has_nothing_in_flight() -> None:
     ticket = pipeline.submit(lambda: True, lambda: None)
     assert ticket.done and pipeline.in_flight() == 0
     pipeline.shutdown(cancel=True)
+
+
+def test_exit_hook_run_on_a_stage_thread_releases_from_its_own(tmp_path) -> None:
+    """The cycle collector may run a kernel's exit hook on a prefetch thread, which cannot
+    join itself: the release then runs on a thread of its own, joins the stage threads and
+    closes the stores."""
+    from torchrec_mtrains.kernels.lifetime import KernelResources
+    from torchrec_mtrains.storage import BlockStore
+
+    class Owner:
+        pass
+
+    pipeline = PrefetchPipeline(background=True)
+    store = BlockStore(tmp_path / "t.blk", 16, 4)
+    owner = Owner()  # alive: the hook runs only when called below
+    resources = KernelResources(owner, pipeline, [store], ["t"])
+    stage_threads = list(pipeline._threads)
+
+    def plan_that_collects() -> bool:
+        resources._at_exit()  # what a collection of the owner on this thread runs
+        return False
+
+    pipeline.wait(pipeline.submit(plan_that_collects, lambda: None))
+    for thread in threading.enumerate():
+        if thread.name == "mtrains-release":
+            thread.join()
+    assert store.closed
+    assert not any(t.is_alive() for t in stage_threads)

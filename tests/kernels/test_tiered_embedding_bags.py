@@ -22,7 +22,7 @@ import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
-from _tiered_helpers import (
+from tests.support.tiered_helpers import (
     Model,
     Workload,
     assert_same,
@@ -113,7 +113,7 @@ def test_plans_run_ahead_of_slow_row_moves(tmp_path: Path, tier: Tier) -> None:
     model, workload = Model(), Workload(steps=80, data_seed=6)
     traj, steps = reference_run(model, workload), make_steps(model.specs, workload)
     ker = make_kernel(model, tier, tmp_path, cache_rows=8, cache_ways=4, cache_algorithm="lru")
-    for store in ker._stores:
+    for store in ker._cache.stores:
         exchange = store.exchange
 
         def slow(*args, _exchange=exchange, **kwargs):

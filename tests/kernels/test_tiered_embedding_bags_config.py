@@ -18,7 +18,7 @@ import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
-from _tiered_helpers import (
+from tests.support.tiered_helpers import (
     Model,
     Workload,
     assert_tables_match,
@@ -234,12 +234,12 @@ def test_set_learning_rate_survives_the_tbe_growing(tmp_path: Path) -> None:
     ker = TieredEmbeddingBags(list(model.specs), config=dataclasses.replace(
         config, learning_rate=model.learning_rate / 10))
     try:
-        tbe_rows = list(ker._tbe_rows)  # internal: the TBE's rows per table
+        tbe_rows = list(ker._cache.slots.rows)  # internal: the TBE's rows per table
         ker.set_learning_rate(model.learning_rate)
         assert ker.learning_rate == ker.config.learning_rate == model.learning_rate
         drive(ker, make_steps(model.specs, workload), "ahead2", output_checker(traj, model))
         assert_tables_match(ker, traj, model)
-        assert all(now > before for now, before in zip(ker._tbe_rows, tbe_rows)), "the TBE did not grow"
+        assert all(now > before for now, before in zip(ker._cache.slots.rows, tbe_rows)), "the TBE did not grow"
         with pytest.raises(ValueError, match="learning_rate=nan"):
             ker.set_learning_rate(math.nan)
         assert ker.learning_rate == model.learning_rate

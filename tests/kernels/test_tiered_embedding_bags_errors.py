@@ -17,7 +17,7 @@ import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
-from _tiered_helpers import (
+from tests.support.tiered_helpers import (
     Model,
     Workload,
     assert_tables_match,
@@ -31,6 +31,7 @@ from _tiered_helpers import (
 )
 from torchrec_mtrains import Tier
 from torchrec_mtrains.kernels import TieredEmbeddingBags
+from torchrec_mtrains.testing import inject_device_fault
 
 SPECS = [(1500, 8), (600, 16)]
 
@@ -106,7 +107,7 @@ _TIMING = ("plan_seconds", "tier_seconds", "prefetch_wait_seconds")
 def _quiesce(ker: TieredEmbeddingBags) -> None:
     """Waits until every plan handed to the prefetch workers has run (internal: the pipeline
     runs plans, then moves, in submission order, so a no-op job finishing means all have)."""
-    pipeline = ker._pipeline
+    pipeline = ker._steps.pipeline
     pipeline.wait(pipeline.submit(lambda: None, lambda: None))
 
 
@@ -286,7 +287,7 @@ def test_tier_io_error_names_table_tier_and_file(tmp_path: Path) -> None:
     steps = make_steps(Model().specs, Workload(steps=3, data_seed=5))
     for s in steps:
         ker(s.indices, s.offsets).sum().backward()
-    ker._stores[1]._inject_fault("write_error", count=1000, errno_code=errno.ENOSPC)
+    inject_device_fault(ker._cache.stores[1], "write_error", count=1000, errno_code=errno.ENOSPC)
     with pytest.raises(OSError) as info:
         ker.flush()
     msg = str(info.value)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 
-from _tiered_helpers import (
+from tests.support.tiered_helpers import (
     CACHE_STAT_KEYS,
     Model,
     Workload,
@@ -256,11 +256,11 @@ def test_close_twice_is_a_no_op(tmp_path: Path, tier: Tier, monkeypatch: pytest.
     assert (tier == Tier.DRAM) == (not files), sorted(files)
     # Any call into a store or the prefetch pipeline now would touch what the first close()
     # released: each one fails the test.
-    for t, store in enumerate(ker._stores):
+    for t, store in enumerate(ker._cache.stores):
         for name in ("read", "write", "exchange", "flush", "close", "stats"):
             monkeypatch.setattr(store, name, _must_not_be_called(f"{name}() of table {t}'s store"))
-    monkeypatch.setattr(ker._pipeline, "shutdown", _must_not_be_called("the prefetch pipeline's shutdown()"))
-    monkeypatch.setattr(ker._pipeline, "submit", _must_not_be_called("the prefetch pipeline's submit()"))
+    monkeypatch.setattr(ker._steps.pipeline, "shutdown", _must_not_be_called("the prefetch pipeline's shutdown()"))
+    monkeypatch.setattr(ker._steps.pipeline, "submit", _must_not_be_called("the prefetch pipeline's submit()"))
 
     assert ker.close() is None
     assert _files_on_disk(tmp_path) == files  # not a byte, not an mtime changed

@@ -1,5 +1,5 @@
 """Hostile input files never crash, hang or pass silently: hypothesis fuzz of every file a
-user hands the project besides the table files (tests/test_format_fuzz.py has those).
+user hands the project besides the table files (tests/storage/test_format_fuzz.py has those).
 
 - model YAML (``mtrains plan --model``, ``load_model_spec``),
 - hardware YAML (``mtrains plan --hardware``, ``load_topology``),

@@ -5,22 +5,19 @@ shipped YAML file loads."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Callable, Dict
 
 import pytest
 import yaml
 
+from tests.support.paths import REPO_ROOT, add_example_to_path
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.hardware.topology import PROFILE_DIR, load_topology, parse_topology, shipped_profiles
 from torchrec_mtrains.planner.hardware.units import parse_quantity, parse_size
 from torchrec_mtrains.planner.model.model_spec import load_model_spec
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "dlrm"
-sys.path.insert(0, str(EXAMPLE))
-
+add_example_to_path()
 from placement import parse_bytes  # noqa: E402  (examples/dlrm is not a package)
 
 _TOPOLOGY = """
@@ -173,9 +170,9 @@ LOADERS: Dict[str, Callable[[Path], None]] = {
 """Each shipped YAML file (or directory of them) and the loader that reads it in use."""
 
 SHIPPED_YAML = sorted(
-    p.relative_to(ROOT).as_posix()
+    p.relative_to(REPO_ROOT).as_posix()
     for d in ("torchrec_mtrains", "benchmarks", "examples")
-    for p in (ROOT / d).rglob("*.yaml")
+    for p in (REPO_ROOT / d).rglob("*.yaml")
 )
 
 
@@ -183,11 +180,11 @@ def _loader_of(rel: str) -> Callable[[Path], None]:
     for key, loader in LOADERS.items():
         if rel == key or rel.startswith(key + "/"):
             return loader
-    raise ValueError(f"{rel}: a shipped YAML file no loader in tests/test_sizes.py reads; add it to LOADERS")
+    raise ValueError(f"{rel}: a shipped YAML file no loader in tests/package/test_sizes.py reads; add it to LOADERS")
 
 
 def test_shipped_yaml_files_are_found() -> None:
-    assert len(SHIPPED_YAML) >= 11 and {f"{PROFILE_DIR.relative_to(ROOT).as_posix()}/{n}.yaml"
+    assert len(SHIPPED_YAML) >= 11 and {f"{PROFILE_DIR.relative_to(REPO_ROOT).as_posix()}/{n}.yaml"
                                          for n in shipped_profiles()} <= set(SHIPPED_YAML)
 
 
@@ -198,5 +195,5 @@ SLOW_YAML = {"benchmarks/configs/models/thousand_tables_23tb.yaml"}
 @pytest.mark.parametrize("rel", [pytest.param(r, marks=pytest.mark.slow) if r in SLOW_YAML else r
                                  for r in SHIPPED_YAML])
 def test_every_shipped_yaml_loads(rel: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)
-    _loader_of(rel)(ROOT / rel)
+    monkeypatch.chdir(REPO_ROOT)
+    _loader_of(rel)(REPO_ROOT / rel)

@@ -17,10 +17,11 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from _crash_helpers import run
-from _ports import OS_PICKED_PORT
+from tests.support.crash_helpers import run
+from tests.support.paths import DOCS
+from tests.support.ports import OS_PICKED_PORT
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "user-guide.md"
+GUIDE = DOCS / "user-guide.md"
 HANG_GUARD_S = 600  # only against a hang: each snippet takes seconds
 _MARK = re.compile(r"<!-- snippet (?P<name>[\w-]+)(?: after (?P<after>[\w-]+))? -->\s*\n```python\n(?P<code>.*?)\n```",
                    re.S)

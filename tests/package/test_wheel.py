@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def _wheel(out: Path) -> Path:
     env.pop("PYTHONPATH", None)
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
-         "-q", "-w", str(out), str(ROOT)],
+         "-q", "-w", str(out), str(REPO_ROOT)],
         capture_output=True, text=True, env=env, timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     wheels = list(out.glob("torchrec_mtrains-*.whl"))
@@ -106,7 +106,7 @@ def test_wheel_installs_and_runs_outside_the_tree(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     assert Path(lines["FILE"]).resolve().is_relative_to(env_dir.resolve()), lines["FILE"]
-    assert not Path(lines["FILE"]).resolve().is_relative_to(ROOT), lines["FILE"]
+    assert not Path(lines["FILE"]).resolve().is_relative_to(REPO_ROOT), lines["FILE"]
     assert lines["ENGINE"] in ("io_uring", "threads") and result.stdout.rstrip().endswith("OK")
 
     # The console script, and the benchmarks refusing to run without a source checkout.

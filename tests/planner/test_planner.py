@@ -11,7 +11,8 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
 
-from _planner_nodes import CPU_NODE, G
+from tests.support.paths import MODEL_CONFIGS
+from tests.support.planner_nodes import CPU_NODE, G
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.model.locality import histogram_locality, zipf_locality
 from torchrec_mtrains.planner.model.model_spec import parse_model_spec
@@ -345,18 +346,20 @@ def test_placement_falls_back_when_the_greedy_strands_tables_on_a_slow_tier() ->
     relieving only busy tiers leaves tables there that no affordable cache can feed;
     place() finds the plan that exists (most tables on PMem and in host DRAM) and it keeps
     every capacity and every tier's device-time budget."""
-    from torchrec_mtrains.planner.model import placement
     from torchrec_mtrains.planner.model.estimator import table_cost
     from torchrec_mtrains.planner.model.model_spec import load_model_spec
+    from torchrec_mtrains.planner.model.placement import MAX_TIER_UTILIZATION, PlacementMemo
+    from torchrec_mtrains.planner.model.placement_search import STRATEGIES, Placer
+    from torchrec_mtrains.planner.model.placement_state import Limits
     from torchrec_mtrains.planner.hardware.topology import load_topology
 
-    root = Path(__file__).resolve().parent.parent
-    spec = load_model_spec(str(root / "benchmarks" / "configs" / "models" / "prod_b.yaml"))
+    spec = load_model_spec(str(MODEL_CONFIGS / "prod_b.yaml"))
     topo = load_topology("gpu-scm-node")
     ranks = 3 * topo.ranks_per_node
-    args = (spec, topo, ranks, None, None, None, "lru", placement.MAX_TIER_UTILIZATION)
+    memo = PlacementMemo(spec, topo)
+    assert STRATEGIES[0] == (False, 1.0)  # every table starts on SSD; step 2 steers by the real budget
     with pytest.raises(PlacementError, match="cannot feed"):
-        placement._place(*args, relax=1.0, fastest_first=False)
+        Placer(memo, ranks, Limits.of(memo, ranks), STRATEGIES[0]).run()
     p = place(spec, topo, ranks)
     assert p.predicted_qps >= spec.target_qps
     for tier, used in p.used_bytes.items():
@@ -367,7 +370,7 @@ def test_placement_falls_back_when_the_greedy_strands_tables_on_a_slow_tier() ->
         cost = table_cost(table, t.tier, t.cache_rows, topo, spec.batch_size, "lru", t.extra.get("l2_cache_rows", 0.0))
         for tier, seconds in cost.io_s.items():
             io[tier] = io.get(tier, 0.0) + seconds
-    budget = spec.batch_size / spec.target_qps * ranks * placement.MAX_TIER_UTILIZATION
+    budget = spec.batch_size / spec.target_qps * ranks * MAX_TIER_UTILIZATION
     assert all(seconds <= budget * (1 + 1e-9) for seconds in io.values()), io
 
 

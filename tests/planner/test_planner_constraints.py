@@ -14,7 +14,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.types import CacheParams, CacheStatistics, KeyValueParams
 
-from _planner_nodes import CPU_NODE
+from tests.support.planner_nodes import CPU_NODE
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.model.placement import PlacementError
 from torchrec_mtrains.planner.planner import StorageAwarePlanner

@@ -4,19 +4,16 @@ kernel's cache replaying the example's own drifting data."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
-
-from torchrec_mtrains.planner.model.locality import histogram_locality
 import torch
 
+from tests.support.paths import add_example_to_path
 from torchrec_mtrains._ops import load_extension
+from torchrec_mtrains.planner.model.locality import histogram_locality
 from torchrec_mtrains.stats import DLRM_DATASETS_LOOKUP_SHARES
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "dlrm"))
+add_example_to_path()
 
 
 def _warm_hit_rate(steps_ids, cache_rows: int) -> float:

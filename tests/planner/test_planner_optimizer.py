@@ -12,7 +12,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from _planner_nodes import CPU_NODE
+from tests.support.planner_nodes import CPU_NODE
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.model.model_spec import parse_model_spec
 from torchrec_mtrains.planner.planner import StorageAwarePlanner

@@ -5,21 +5,21 @@ from scratch (tiers, caches, bytes and predicted QPS, exactly)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import yaml
 
+from tests.support.paths import MODEL_CONFIGS
 from torchrec_mtrains import Tier
-from torchrec_mtrains.planner.model import locality, placement
+from torchrec_mtrains.planner.model import locality
 from torchrec_mtrains.planner.model.model_spec import _YAML_LOADER, parse_model_spec
-from torchrec_mtrains.planner.model.placement import PlacementError, PlacementMemo, place
+from torchrec_mtrains.planner.model.placement import Placement, PlacementError, PlacementMemo, place
+from torchrec_mtrains.planner.model.placement_search import STRATEGIES, Placer, Strategy
+from torchrec_mtrains.planner.model.placement_state import BusyTiersError, Limits
 from torchrec_mtrains.planner.model.sizing import size_cluster
 from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
 
 G = 2**30
-MODELS = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "models"
 GPU_NODE = TieredTopology(
     "test-gpu", "cuda", 8,
     {Tier.HBM: TierSpec(60 * G, 1.5e12, 1.5e12), Tier.DRAM: TierSpec(128 * G, 2e10, 2e10),
@@ -61,26 +61,31 @@ def test_touched_skips_saturated_exp_bit_for_bit() -> None:
 
 
 def test_libyaml_reads_the_model_suite_as_pyyaml_does() -> None:
-    for path in sorted(MODELS.glob("*.yaml")):
+    for path in sorted(MODEL_CONFIGS.glob("*.yaml")):
         text = path.read_text()
         assert yaml.load(text, Loader=_YAML_LOADER) == yaml.safe_load(text), path.name
 
 
-def _same(a: placement.Placement, b: placement.Placement) -> None:
+def _same(a: Placement, b: Placement) -> None:
     assert a.tables == b.tables
     assert a.used_bytes == b.used_bytes and list(a.used_bytes) == list(b.used_bytes)
     assert a.costs == b.costs
     assert (a.predicted_step_s, a.predicted_qps) == (b.predicted_step_s, b.predicted_qps)
 
 
+def _placer(spec, topo, ranks, tiers, strategy: Strategy, memo=None) -> Placer:
+    """The search place() runs for ``strategy``, with a memo of its own unless given."""
+    memo = memo or PlacementMemo(spec, topo)
+    return Placer(memo, ranks, Limits.of(memo, ranks, tiers), strategy)
+
+
 def _from_scratch(spec, topo, ranks, tiers):
     """place() as each strategy from step 1 with a memo of its own (no sharing)."""
     first = None
-    for fastest_first, relax in placement._STRATEGIES:
+    for strategy in STRATEGIES:
         try:
-            return placement._place(spec, topo, ranks, tiers, None, None, "lru", placement.MAX_TIER_UTILIZATION,
-                                    relax=relax, fastest_first=fastest_first)
-        except placement._BusyTiers as e:
+            return _placer(spec, topo, ranks, tiers, strategy).run()
+        except BusyTiersError as e:
             first = first or e
     raise first
 
@@ -103,9 +108,8 @@ def test_shared_memo_and_step_1_once_give_the_same_placements(tiers) -> None:
         _same(place(spec, GPU_NODE, ranks, tiers, memo=memo), expected)
         _same(place(spec, GPU_NODE, ranks, tiers), expected)
         try:
-            placement._place(spec, GPU_NODE, ranks, tiers, None, None, "lru", placement.MAX_TIER_UTILIZATION,
-                             relax=1.0, fastest_first=False)
-        except placement._BusyTiers:
+            _placer(spec, GPU_NODE, ranks, tiers, STRATEGIES[0]).run()
+        except BusyTiersError:
             fell_back += 1
     assert outcomes and (tiers or fell_back), "the model no longer exercises the fallback strategies"
 
@@ -124,13 +128,12 @@ def test_strategies_run_from_the_step_1_snapshot_as_from_scratch(target_qps: int
     spec = parse_model_spec(dict(MODEL, target_qps=target_qps))
     memo = PlacementMemo(spec, GPU_NODE)
     started, busy = {}, 0
-    for fastest_first, relax in placement._STRATEGIES:
-        args = (spec, GPU_NODE, GPU_NODE.ranks_per_node, None, None, None, "lru", placement.MAX_TIER_UTILIZATION,
-                relax, fastest_first)
-        fresh = _outcome(lambda: placement._place(*args))
-        placer = placement._Placer(*args, memo)
-        reused = _outcome(lambda: placer.run(started.get(fastest_first)))
-        started.setdefault(fastest_first, placer.started)
+    for strategy in STRATEGIES:
+        args = (spec, GPU_NODE, GPU_NODE.ranks_per_node, None, strategy)
+        fresh = _outcome(lambda: _placer(*args).run())
+        placer = _placer(*args, memo)
+        reused = _outcome(lambda: placer.run(started.get(strategy.fastest_first)))
+        started.setdefault(strategy.fastest_first, placer.started)
         if isinstance(fresh, tuple):
             busy += 1
             assert reused == fresh

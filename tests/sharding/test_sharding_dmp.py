@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict
 
-import _dmp_harness as harness
 import pytest
 import torch
+
+from tests.support import dmp_harness as harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

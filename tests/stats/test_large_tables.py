@@ -3,12 +3,10 @@ planner's and the kernel's view of a lazily initialised table (disk for the rows
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
+from tests.support.paths import add_example_to_path
 from torchrec_mtrains.stats.large_tables import (
     KeyedPermutation,
     expected_distinct_zipf,
@@ -16,7 +14,7 @@ from torchrec_mtrains.stats.large_tables import (
     zipf_ranks,
 )
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "dlrm"))
+add_example_to_path()
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097, 65_537])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _block_store_helpers import (
+from tests.support.block_store_helpers import (
     assert_rows_equal,
     expected_lazy,
     log_offset,
@@ -26,7 +26,7 @@ from _block_store_helpers import (
     random_rows,
     reference_init_rows,
 )
-from _watch import run_watched
+from tests.support.watch import run_watched
 from torchrec_mtrains.storage import BlockStore
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _block_store_helpers import (
+from tests.support.block_store_helpers import (
     HDR_BLOCK_SIZE,
     HDR_DIM,
     HDR_DTYPE,
@@ -37,6 +37,7 @@ from _block_store_helpers import (
     tmpfs,
 )
 from torchrec_mtrains.storage import BlockStore, CorruptionError
+from torchrec_mtrains.testing import inject_device_fault
 
 N, DIM = 1000, 8
 
@@ -209,7 +210,7 @@ def test_bad_paths(tmp_path: Path) -> None:
 def test_unknown_fault_kind(table: Path) -> None:
     with BlockStore.open(table) as store:
         with pytest.raises(ValueError, match="unknown fault kind 'disk_on_fire'"):
-            store._inject_fault("disk_on_fire")
+            inject_device_fault(store, "disk_on_fire")
 
 
 # Missing and read-only directories ------------------------------------------------------

@@ -16,8 +16,9 @@ from typing import Dict
 import pytest
 import torch
 
-from _block_store_helpers import assert_rows_equal, expected_lazy, random_rows
+from tests.support.block_store_helpers import assert_rows_equal, expected_lazy, random_rows
 from torchrec_mtrains.storage import BlockStore, CorruptionError
+from torchrec_mtrains.testing import inject_device_fault
 
 N, DIM = 3000, 12
 
@@ -138,7 +139,7 @@ def test_read_fault_mid_exchange_raises_and_keeps_the_writes(
     w_rows = _rows(w_ids.numel(), seed=3)
     r_ids = torch.arange(0, 1500, 3)  # on disk only
     with store:
-        store._inject_fault(kind, errno_code=errno.EIO)
+        inject_device_fault(store, kind, errno_code=errno.EIO)
         with pytest.raises(OSError) as e:
             store.exchange(w_ids, w_rows, r_ids)
         if kind == "corrupt_read":
@@ -165,7 +166,7 @@ def test_write_fault_mid_exchange_raises_and_loses_nothing(tmp_path: Path, engin
     r_ids = torch.cat([torch.arange(0, 1500, 3), w_ids[::7]])
     model.update({i: r for i, r in zip(w_ids.tolist(), w_rows)})
     with store:
-        store._inject_fault("write_error", count=1, errno_code=err)
+        inject_device_fault(store, "write_error", count=1, errno_code=err)
         with pytest.raises(OSError) as e:
             store.exchange(w_ids, w_rows, r_ids)
         assert e.value.errno == err and str(path) in str(e.value) and "flush() retries" in str(e.value)

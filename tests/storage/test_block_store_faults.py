@@ -14,8 +14,9 @@ from typing import Dict
 import pytest
 import torch
 
-from _block_store_helpers import assert_rows_equal, expected_lazy, random_rows
+from tests.support.block_store_helpers import assert_rows_equal, expected_lazy, random_rows
 from torchrec_mtrains.storage import BlockStore, CorruptionError
+from torchrec_mtrains.testing import inject_device_fault
 
 N, DIM = 2000, 12
 
@@ -73,7 +74,7 @@ def test_failed_flush_then_retry(tmp_path: Path, engine: str, kind: str, on_map:
     store.write(ids, second)
     model.update({int(i): r for i, r in zip(ids, second)})
 
-    store._inject_fault(kind, errno_code=err, on_map=on_map)
+    inject_device_fault(store, kind, errno_code=err, on_map=on_map)
     with pytest.raises(OSError) as e:
         store.flush()
     assert e.value.errno == err and str(path) in str(e.value), e.value
@@ -101,7 +102,7 @@ def test_repeated_flush_failures_lose_nothing(tmp_path: Path, kind: str) -> None
         ids = torch.arange(200 * k, 200 * k + 300)
         store.write(ids, rows)
         model.update({int(i): r for i, r in zip(ids, rows)})
-        store._inject_fault(kind, errno_code=errno.ENOSPC, on_map=bool(k % 2))
+        inject_device_fault(store, kind, errno_code=errno.ENOSPC, on_map=bool(k % 2))
         with pytest.raises(OSError) as e:
             store.flush()
         assert e.value.errno == errno.ENOSPC
@@ -116,7 +117,7 @@ def test_write_back_failure_during_write(tmp_path: Path, engine: str) -> None:
     raises, but the batch was accepted (it reads back) and a later flush persists it."""
     path = tmp_path / "t.tbl"
     store = BlockStore(path, N, DIM, dram_cache_mb=0, segment_blocks=1, io_engine=engine)
-    store._inject_fault("write_error", errno_code=errno.ENOSPC)
+    inject_device_fault(store, "write_error", errno_code=errno.ENOSPC)
     rows = _rows(1000, seed=4)
     with pytest.raises(OSError) as e:
         store.write(torch.arange(1000), rows)
@@ -135,17 +136,17 @@ def test_read_after_failed_write_back(tmp_path: Path) -> None:
     then read([0, 1999]) must return row 0 as written and row 1999's initial value."""
     path = tmp_path / "t.tbl"
     store = BlockStore(path, N, DIM, dram_cache_mb=0, segment_blocks=1)
-    store._inject_fault("write_error", count=100, errno_code=errno.ENOSPC)
+    inject_device_fault(store, "write_error", count=100, errno_code=errno.ENOSPC)
     rows = _rows(1000, seed=4)
     with pytest.raises(OSError):
         store.write(torch.arange(1000), rows)
     try:
         got = store.read(torch.tensor([0, N - 1]))
     except OSError as e:
-        store._inject_fault("write_error", count=0)  # disarm, so close() can flush
+        inject_device_fault(store, "write_error", count=0)  # disarm, so close() can flush
         store.close()
         pytest.fail(f"read() of accepted rows failed because a write-back failed: {e}")
-    store._inject_fault("write_error", count=0)
+    inject_device_fault(store, "write_error", count=0)
     want = torch.cat([rows[:1], expected_lazy(store, [N - 1], 0, (-0.01, 0.01))])
     assert_rows_equal(got, want)
     store.close()
@@ -156,7 +157,7 @@ def test_failed_close_keeps_store_open(tmp_path: Path, engine: str) -> None:
     store = BlockStore(path, N, DIM, dram_cache_mb=1, io_engine=engine)
     rows = _rows(700, seed=5)
     store.write(torch.arange(700), rows)
-    store._inject_fault("write_error", errno_code=errno.ENOSPC)
+    inject_device_fault(store, "write_error", errno_code=errno.ENOSPC)
     with pytest.raises(OSError) as e:
         store.close()
     assert e.value.errno == errno.ENOSPC and str(path) in str(e.value)
@@ -173,7 +174,7 @@ def test_failed_snapshot_keeps_store_usable(tmp_path: Path) -> None:
     store = BlockStore(path, N, DIM, dram_cache_mb=1)
     rows = _rows(100, seed=6)
     store.write(torch.arange(100), rows)
-    store._inject_fault("sync_error", errno_code=errno.EIO)
+    inject_device_fault(store, "sync_error", errno_code=errno.EIO)
     with pytest.raises(OSError) as e:
         store.snapshot(snap)
     assert e.value.errno == errno.EIO and str(path) in str(e.value)
@@ -188,7 +189,7 @@ def test_failed_snapshot_keeps_store_usable(tmp_path: Path) -> None:
 def test_read_error_leaves_store_usable(tmp_path: Path, engine: str, cache_mb: float) -> None:
     path, store, model = _on_disk_store(tmp_path, engine, cache_mb)
     with store:
-        store._inject_fault("read_error", errno_code=errno.EIO)
+        inject_device_fault(store, "read_error", errno_code=errno.EIO)
         ids = torch.arange(0, 1000, 7)
         with pytest.raises(OSError) as e:
             store.read(ids)
@@ -202,7 +203,7 @@ def test_read_error_leaves_store_usable(tmp_path: Path, engine: str, cache_mb: f
 def test_read_error_after_some_operations(tmp_path: Path) -> None:
     path, store, model = _on_disk_store(tmp_path, "threads")
     with store:
-        store._inject_fault("read_error", after=2, errno_code=errno.EIO)
+        inject_device_fault(store, "read_error", after=2, errno_code=errno.EIO)
         for k in range(2):  # the first two device reads go through
             store.read(torch.tensor([k * 100]))
         with pytest.raises(OSError):
@@ -213,7 +214,7 @@ def test_read_error_after_some_operations(tmp_path: Path) -> None:
 def test_corrupt_read_detected(tmp_path: Path, engine: str) -> None:
     path, store, model = _on_disk_store(tmp_path, engine, cache_mb=1)
     with store:
-        store._inject_fault("corrupt_read")
+        inject_device_fault(store, "corrupt_read")
         with pytest.raises(CorruptionError, match=f"{path}.*log block") as e:
             store.read(torch.tensor([3, 600]))
         assert e.value.errno == errno.EBADMSG
@@ -254,7 +255,7 @@ def _rewrite_until_gc(store: BlockStore, model: dict, g: torch.Generator, seed: 
 @pytest.mark.parametrize("kind", ["read_error", "corrupt_read"])
 def test_fault_during_gc_leaves_store_usable(tmp_path: Path, kind: str) -> None:
     path, store, model, g = _gc_store(tmp_path)
-    store._inject_fault(kind, errno_code=errno.EIO)
+    inject_device_fault(store, kind, errno_code=errno.EIO)
     try:
         _rewrite_until_gc(store, model, g, seed=30)
         raised = None
@@ -282,7 +283,7 @@ def test_persistent_read_error_during_gc_is_reported(tmp_path: Path) -> None:
     100000 times, consuming every armed fault, before raising."""
     path, store, model, g = _gc_store(tmp_path)
     armed = 100_000
-    store._inject_fault("read_error", count=armed, errno_code=errno.EIO)
+    inject_device_fault(store, "read_error", count=armed, errno_code=errno.EIO)
     with pytest.raises(OSError) as e:
         _rewrite_until_gc(store, model, g, seed=30)
     assert e.value.errno == errno.EIO and str(path) in str(e.value)
@@ -293,7 +294,7 @@ def test_persistent_read_error_during_gc_is_reported(tmp_path: Path) -> None:
         still_armed = False
     except OSError:
         still_armed = True
-    store._inject_fault("read_error", count=0)  # disarm
+    inject_device_fault(store, "read_error", count=0)  # disarm
     store.close()
     assert still_armed, (
         f"garbage collection retried a failing device read until all {armed} armed faults "

@@ -23,9 +23,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
     run_state_machine_as_test
 
-from _block_store_helpers import assert_rows_equal, random_rows, reference_init_rows, uring_unavailable_reason
-from _watch import run_watched
+from tests.support.block_store_helpers import (assert_rows_equal, random_rows, reference_init_rows,
+                                               uring_unavailable_reason)
+from tests.support.paths import REPO_ROOT
+from tests.support.watch import run_watched
 from torchrec_mtrains.storage import BlockStore, CorruptionError
+from torchrec_mtrains.testing import enable_device_faults, inject_device_fault
 
 CACHE_OVERHEAD_BYTES = 40  # per cached row, as csrc/storage/block_store_open.cc sizes the cache
 TRACE = os.environ.get("MTRAINS_MODEL_TRACE") == "1"  # log every operation to stderr (child runs)
@@ -164,13 +167,13 @@ class StoreMachine(RuleBasedStateMachine):
         """A flush hit by a device fault raises OSError (or succeeds if it did no I/O of
         that kind); nothing is lost and the next flush works."""
         trace("failed_flush", kind, f"on_map={on_map}", f"after={after}")
-        self.store._inject_fault(kind, after=after, errno_code=errno.ENOSPC, on_map=on_map)
+        inject_device_fault(self.store, kind, after=after, errno_code=errno.ENOSPC, on_map=on_map)
         try:
             self.store.flush()
         except OSError as e:
             assert e.errno == errno.ENOSPC and str(self.path) in str(e), e
         finally:
-            self.store._inject_fault(kind, count=0, on_map=on_map)  # disarm
+            inject_device_fault(self.store, kind, count=0, on_map=on_map)  # disarm
         self.flush()
 
     @rule(data=st.data(), kind=st.sampled_from(["read_error", "corrupt_read"]))
@@ -179,7 +182,7 @@ class StoreMachine(RuleBasedStateMachine):
         read nothing from the device); a retry returns the right rows."""
         ids = self.ids(data, max_size=60)
         trace("failed_read", kind, ids.tolist())
-        self.store._inject_fault(kind, errno_code=errno.EIO)
+        inject_device_fault(self.store, kind, errno_code=errno.EIO)
         try:
             got = self.store.read(ids)
         except CorruptionError as e:
@@ -189,7 +192,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert kind == "read_error" and e.errno == errno.EIO and str(self.path) in str(e), e
             got = None
         finally:
-            self.store._inject_fault(kind, count=0)  # disarm
+            inject_device_fault(self.store, kind, count=0)  # disarm
         if got is None:
             got = self.store.read(ids)
         assert_rows_equal(got, self.expected(ids), "read after a device fault")
@@ -218,6 +221,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 def run_machine(root: str, max_examples: int, steps: int, derandomize: bool) -> None:
     """Runs the state machine (in the child process of the tests below)."""
+    enable_device_faults()  # the child has no conftest: its stores take faults on command
     StoreMachine.root = Path(root)
     StoreMachine.engines = ["threads"] if uring_unavailable_reason(root) else ["uring", "threads"]
     run_state_machine_as_test(
@@ -239,8 +243,8 @@ def _run_machine_in_child(tmp_path: Path, max_examples: int, steps: int, derando
     script = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import test_block_store_model as m
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from tests.storage import test_block_store_model as m
         m.run_machine({str(tmp_path)!r}, {max_examples}, {steps}, {derandomize})
         """
     )

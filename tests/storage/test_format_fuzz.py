@@ -27,7 +27,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _block_store_helpers import HEADER_BYTES, TABLE_MAGIC, crc32c
+from tests.support.block_store_helpers import HEADER_BYTES, TABLE_MAGIC, crc32c
 from torchrec_mtrains.storage import BlockStore, ScmStore
 from torchrec_mtrains.storage.scm_store import _encode_header as scm_encode_header
 from torchrec_mtrains.storage.types import CorruptionError

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from _block_store_helpers import assert_rows_equal, expected_lazy, flip_byte, journal_block_offset
+from tests.support.block_store_helpers import assert_rows_equal, expected_lazy, flip_byte, journal_block_offset
+from tests.support.paths import REPO_ROOT
 from torchrec_mtrains.storage import BlockStore
 from torchrec_mtrains.storage.types import CorruptionError
 
-ROOT = Path(__file__).resolve().parents[1]
 BIG_ROWS, BIG_WRITES, DIM = 500_000_000, 2_000_000, 16
 ROW_BYTES = (DIM + 1) * 4  # 68 bytes: dim 16 fp32 + one state float
 
@@ -35,7 +35,7 @@ def _rows_of(ids: torch.Tensor, version: int = 0) -> torch.Tensor:
 
 
 def _run(script: str, timeout: float = 300) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
                          timeout=timeout, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -151,7 +151,7 @@ def test_flushed_rows_survive_sigkill(tmp_path: Path, cache_mb: float) -> None:
     path, n = tmp_path / "t.tbl", 20_000
     script = textwrap.dedent(_CRASH_CHILD).format(path=str(path), n=n, dim=DIM, width=DIM + 1, cache=cache_mb,
                                                   stop="")
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     acked = 0
     try:
@@ -182,7 +182,7 @@ def _crashed_table(tmp_path: Path, flushes: int) -> Path:
     path = tmp_path / "t.tbl"
     script = textwrap.dedent(_CRASH_CHILD).format(path=str(path), n=20_000, dim=DIM, width=DIM + 1, cache=0,
                                                   stop=f"if v == {3 * flushes}: import os; os._exit(0)")
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, env=env, timeout=120)
     return path
 

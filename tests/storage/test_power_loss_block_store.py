@@ -1,18 +1,19 @@
 """BlockStore across power cuts: the C++ driver csrc/tests/test_power_loss.cc, built and run.
 
-The driver records a workload of the table's on-disk life (Create's header, flushed and
-unflushed generations of row writes that make the collector free segments, the map journal
-grow and checkpoints rewrite map pages in place, a clean close) on recording devices, then
-opens at least ``MTRAINS_POWER_LOSS_IMAGES`` crash images (default 1,000) as BlockStore::Open
-does and reads every row: the table must open once Create returned, and every row must read
-as a version written to it, none older than at the last flush that returned.
+The driver runs the real BlockStore on in-memory files that record every write and sync
+(Create's header, flushed and unflushed generations of row writes through a small row
+cache that make the collector free segments, the map journal grow and checkpoints rewrite
+map pages in place, a pinned snapshot, a close and reopen, a clean close), then opens at
+least ``MTRAINS_POWER_LOSS_IMAGES`` crash images (default 1,000) with BlockStore::Open and
+reads every row with BlockStore::Read: the table must open once Create returned, and every
+row must read as a version written to it, none older than at the last flush that returned.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from _power_loss import NIGHTLY_IMAGES, images_wanted, nightly, run_driver
+from tests.support.power_loss import NIGHTLY_IMAGES, images_wanted, nightly, run_driver
 
 
 def _check(counts: dict, images: int) -> None:

@@ -2,7 +2,7 @@
 
 The workload creates a table, then writes generations of rows (row id and generation in
 every row, so which write a row holds is decodable and a mix is not), flushing (msync)
-after most. The recorder (tests/_fs_record.py) snapshots the directory after each write
+after most. The recorder (tests/support/fs_record.py) snapshots the directory after each write
 and sync; each crash image keeps what was synced, and any 4 KiB page written since may
 hold its bytes as of any moment since (the kernel writes dirty pages back whenever it
 likes), some torn at 512-byte sectors. Checked against ScmStore's crash contract:
@@ -23,8 +23,8 @@ from typing import Dict, List, Optional
 import pytest
 import torch
 
-from _fs_record import FsRecorder, check_crash_images
-from _power_loss import NIGHTLY_IMAGES, images_wanted, nightly
+from tests.support.fs_record import FsRecorder, check_crash_images
+from tests.support.power_loss import NIGHTLY_IMAGES, images_wanted, nightly
 from torchrec_mtrains.storage import ScmStore
 from torchrec_mtrains.storage.types import CorruptionError
 

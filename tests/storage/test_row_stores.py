@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _block_store_helpers import flip_byte
+from tests.support.block_store_helpers import flip_byte
 from torchrec_mtrains.storage import BlockStore, CorruptionError, DramStore, RowStore, ScmStore, lazy_init_rows
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -1,6 +1,7 @@
 """A process that trains a tiered table, flushes, queues prefetches and then ends one way.
 
-Usage: ``python _clean_exit_worker.py TIER STORAGE_DIR END REPORT_JSON``
+Usage, in the repository root: ``python -m tests.support.clean_exit_worker TIER STORAGE_DIR END
+REPORT_JSON``
 
 TIER is SSD or SCM; END is how the process ends with the prefetches in flight:
 
@@ -33,7 +34,10 @@ from torchrec_mtrains import Tier
 from torchrec_mtrains.kernels import TieredEmbeddingBags
 from torchrec_mtrains.storage import BlockStore, ScmStore
 
-WORKER = os.path.abspath(__file__)  # what tests run
+# What tests run, in the repository root (crash_helpers.run's default cwd). As a module, not
+# a script: a script's directory goes first on sys.path, where the support modules' names
+# could shadow the modules it imports.
+WORKER = [sys.executable, "-m", "tests.support.clean_exit_worker"]
 EXIT_CODE = 7
 SIGTERM_CODE = 128 + signal.SIGTERM
 ROWS, DIM = 200_000, 64

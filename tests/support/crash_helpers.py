@@ -11,12 +11,11 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from _planner_nodes import PINNED_PROFILE
-from _ports import OS_PICKED_PORT
+from tests.support.paths import EXAMPLE_DLRM, REPO_ROOT
+from tests.support.planner_nodes import PINNED_PROFILE
+from tests.support.ports import OS_PICKED_PORT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "examples", "dlrm", "train.py")
-sys.path.insert(0, os.path.join(ROOT, "examples", "dlrm"))
+TRAIN = str(EXAMPLE_DLRM / "train.py")
 
 # A run of a few seconds: tables at 5% of their rows (100K rows down to 1K), an 8 MiB DRAM
 # budget so the planner puts one table on SCM and two on SSD, a checkpoint every 4 steps.
@@ -56,7 +55,7 @@ def torchrun_env(**extra: str) -> Dict[str, str]:
 
 
 def run(cmd: List[str], environ: Dict[str, str], timeout: float = 120,
-        cwd: str = ROOT) -> subprocess.CompletedProcess:
+        cwd: str = str(REPO_ROOT)) -> subprocess.CompletedProcess:
     """Runs ``cmd`` (in ``cwd``, default the repository) in a session of its own; on timeout
     kills the whole group (torchrun's workers too, which would outlive it) and raises
     TimeoutExpired."""

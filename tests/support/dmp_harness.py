@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from _ports import file_init_method
+from tests.support.ports import file_init_method
 
 BATCH = 32  # global batch size
 # name -> (rows, dim, features)

@@ -3,8 +3,7 @@ hardware profile for the example runs whose tests need given placements."""
 
 from __future__ import annotations
 
-import os
-
+from tests.support.paths import TEST_PROFILES
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
 
@@ -22,4 +21,4 @@ CPU_NODE = TieredTopology(
 # A hardware profile frozen for tests whose scenario needs given placements (a table on SCM,
 # two on SSD, ...): the shipped ``local`` profile is re-measured from time to time and its
 # figures move the planner's choices.
-PINNED_PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", "two_core_vm.yaml")
+PINNED_PROFILE = str(TEST_PROFILES / "two_core_vm.yaml")

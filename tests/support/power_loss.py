@@ -1,5 +1,6 @@
-"""Shared parts of the power-loss tests (tests/test_power_loss_*.py): image counts, the
-nightly switch, and building and running the C++ driver of the block store's checker.
+"""Shared parts of the power-loss tests (test_power_loss_*.py in tests/storage and
+tests/checkpoint): image counts, the nightly switch, and building and running the C++ driver
+of the block store's checker.
 
 A power cut loses what a killed process keeps: writes still in the page cache or the
 device's write cache. Each test records a workload's writes and syncs, builds crash images
@@ -22,7 +23,8 @@ from typing import Dict, List, Sequence
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO_ROOT
+
 NIGHTLY_IMAGES = 20_000
 
 nightly = pytest.mark.skipif(os.environ.get("MTRAINS_NIGHTLY") != "1",
@@ -37,26 +39,24 @@ def images_wanted() -> int:
     return int(text)
 
 
-# The C++ driver of csrc/tests/test_power_loss.cc and the core sources it links (the
-# storage core without the file devices and BlockStore's file handling: no liburing).
+# The C++ driver of csrc/tests/test_power_loss.cc and the sources it links: the storage
+# core (BlockStore and its devices; without MTRAINS_HAVE_LIBURING, no io_uring) and the
+# testing environments it runs the store on.
 DRIVER = "csrc/tests/test_power_loss.cc"
-DRIVER_SOURCES = [
-    DRIVER, "csrc/storage/recording_device.cc", "csrc/storage/device.cc", "csrc/storage/segment_log.cc",
-    "csrc/storage/segment_log_map.cc", "csrc/storage/segment_log_space.cc",
-    "csrc/storage/map_journal.cc", "csrc/storage/location_map.cc", "csrc/storage/block_format.cc",
-    "csrc/common/crc32c.cc", "csrc/common/latency_histogram.cc",
-]
+DRIVER_SOURCES = [DRIVER] + sorted(
+    str(p.relative_to(REPO_ROOT)) for d in ("common", "storage", "testing") for p in (REPO_ROOT / "csrc" / d).glob("*.cc")
+)
 _FLAGS = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Icsrc", "-pthread"]
 
 
 def build_driver() -> Path:
     """Builds the power-loss driver (plain, -O1) under build/power_loss, once per version of
     its sources and the headers they may include; returns the executable."""
-    inputs = sorted({ROOT / s for s in DRIVER_SOURCES} | set((ROOT / "csrc").glob("**/*.h")))
+    inputs = sorted({REPO_ROOT / s for s in DRIVER_SOURCES} | set((REPO_ROOT / "csrc").glob("**/*.h")))
     digest = hashlib.sha256()
     for p in inputs:
-        digest.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
-    out_dir = ROOT / "build" / "power_loss" / digest.hexdigest()[:16]
+        digest.update(str(p.relative_to(REPO_ROOT)).encode() + b"\0" + p.read_bytes())
+    out_dir = REPO_ROOT / "build" / "power_loss" / digest.hexdigest()[:16]
     exe = out_dir / "test_power_loss"
     if exe.exists():
         return exe
@@ -82,7 +82,7 @@ def build_driver() -> Path:
 
 
 def _run(cmd: Sequence[str]) -> None:
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise OSError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
 

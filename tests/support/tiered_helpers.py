@@ -250,8 +250,8 @@ def output_checker(traj: Trajectory, model: Model) -> Callable[[int, torch.Tenso
 
 
 def store_stats(ker: TieredEmbeddingBags) -> List[Dict[str, float]]:
-    """Counters of each table's backing store (internal: ``_stores``, one per table)."""
-    return [dict(store.stats()) for store in ker._stores]
+    """Counters of each table's backing store (internal: ``_cache.stores``, one per table)."""
+    return [dict(store.stats()) for store in ker._cache.stores]
 
 
 def table_lookups(specs: Sequence[Tuple[int, int]], steps: Sequence[Step]) -> List[Tuple[int, int]]:

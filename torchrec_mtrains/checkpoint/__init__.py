@@ -12,7 +12,7 @@ from torchrec_mtrains.checkpoint.export import export_full_checkpoint
 from torchrec_mtrains.checkpoint.tiered_parts import exclude_tiered_state, flush_tiers
 from torchrec_mtrains.checkpoint.types import ChainError, CheckpointRecord
 
-# What a user imports from here (pinned by tests/test_package.py). The chain and
+# What a user imports from here (pinned by tests/package/test_package.py). The chain and
 # state helpers stay importable from here and from their modules.
 __all__ = [
     "ChainError",

@@ -34,7 +34,7 @@ from torchrec_mtrains.planner.types import (
     TierSpec,
 )
 
-# What a user imports from here (pinned by tests/test_package.py). The adapters to
+# What a user imports from here (pinned by tests/package/test_package.py). The adapters to
 # TorchRec's planner interfaces and the model's parts stay importable from here and from
 # their modules.
 __all__ = [

@@ -21,7 +21,7 @@ from torchrec_mtrains.sharding.sharded_ebc import ShardedTieredEmbeddingBagColle
 from torchrec_mtrains.sharding.sharder import TieredEmbeddingBagCollectionSharder
 from torchrec_mtrains.sharding.types import TieredParameterSharding, TieredParams
 
-# What a user imports from here (pinned by tests/test_package.py). The kernel and
+# What a user imports from here (pinned by tests/package/test_package.py). The kernel and
 # its fused optimizer stay importable from here and from sharding.kernel.
 __all__ = [
     "ShardedTieredEmbeddingBagCollection",

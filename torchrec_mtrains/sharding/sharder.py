@@ -34,7 +34,7 @@ class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
         # TorchRec lists no row-wise sharding for CPU; this sharder trains it there (tiered
-        # and FUSED tables alike: tests/test_sharding_dmp.py), so planners may propose it.
+        # and FUSED tables alike: tests/sharding/test_sharding_dmp.py), so planners may propose it.
         types = list(super().sharding_types(compute_device_type))
         return types + [t for t in TIERED_SHARDINGS if t not in types]
 

@@ -46,7 +46,7 @@ from torchrec_mtrains.stats.types import (
     Trace,
 )
 
-# What a user imports from here (pinned by tests/test_package.py). The reuse-bin
+# What a user imports from here (pinned by tests/package/test_package.py). The reuse-bin
 # arithmetic, the dlrm_datasets file format, stack distances and replay stay importable
 # from here and from their modules.
 __all__ = [

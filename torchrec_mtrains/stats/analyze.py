@@ -16,7 +16,7 @@ __all__ = ["DEFAULT_SAMPLED_ACCESSES", "analyze_table", "analyze_trace"]
 
 DEFAULT_SAMPLED_ACCESSES = 2_000_000
 """Accesses above which ``sample_rate="auto"`` turns on SHARDS, at a rate that keeps about
-this many (within 2 points of the exact curve on the Zipf traces of tests/test_stats.py)."""
+this many (within 2 points of the exact curve on the Zipf traces of tests/stats/test_stats.py)."""
 
 
 def analyze_table(name: str, trace: TableTrace, sample_rate: "float | str" = "auto", seed: int = 0) -> TableStats:

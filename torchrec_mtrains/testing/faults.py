@@ -36,7 +36,7 @@ the OOM killer or a lost node ends a job. Phases (``PHASES``) and where they are
 - ``checkpoint.cleanup``: ``latest`` switched, older chains not yet removed;
 - ``step``: examples/dlrm/train.py, after a step's loss is known, before its checkpoint.
 
-Every phase is reached by some workload (tests/test_fault_points.py checks it); a name that
+Every phase is reached by some workload (tests/core/test_fault_points.py checks it); a name that
 is not a phase is refused when the hook reads the environment.
 
 With MTRAINS_FAULT and MTRAINS_FAULT_TRACE unset, ``fault_point`` is one test of a module

@@ -1,0 +1,1 @@
+"""Tests of torchrec_mtrains.checkpoint: differential checkpoint chains, export, linked tables, power loss."""

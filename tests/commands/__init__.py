@@ -1,0 +1,1 @@
+"""Tests of the mtrains command line (torchrec_mtrains.cli and commands/)."""
