@@ -17,7 +17,7 @@ measured beside it in the same run:
     .venv/bin/python benchmarks/bench_beyond_ram.py [--steps 3000] [--table-scale 1.0]
 
 Results: ``--out``/beyond_ram.json, summary.txt, memory_disk.png; the tiered run's own
-metrics.json beside them. Figures and their reading: docs/beyond-ram.md.
+metrics.json beside them. Figures and their reading: docs/results/beyond-ram.md.
 """
 
 from __future__ import annotations

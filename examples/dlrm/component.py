@@ -44,7 +44,7 @@ def dlrm(
             (glibc then maps every buffer of 4 MiB or more on its own and returns it when freed,
             instead of letting its sliding threshold move such buffers onto the heap, where the
             tiered kernel's per-step row buffers fragment it; 262144 keeps the RSS flat but
-            costs ~30% of the example's QPS in page faults; see docs/reliability.md, Soak)
+            costs ~30% of the example's QPS in page faults; docs/results/reliability.md measures it)
         max_retries: scheduler retries allowed
         mounts: mounts into each node's container (docker, kubernetes), e.g.
             type=bind,src=/mnt/nvme,dst=/mnt/nvme (a host path: node-local table files) or
