@@ -175,12 +175,12 @@ class StorageAwarePlanner(ShardingPlanner):
         pooled capacity; when no proposal packs into the ranks' shares, it is redone with
         less of the compute tier. Returns (placement, partitioned options, topology,
         per-rank predicted step seconds)."""
-        fast = self.topology.cache_tier()
-        pooled = self.budget_bytes.get(fast, self.topology.tiers[fast].capacity_bytes * self.world_size)
+        compute_tier = self.topology.cache_tier()
+        pooled = self.budget_bytes.get(compute_tier, self.topology.tiers[compute_tier].capacity_bytes * self.world_size)
         error: Optional[Exception] = None
         for share in (1.0, 0.9, 0.8, 0.65, 0.5):
             try:
-                placement = self.place(module, {**self.budget_bytes, fast: pooled * share})
+                placement = self.place(module, {**self.budget_bytes, compute_tier: pooled * share})
             except PlacementError as e:
                 error = error or e
                 continue
@@ -188,9 +188,9 @@ class StorageAwarePlanner(ShardingPlanner):
             topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
             estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
             enumerator = TieredEnumerator(topology, self.batch_size, self.constraints, estimators, model=self.last_model,
-                                          placement=placement, compute_tier=fast)
+                                          placement=placement, compute_tier=compute_tier)
             proposer = TieredProposer()
-            partitioner = TieredPartitioner(dense, fast, kernel_step_seconds(self.topology, True))
+            partitioner = TieredPartitioner(dense, compute_tier, kernel_step_seconds(self.topology, True))
             proposer.load(enumerator.enumerate(module, sharders), enumerator)
             last: Optional[PlannerError] = None  # the last proposal's (row-wise tried) is the telling one
             while (proposal := proposer.propose()) is not None:
