@@ -14,7 +14,11 @@ measured beside it in the same run:
   rows, so that all of it fits in DRAM, trained by FBGEMM's fused kernel alone (the
   planner places every table in DRAM); the QPS ratio.
 
-    .venv/bin/python benchmarks/bench_beyond_ram.py [--steps 3000] [--table-scale 1.0]
+    .venv/bin/python benchmarks/bench_beyond_ram.py [--steps 3000] [--table-scale 1.0] [--memory-limit 8GiB]
+
+``--memory-limit`` runs the tiered job (and its resume) in a memory cgroup of that size
+(memory_cgroup.py: RSS and page cache capped, as on a node with that much RAM); the
+baseline runs without it. The report then measures against the limit, not the machine's RAM.
 
 Results: ``--out``/beyond_ram.json, summary.txt, memory_disk.png; the tiered run's own
 metrics.json beside them. Figures and their reading: docs/results/beyond-ram.md.
@@ -34,6 +38,7 @@ from typing import Dict, List, Optional
 from torchrec_mtrains.planner.hardware.probe import meminfo_bytes
 
 from benchmarks.lib.beyond_ram_report import RSS_LIMIT_SHARE, figures, summary
+from benchmarks.lib.memory_cgroup import MemoryCgroup, MemoryCgroupUnavailable
 from benchmarks.lib.process_monitor import Sample, run_monitored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,14 +80,38 @@ def local_profile_for(directory: Path, nproc: int, path: Path) -> Path:
     return path
 
 
-def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: float, timeout_s: float):
-    """Runs train.py under torchrun while sampling its process tree; (metrics, samples, peaks)."""
+def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: float, timeout_s: float,
+          memory_limit: Optional[int] = None):
+    """Runs train.py under torchrun while sampling its process tree, in a memory cgroup of
+    ``memory_limit`` bytes when given; (metrics, samples, peaks). With a limit, the metrics
+    get ``memory_cgroup``: the group's peak, its page cache and RSS at the end, how often the
+    limit was hit and the processes killed for memory."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(TRAIN), "--preset", "beyond-ram", "--scm-budget", "none", "--out", str(out), *extra]
-    monitor = run_monitored(cmd, out.parent / f"{out.name}.log", str(workdir), interval, timeout_s,
-                            f"bench_beyond_ram: {' '.join(cmd)}", cwd=ROOT)
+    who = f"bench_beyond_ram: {' '.join(cmd)}"
+    group = _memory_cgroup(memory_limit) if memory_limit else None
+    try:
+        monitor = run_monitored(cmd, out.parent / f"{out.name}.log", str(workdir), interval, timeout_s,
+                                who + (f" (in {group.path}, limit {memory_limit:,} B)" if group else ""),
+                                cwd=ROOT, **({"preexec_fn": group.enter} if group else {}))
+        usage = group.usage() if group else None
+    finally:
+        if group is not None:
+            group.close()
     with open(out / "metrics.json") as f:
-        return json.load(f), monitor.samples, monitor.peaks()
+        metrics = json.load(f)
+    if usage is not None:  # kept with the run's metrics, for --report-only
+        metrics["memory_cgroup"] = usage
+        (out / "metrics.json").write_text(json.dumps(metrics))
+    return metrics, monitor.samples, monitor.peaks()
+
+
+def _memory_cgroup(limit: int) -> MemoryCgroup:
+    try:
+        return MemoryCgroup(limit)
+    except MemoryCgroupUnavailable as e:
+        raise SystemExit(f"bench_beyond_ram: --memory-limit needs a cgroup v1 memory controller it can "
+                         f"write: {e}") from None
 
 
 def crashed_after(ckpt: Path, step: int) -> None:
@@ -150,6 +179,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--no-resume", action="store_true",
                    help="skip the resume check (a second run from the next-to-last checkpoint to the end, "
                         "whose losses must equal the first run's)")
+    p.add_argument("--memory-limit", default=None,
+                   help="run the tiered job in a memory cgroup of this size (e.g. 8GiB): RAM as on a smaller node")
     p.add_argument("--report-only", action="store_true",
                    help="no runs: recompute the figures and summary from the results already in --out")
     return p.parse_args(argv)
@@ -177,8 +208,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mtrains-beyond-ram-"))
     work.mkdir(parents=True, exist_ok=True)
     ram = meminfo_bytes()
+    limit = _memory_limit(args.memory_limit)
+    if limit:
+        _memory_cgroup(limit).close()  # fails here, before any run, where no group can be made
+        ram = min(ram, limit)  # what the tiered run may hold: the figures measure against it
     if args.report_only:
         tiered, samples, peaks, limits, baseline = _saved_run(out)
+        if "memory_cgroup" in tiered:
+            ram = min(ram, tiered["memory_cgroup"]["limit_bytes"])
         f = figures(tiered, samples, peaks, ram, limits, baseline)
         if not any(s.disk.reads for s in samples):  # saved without the device's counters: keep its rates
             f["device"] = json.loads((out / "beyond_ram.json").read_text())["device"]
@@ -197,7 +234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         common = [*steps, *scale, "--storage-dir", str(store), "--hardware", str(hardware)]
         tiered, samples, peaks = train(args.nproc, out / "tiered", work,
                                        [*common, *(saving if args.checkpoint_every else [])],
-                                       args.interval, args.timeout)
+                                       args.interval, args.timeout, limit)
         saves = [c["step"] for c in tiered["checkpoints"]]
         if len(saves) >= 2 and not args.no_resume:
             # As after a crash past the next-to-last save: the store files went on changing
@@ -205,7 +242,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             crashed_after(ckpt, saves[-2])
             resumed, resumed_samples, resumed_peaks = train(
                 args.nproc, out / "resumed", work,
-                [*common, "--resume-from", str(ckpt / f"step_{saves[-2]:08d}")], args.interval, args.timeout)
+                [*common, "--resume-from", str(ckpt / f"step_{saves[-2]:08d}")], args.interval, args.timeout, limit)
             tiered["resume_check"] = resume_check(tiered, resumed, saves[-2], resumed_peaks)
         shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -219,6 +256,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
     return _report(out, figures(tiered, samples, peaks, ram, limits, baseline), samples, ram, summary)
+
+
+def _memory_limit(text: Optional[str]) -> Optional[int]:
+    """``--memory-limit`` in bytes (None when not given)."""
+    if text is None:
+        return None
+    from torchrec_mtrains.planner.hardware.units import parse_size
+
+    try:
+        return int(parse_size(text, "--memory-limit", bare_bytes=True))
+    except ValueError as e:
+        raise SystemExit(f"bench_beyond_ram: {e}") from None
 
 
 def _report(out: Path, f: Dict, samples: List[Sample], ram: int, summary) -> int:

@@ -99,6 +99,8 @@ def figures(tiered: Dict, samples: List[Sample], peaks: Dict[str, int], ram: int
         "perf_model_error": tiered["predicted_step_seconds"] / step_s - 1.0,
         "dram_bytes_per_ssd_row": peaks["rss"] / max(1.0, ssd["store_live_rows"]),
     }
+    if "memory_cgroup" in tiered:  # run with --memory-limit: ``ram`` is the limit
+        out["memory_cgroup"] = tiered["memory_cgroup"]
     out["checkpoints"] = tiered.get("checkpoints", [])
     if "resume_check" in tiered:
         out["resume_check"] = tiered["resume_check"]
@@ -146,6 +148,12 @@ def summary(f: Dict) -> str:
         "hit rate per tier (predicted / measured, warm caches): "
         + ", ".join(f"{t} {h['predicted']:.3f} / {h['measured_warm']:.3f}" for t, h in f["hit_rate_per_tier"].items()),
     ]
+    if "memory_cgroup" in f:
+        m = f["memory_cgroup"]
+        lines.append(f"memory cgroup (--memory-limit; RAM above is the limit): limit {m['limit_bytes'] / gb:.2f} GB, "
+                     f"peak {m['peak_bytes'] / gb:.2f} GB (rss {m['rss_bytes'] / gb:.2f} GB, page cache "
+                     f"{m['cache_bytes'] / gb:.2f} GB at the end), limit hit {m['limit_hits']:,} times, "
+                     f"{m['oom_kills']} processes killed for memory")
     s, d, fio = f["ssd"], f["device"], f["fio"]
     lines.append(
         f"SSD (stores' counters over the run): {s['rows_read_per_s']:,.0f} rows read/s, {s['reads_per_s']:,.0f} "

@@ -67,14 +67,28 @@ def test_scaled_down_beyond_ram_run_trains_checkpoints_and_resumes_exactly(tmp_p
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_bench_beyond_ram_reports_side_by_side(tmp_path):
+    """Where a memory cgroup can be made (as on the project's machines), the tiered run goes
+    in one of 4 GiB (--memory-limit), and the report measures against it."""
+    from benchmarks.lib.memory_cgroup import MemoryCgroup, MemoryCgroupUnavailable
+
+    try:
+        MemoryCgroup(4 << 30).close()
+        capped = ["--memory-limit", "4GiB"]
+    except MemoryCgroupUnavailable:
+        capped = []
     out = tmp_path / "bench"
     cmd = [sys.executable, str(BENCHMARKS / "bench_beyond_ram.py"), "--steps", "8",
            "--table-scale", "0.0005", "--baseline-steps", "6", "--baseline-rows", "1000", "--fio-seconds", "0",
-           "--interval", "0.5", "--out", str(out), "--dir", str(tmp_path / "work")]
+           "--interval", "0.5", "--out", str(out), "--dir", str(tmp_path / "work"), *capped]
     proc = run_watched(cmd, stall_s=300, env=_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(out / "beyond_ram.json") as f:
         figures = json.load(f)
+    if capped:
+        group = figures["memory_cgroup"]
+        assert group["limit_bytes"] == 4 << 30 and 0 < group["peak_bytes"] <= 4 << 30 and group["oom_kills"] == 0
+        assert figures["ram_bytes"] == 4 << 30
+        assert "memory cgroup (--memory-limit" in (out / "summary.txt").read_text()
     assert figures["steps"] == 8 and figures["qps_steady"] > 0 and figures["baseline"]["qps_steady"] > 0
     assert figures["qps_ratio"] == pytest.approx(figures["qps_steady"] / figures["baseline"]["qps_steady"])
     assert max(figures["baseline"]["table_rows"].values()) <= 1000
@@ -123,3 +137,51 @@ def test_crashed_after_leaves_the_directory_as_a_crash_after_that_save(tmp_path)
     crashed_after(tmp_path, 20)
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000010", "step_00000020"]
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_00000020")
+
+
+def _memory_cgroup_or_skip(limit: int):
+    from benchmarks.lib.memory_cgroup import MemoryCgroup, MemoryCgroupUnavailable
+
+    try:
+        return MemoryCgroup(limit)
+    except MemoryCgroupUnavailable as e:
+        pytest.skip(f"no memory cgroup here: {e}")
+
+
+_TOUCH = ("import sys; n = int(sys.argv[1]) << 20; b = bytearray(n); "
+          "b[::4096] = b'x' * len(range(0, n, 4096)); print('touched', n)")
+
+
+def test_memory_cgroup_caps_what_its_processes_hold():
+    """A child in a 64 MiB group runs when it touches 16 MiB and is killed for memory when it
+    touches 256 MiB; the group's peak never passes the limit."""
+    import subprocess
+
+    limit = 64 << 20
+    with _memory_cgroup_or_skip(limit) as group:
+        small = subprocess.run([sys.executable, "-c", _TOUCH, "16"], preexec_fn=group.enter,
+                               capture_output=True, text=True, timeout=120)
+        assert small.returncode == 0, small.stderr
+        big = subprocess.run([sys.executable, "-c", _TOUCH, "256"], preexec_fn=group.enter,
+                             capture_output=True, text=True, timeout=120)
+        used = group.usage()
+    assert big.returncode != 0 and "touched" not in big.stdout
+    assert used["limit_bytes"] == limit and 16 << 20 <= used["peak_bytes"] <= limit
+    assert used["oom_kills"] >= 1
+    assert not group.path.exists()  # removed on exit
+
+
+def test_memory_cgroup_unavailable_names_the_controller(tmp_path):
+    from benchmarks.lib.memory_cgroup import MemoryCgroup, MemoryCgroupUnavailable
+
+    with pytest.raises(MemoryCgroupUnavailable, match=f"no cgroup v1 memory controller at {tmp_path}"):
+        MemoryCgroup(64 << 20, root=tmp_path)
+    with pytest.raises(ValueError, match="below 1 MiB"):
+        MemoryCgroup(4096, root=tmp_path)
+
+
+def test_memory_limit_flag_is_checked_before_any_run(tmp_path):
+    from benchmarks.lib import beyond_ram
+
+    with pytest.raises(SystemExit, match="--memory-limit"):
+        beyond_ram.main(["--memory-limit", "lots", "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "w")])
