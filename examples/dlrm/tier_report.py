@@ -1,6 +1,7 @@
 """What the tiers hold and moved, for metrics.json: per tiered shard, its backing store's
 counters (rows materialised on the tier, device I/O) and its cache's, gathered from every
-rank; and the process's memory (VmRSS, VmHWM, RssAnon, RssFile from /proc/self/status).
+rank; the process's memory (VmRSS, VmHWM, RssAnon, RssFile from /proc/self/status); and per
+rank its median step and the rows its tiers read (how evenly the ranks share the work).
 
 ``materialised_bytes`` counts the rows written to a tier (the block store's live rows, the
 SCM store's written rows), the bytes the tier holds for the model, as opposed to the
@@ -8,7 +9,8 @@ tables' logical size (rows never written are initialised lazily and take no spac
 
 from __future__ import annotations
 
-from typing import Dict, List
+import statistics
+from typing import Dict, List, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -54,10 +56,22 @@ def _local_counters(dmp) -> Dict[str, Dict[str, float]]:
     return out
 
 
-def tier_counters(dmp) -> Dict[str, object]:
+def _rank_summary(shards: Dict[str, Dict[str, float]], step_times: Optional[Sequence[float]]) -> Dict[str, float]:
+    """This rank's median step seconds (nan without two steps) and the rows and device
+    reads of its tiers."""
+    steps = [b - a for a, b in zip(step_times or [], (step_times or [])[1:])]
+    return {"step_seconds_median": statistics.median(steps) if steps else float("nan"),
+            "tier_rows_read": sum(s.get("store_rows_read", 0.0) for s in shards.values()),
+            "tier_device_reads": sum(s.get("store_device_reads", 0.0) for s in shards.values())}
+
+
+def tier_counters(dmp, step_times: Optional[Sequence[float]] = None) -> Dict[str, object]:
     """Every rank's shards' counters and memory (a collective); on every rank:
-    ``{"shards": {shard: counters}, "memory": [per rank], "materialised_bytes": {tier: bytes}}``."""
-    mine = {"shards": _local_counters(dmp), "memory": memory_status()}
+    ``{"shards": {shard: counters}, "memory": [per rank], "materialised_bytes": {tier: bytes},
+    "ranks": [per rank: median step seconds of ``step_times`` (its clock at each step), rows
+    and device reads of its tiers]}``."""
+    local = _local_counters(dmp)
+    mine = {"shards": local, "memory": memory_status(), "rank": _rank_summary(local, step_times)}
     gathered: List[Dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(gathered, mine)
     shards: Dict[str, Dict[str, float]] = {}
@@ -66,4 +80,5 @@ def tier_counters(dmp) -> Dict[str, object]:
     by_tier: Dict[str, float] = {}
     for s in shards.values():
         by_tier[s["tier"]] = by_tier.get(s["tier"], 0.0) + s["materialised_bytes"]
-    return {"shards": shards, "memory": [g["memory"] for g in gathered], "materialised_bytes": by_tier}
+    return {"shards": shards, "memory": [g["memory"] for g in gathered], "materialised_bytes": by_tier,
+            "ranks": [g["rank"] for g in gathered]}

@@ -78,6 +78,16 @@ class BadInput(ValueError):
     """User input the run cannot work with: reported, exit code 2."""
 
 
+def _row_wise(args: argparse.Namespace, tables) -> List[str]:
+    """``--row-wise`` as table names; ValueError naming an unknown one."""
+    names = [n.strip() for n in args.row_wise.split(",") if n.strip()]
+    known = {t.name for t in tables}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--row-wise names unknown tables {unknown}; the tables are {sorted(known)}")
+    return names
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -97,6 +107,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--drift", type=float, default=0.01,
                    help="share of each synthetic table's ranked rows that move to fresh ids per step, in [0, 1)")
     p.add_argument("--dcn", action="store_true", help="DLRM-DCN (cross layers) instead of DLRM's dot interaction")
+    p.add_argument("--row-wise", default="",
+                   help="comma-separated tables the planner must shard row-wise (TorchRec's ParameterConstraints "
+                        "sharding_types); the others it shards as it predicts best")
     p.add_argument("--hardware", default=DEFAULT_PROFILE,
                    help="hardware profile: a shipped name (local) or a YAML file (`mtrains probe-hw --out F`)")
     p.add_argument("--dram-budget", default=DEFAULT_DRAM_BUDGET,
@@ -409,6 +422,7 @@ def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
         planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, "<storage-dir>",
                                args.target_qps, args.scm_budget_bytes, local_world)
         check_fits(planner, build_model(args, tables, [f"f_{t.name}" for t in tables]), args.dram_budget)
+        _row_wise(args, tables)
     except ValueError as e:
         raise BadInput(str(e)) from None
     try:
@@ -518,7 +532,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
                   else data.batches(0, args.steps, rank, stream=2))  # a stream training never draws
         input_s = input_seconds_per_sample(sample, args.batch_size)
     planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
-                           args.scm_budget_bytes, local_world, input_s)
+                           args.scm_budget_bytes, local_world, input_s, row_wise=_row_wise(args, tables))
     torch.manual_seed(args.seed)
     dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), planner)
     placement, rows = tier_of(planner), placement_rows(planner)
@@ -542,7 +556,9 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
               f"--scm-budget {args.scm_budget} per rank, "
               f"{world} ranks on {nodes} node{'s' if nodes > 1 else ''} of {local_world}; predicted "
               f"{p.predicted_qps:,.0f} QPS, the input batches {input_s * args.batch_size * 1e3:.1f} ms per rank "
-              f"and step of it):\n" + format_table(rows), flush=True)
+              f"and step of it; predicted step per rank: "
+              + ", ".join(f"{r}: {s * 1e3:.1f} ms" for r, s in enumerate(planner.last_rank_step_s))
+              + "):\n" + format_table(rows), flush=True)
     if prefixes:
         train_it, eval_it = criteo_iterators(args, tables, prefixes, rank, world, start)
     else:
@@ -554,7 +570,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
     counts = global_cache_counts(dmp, tiered)
     per_table, per_tier = rates_of(counts, tiered)
     flush_tiers(dmp)  # every row trained is on its tier: what the run materialised
-    tiers = tier_counters(dmp)
+    tiers = tier_counters(dmp, trainer.step_times)
     checksum = weights_sha256(dmp) if args.weights_checksum else None
     warm_table, warm_tier = rates_of(counts - trainer.warm_from, tiered) if trainer.warm_from is not None else ({}, {})
     metrics = {
@@ -573,6 +589,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "step_times": [t - trainer.step_times[0] for t in trainer.step_times] if trainer.step_times else [],
         "predicted_step_seconds": (args.batch_size * world / planner.last_placement.predicted_qps
                                    if planner.last_placement.predicted_qps > 0 else float("nan")),
+        "predicted_rank_step_seconds": list(planner.last_rank_step_s),
         "tiers": tiers, "table_rows": {t.name: t.num_embeddings for t in tables},
         "embedding_dim": args.embedding_dim, "checkpoints": trainer.checkpoints,
     }
@@ -600,6 +617,15 @@ def finish(args, metrics: Dict, rows: List[Dict]) -> None:
         f"{metrics['predicted_qps'] / metrics['qps']:.2f})",
         "hit rate per tier: " + ", ".join(f"{t} {h:.3f}" for t, h in metrics["hit_rate_per_tier"].items()),
     ]
+    ranks = metrics["tiers"].get("ranks", [])
+    if ranks:
+        reads = [r["tier_rows_read"] for r in ranks]
+        mean = sum(reads) / len(reads)
+        predicted = metrics["predicted_rank_step_seconds"] or [float("nan")] * len(ranks)
+        lines.append("per rank, step predicted / measured (median) and tier rows read: " + "; ".join(
+            f"{i}: {p * 1e3:.1f} / {r['step_seconds_median'] * 1e3:.1f} ms, {r['tier_rows_read']:,.0f}"
+            for i, (p, r) in enumerate(zip(predicted, ranks)))
+            + (f" (reads max / mean {max(reads) / mean:.2f})" if mean > 0 else ""))
     if warm_from is not None and metrics["hit_rate_warm_per_tier"]:
         lines.append(f"hit rate per tier after step {warm_from}: "
                      + ", ".join(f"{t} {h:.3f}" for t, h in metrics["hit_rate_warm_per_tier"].items()))

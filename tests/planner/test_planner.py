@@ -3,13 +3,16 @@ and a StorageAwarePlanner plan that DistributedModelParallel trains with."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.planner.types import ParameterConstraints
 
 from tests.support.paths import MODEL_CONFIGS
 from tests.support.planner_nodes import CPU_NODE, G
@@ -201,16 +204,61 @@ def _meta_ebc(tables) -> EmbeddingBagCollection:
         for name, rows, dim in tables])
 
 
-def test_cpu_placement_keeps_tables_table_wise(tmp_path: Path) -> None:
-    """On a CPU node a table is made whole in DRAM only if one rank's share holds it: one
-    larger would be split by rows, a sharding group of its own whose collectives cost the
-    example DLRM more than caching it does; it is cached on a backing tier instead."""
+def _one_heavy_table():
+    """A 10M-row Zipf table that one rank's DRAM share cannot hold, and four small ones:
+    (the collection, its locality, a DRAM budget)."""
     ebc = _meta_ebc([("zipf", 10_000_000, 32)] + [(f"hot{i}", 100_000, 32) for i in range(4)])
     locality = {"zipf": {"pooling_factor": 4, "zipf_alpha": 1.1},
                 **{f"hot{i}": {"pooling_factor": 1, "zipf_alpha": 0.8} for i in range(4)}}
     zipf_bytes = 10_000_000 * (32 + 1) * 4
-    budget = {Tier.DRAM: 1.5 * zipf_bytes}  # pooled it holds the table whole; a rank's share does not
-    planner = StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=2, locality=locality, budget_bytes=budget,
+    return ebc, locality, {Tier.DRAM: 1.5 * zipf_bytes}  # pooled it holds the table whole; a rank's share does not
+
+
+def _slowest_rank_step(group_s: float, tmp_path: Path, sharding: Optional[str] = None):
+    """(planner, its slowest rank's predicted step) for ``_one_heavy_table`` on 2 ranks of
+    CPU_NODE with a row-wise group costing ``group_s``; ``sharding`` forces the heavy
+    table's sharding type."""
+    ebc, locality, budget = _one_heavy_table()
+    node = dataclasses.replace(CPU_NODE, compute=dataclasses.replace(CPU_NODE.compute, row_wise_group_s=group_s))
+    constraints = {} if sharding is None else {"zipf": ParameterConstraints(sharding_types=[sharding])}
+    planner = StorageAwarePlanner(node, batch_size=4096, world_size=2, locality=locality, budget_bytes=budget,
+                                  storage_dir=str(tmp_path), constraints=constraints)
+    planner.plan(ebc, [TieredEmbeddingBagCollectionSharder()])
+    return planner, max(planner.last_rank_step_s)
+
+
+def test_planner_shards_the_slowest_ranks_table_row_wise_when_predicted_faster(tmp_path: Path) -> None:
+    """Table-wise, the cached Zipf table's tier I/O makes its rank the slowest; split by rows
+    it is spread over both. With a row-wise group that costs little, the planner takes the
+    row-wise plan: its slowest rank is faster, and the two ranks' steps even out."""
+    table_wise = _slowest_rank_step(1e-5, tmp_path, "table_wise")[1]
+    planner, chosen = _slowest_rank_step(1e-5, tmp_path)
+    assert planner.last_assignment["zipf"].sharding_type == "row_wise"
+    assert planner.last_assignment["zipf"].ranks == (0, 1)
+    assert chosen < table_wise
+    assert max(planner.last_rank_step_s) <= 1.1 * min(planner.last_rank_step_s)  # balanced
+    assert planner.last_placement.predicted_step_s == pytest.approx(chosen)
+
+
+def test_planner_keeps_table_wise_when_row_wise_is_not_faster(tmp_path: Path) -> None:
+    """The same tables with a row-wise group whose collectives cost more than the split
+    spreads: the planner keeps every table table-wise, and the row-wise plan it turned down
+    is indeed predicted slower."""
+    row_wise = _slowest_rank_step(2e-3, tmp_path, "row_wise")[1]
+    planner, chosen = _slowest_rank_step(2e-3, tmp_path)
+    assert {a.sharding_type for a in planner.last_assignment.values()} == {"table_wise"}
+    assert chosen <= row_wise
+
+
+def test_cpu_placement_keeps_tables_table_wise(tmp_path: Path) -> None:
+    """On a CPU node a table is made whole in DRAM only if one rank's share holds it: one
+    larger would be split by rows, a sharding group of its own whose collectives cost the
+    example DLRM more than caching it does; it is cached on a backing tier instead."""
+    ebc, locality, budget = _one_heavy_table()
+    # A row-wise group's collectives as the framework probe measured them on the 2-core VM:
+    # they outweigh what splitting the table would spread (see the balancing tests below).
+    node = dataclasses.replace(CPU_NODE, compute=dataclasses.replace(CPU_NODE.compute, row_wise_group_s=1.1e-3))
+    planner = StorageAwarePlanner(node, batch_size=4096, world_size=2, locality=locality, budget_bytes=budget,
                                   storage_dir=str(tmp_path))
     plan = planner.plan(ebc, [TieredEmbeddingBagCollectionSharder()])
     zipf = planner.last_placement.tables["zipf"]
@@ -232,9 +280,11 @@ def test_plan_predicts_its_slowest_rank(tmp_path: Path) -> None:
     locality = {"zipf": {"pooling_factor": 40, "zipf_alpha": 1.1}, "hot": {"pooling_factor": 1, "zipf_alpha": 0.8},
                 "tiny": {"pooling_factor": 1, "zipf_alpha": 0.8}}
     budget = {Tier.DRAM: 200e6}  # a rank's share cannot hold "zipf" whole: cached, table-wise, on one rank
+    # Row-wise collectives that cost more than splitting "zipf" would spread: it stays on one rank.
+    node = dataclasses.replace(CPU_NODE, compute=dataclasses.replace(CPU_NODE.compute, row_wise_group_s=2e-3))
 
     def planned(input_s: float) -> StorageAwarePlanner:
-        planner = StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=2, locality=locality, budget_bytes=budget,
+        planner = StorageAwarePlanner(node, batch_size=4096, world_size=2, locality=locality, budget_bytes=budget,
                                       storage_dir=str(tmp_path), input_s_per_sample=input_s)
         planner.plan(ebc, [TieredEmbeddingBagCollectionSharder()])
         return planner

@@ -2,8 +2,9 @@
 ``TABLES`` small tables whole in DRAM through ``DistributedModelParallel`` and
 ``TieredTrainPipeline`` as one rank of a gloo job, and prints the median seconds of a step.
 
-Usage: ``python -m torchrec_mtrains.commands.framework_step TABLES BATCH STEPS [RANK WORLD PORT]``
-(without the last three: a job of one rank).
+Usage: ``python -m torchrec_mtrains.commands.framework_step TABLES BATCH STEPS [RANK WORLD PORT
+[ROW_WISE]]`` (without RANK WORLD PORT: a job of one rank); the first ROW_WISE tables are
+sharded row-wise (default 0: the planner's choice, table-wise).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from torchrec_mtrains.planner.hardware.probe_framework import DENSE_IN, DENSE_ML
 __all__ = ["measure"]
 
 
-def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, port: int = 0) -> float:
+def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, port: int = 0,
+            row_wise: int = 0) -> float:
     """Median step seconds of the DLRM with ``tables`` tables, as rank ``rank`` of ``world``
     (the job's processes meet at 127.0.0.1:``port``; 0 for a job of one rank). With more
     than one rank a step is timed by the wall clock: waiting for the peers' collectives and
@@ -28,6 +30,7 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.datasets.utils import Batch
     from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -51,7 +54,8 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
     # Any CPU node whose DRAM holds the tables whole: the plan keeps them all FUSED.
     node = TieredTopology("probe", "cpu", 1, {Tier.DRAM: TierSpec(2**34, 1e10, 1e10)}, ComputeSpec(1e10))
     sharders = [TieredEmbeddingBagCollectionSharder()]
-    plan = StorageAwarePlanner(node, batch_size=batch, world_size=world).plan(model, sharders)
+    constraints = {n: ParameterConstraints(sharding_types=["row_wise"]) for n in names[:row_wise]}
+    plan = StorageAwarePlanner(node, batch_size=batch, world_size=world, constraints=constraints).plan(model, sharders)
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=torch.device("cpu"))
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                   lambda ps: torch.optim.Adagrad(ps, lr=0.02))

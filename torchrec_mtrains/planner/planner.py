@@ -190,7 +190,8 @@ class StorageAwarePlanner(ShardingPlanner):
             enumerator = TieredEnumerator(topology, self.batch_size, self.constraints, estimators, model=self.last_model,
                                           placement=placement, compute_tier=compute_tier)
             proposer = TieredProposer()
-            partitioner = TieredPartitioner(dense, compute_tier, kernel_step_seconds(self.topology, True))
+            partitioner = TieredPartitioner(dense, compute_tier, kernel_step_seconds(self.topology, True),
+                                            self.topology.compute.row_wise_group_s)
             proposer.load(enumerator.enumerate(module, sharders), enumerator)
             last: Optional[PlannerError] = None  # the last proposal's (row-wise tried) is the telling one
             while (proposal := proposer.propose()) is not None:
@@ -200,8 +201,12 @@ class StorageAwarePlanner(ShardingPlanner):
                     last = e
                     proposer.feedback(partitionable=False, plan=proposal, storage_constraint=topology)
                     continue
-                proposer.feedback(partitionable=True, plan=options, storage_constraint=topology)
-                return placement, options, topology, partitioner.rank_step_s
+                # Rated by the slowest rank's predicted step: the job runs at its pace.
+                proposer.feedback(partitionable=True, plan=options, perf_rating=max(partitioner.rank_step_s),
+                                  storage_constraint=topology)
+            best = proposer.best()
+            if best is not None:  # partitioned again: later proposals moved the shards
+                return placement, partitioner.partition(best, topology), topology, partitioner.rank_step_s
             error = error or PlacementError(f"{len(self.last_model.tables)} tables on {self.world_size} ranks of "
                                             f"{self.topology.name}: {last}")
         raise error

@@ -71,6 +71,9 @@ class ComputeSpec:
             lookups and dense layers (the sharded collection's input and output
             distribution, interaction, loss, gradient reduction, the train pipeline).
         framework_table_s: the framework's seconds per step and rank per table of the model.
+        row_wise_group_s: seconds per step on every rank of a job with row-wise tables: the
+            collectives of their sharding group (the ids' all-to-all, the pooled embeddings'
+            reduce-scatter and its gradient), paid once however many tables it holds.
     """
 
     tbe_bytes_per_s: float
@@ -86,6 +89,7 @@ class ComputeSpec:
     dense_layer_s: float = 0.0
     framework_step_s: float = 0.0
     framework_table_s: float = 0.0
+    row_wise_group_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

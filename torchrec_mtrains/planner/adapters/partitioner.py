@@ -5,7 +5,8 @@ Options are placed largest compute-tier footprint first (bin packing), then heav
 a table-wise one on the rank whose step grows least among those with room on every tier it
 uses (its rows on its tier, its cache in the compute tier); a row-wise one shard i on rank i.
 A rank's step is the perf model's: ``max(compute + dense, busiest tier)``, its compute with
-the tiered kernel's fixed cost once if it holds any tiered table. Options that fit
+the tiered kernel's fixed cost once if it holds any tiered table, and every rank's dense
+part with the collectives of the row-wise sharding group when the proposal has one. Options that fit
 nowhere keep shards without a rank (the proposer's cue to propose them row-wise) and the
 partition raises ``PlannerError``.
 """
@@ -63,12 +64,17 @@ class TieredPartitioner(Partitioner):
     """Args: ``dense_s_per_rank``: the dense part of a rank's step (it is the same on every
     rank, but sets how much embedding work a rank takes before its step grows);
     ``compute_tier``: where caches and whole tables live (HBM or DRAM); ``kernel_s``: the
-    tiered kernel's fixed cost per step, paid once by a rank with any tiered table."""
+    tiered kernel's fixed cost per step, paid once by a rank with any tiered table;
+    ``row_wise_group_s``: a row-wise sharding group's collectives per step, paid by every rank
+    once any table is row-wise."""
 
-    def __init__(self, dense_s_per_rank: float, compute_tier: Tier, kernel_s: float = 0.0) -> None:
+    def __init__(self, dense_s_per_rank: float, compute_tier: Tier, kernel_s: float = 0.0,
+                 row_wise_group_s: float = 0.0) -> None:
+        self._dense_alone = dense_s_per_rank
         self._dense = dense_s_per_rank
         self._compute_tier = compute_tier
         self._kernel = kernel_s
+        self._row_wise_group = row_wise_group_s
         self.rank_step_s: List[float] = []  # of the last successful partition
 
     def partition(self, proposal: List[ShardingOption], storage_constraint: Topology) -> List[ShardingOption]:
@@ -77,6 +83,8 @@ class TieredPartitioner(Partitioner):
             raise PlannerError("TieredPartitioner partitions the TieredShardingOptions of TieredEnumerator",
                                PlannerErrorType.PARTITION)
         ranks = [_Rank(free=TieredStorage.of_storage(d.storage)) for d in storage_constraint.devices]
+        row_wise = any(o.sharding_type == ShardingType.ROW_WISE.value for o in options)
+        self._dense = self._dense_alone + (self._row_wise_group if row_wise and len(ranks) > 1 else 0.0)
         for option in options:
             for shard in option.shards:
                 shard.rank = None

@@ -31,7 +31,7 @@ import torch
 from torchrec_mtrains.layout import TableLayout
 from torchrec_mtrains.planner.hardware import probe_framework as pf
 from torchrec_mtrains.planner.hardware.probe_dense import dense_costs
-from torchrec_mtrains.planner.hardware.probe_framework import framework_costs
+from torchrec_mtrains.planner.hardware.probe_framework import framework_costs, row_wise_group_cost
 from torchrec_mtrains.planner.hardware.timing import nonneg_fit, step_clock
 from torchrec_mtrains.planner.model.model_spec import DenseSpec
 from torchrec_mtrains.planner.types import ComputeSpec
@@ -203,6 +203,9 @@ def probe_compute(quick: bool, work: Path, ranks_per_node: int = 1) -> Tuple[Com
     dense, dense_notes = dense_costs(steps)
     framework, framework_notes = framework_costs(5 if quick else 30, _modeled_dlrm(tbe, tbe_update, dense),
                                                   ranks_per_node, repeats=1 if quick else 3)
+    group_s, group_note = row_wise_group_cost(5 if quick else 30, ranks_per_node, repeats=1 if quick else 3)
+    framework = {**framework, "row_wise_group_s": group_s}
+    framework_notes = {**framework_notes, "row_wise_group_cost": group_note}
     spec = ComputeSpec(tbe_bytes_per_s=_r(tbe), tbe_row_update_bytes_per_s=_r(tbe_update),
                        **{k: _r(v) for k, v in {**tiered, **dense, **framework}.items()})
     return spec, {

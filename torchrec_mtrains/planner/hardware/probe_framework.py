@@ -14,6 +14,11 @@ make single jobs jittery (one job's median step of the same model moved 2x betwe
 back-to-back runs on an idle 2-core VM), so the two table counts alternate ``REPEATS``
 times and each count's median job is fitted.
 
+With more than one rank, ``row_wise_group_cost`` times the few-table job again with one of
+its tables row-wise (a sharding group of its own, whose collectives every rank joins each
+step), alternating with the table-wise job: the difference of the medians is what a
+row-wise group costs a step (``row_wise_group_s``).
+
 Each subprocess is ``WORKER`` (``python -m WORKER TABLES BATCH STEPS RANK WORLD PORT`` prints
 its median step seconds; the slowest rank's is the job's): it builds the model with the planner and the sharder, which sit above this
 package.
@@ -27,7 +32,7 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Tuple
 
-__all__ = ["framework_costs"]
+__all__ = ["framework_costs", "row_wise_group_cost"]
 
 WORKER = "torchrec_mtrains.commands.framework_step"
 TABLE_COUNTS = (2, 12)
@@ -51,11 +56,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(tables: int, batch: int, steps: int, ranks: int) -> float:
-    """The slowest rank's median step seconds of a ``ranks``-rank job."""
+def _run(tables: int, batch: int, steps: int, ranks: int, row_wise: int = 0) -> float:
+    """The slowest rank's median step seconds of a ``ranks``-rank job (its first
+    ``row_wise`` tables sharded row-wise)."""
     args = [sys.executable, "-m", WORKER, str(tables), str(batch), str(steps)]
     port = _free_port() if ranks > 1 else 0
-    procs = [subprocess.Popen(args + [str(r), str(ranks), str(port)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(args + [str(r), str(ranks), str(port), str(row_wise)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     medians = []
     try:
@@ -105,3 +111,22 @@ def framework_costs(steps: int, modeled: Callable[[int, int], float],
         "framework_table_cost": "per table of the model and step (each rank handles every feature of its batch); "
                                 "see framework_step_cost",
     }
+
+
+def row_wise_group_cost(steps: int, ranks: int, repeats: int = REPEATS) -> Tuple[float, str]:
+    """``row_wise_group_s`` and its note: the few-table job with one table row-wise less the
+    same job table-wise (medians of ``repeats`` alternating jobs each). 0 with one rank (a
+    row-wise table then has no peers to exchange with)."""
+    if ranks < 2:
+        return 0.0, "one rank per node: no row-wise collectives to pay"
+    tables = TABLE_COUNTS[0]
+    runs: Dict[int, List[float]] = {0: [], 1: []}
+    for _ in range(max(1, repeats)):
+        for row_wise in (0, 1):
+            runs[row_wise].append(_run(tables, BATCH, steps, ranks, row_wise))
+    table_wise, one_row_wise = (statistics.median(runs[k]) for k in (0, 1))
+    seen = "; ".join(f"{'1 row-wise' if k else 'all table-wise'}: {statistics.median(v) * 1e3:.2f} ms (jobs: "
+                     f"{', '.join(f'{x * 1e3:.1f}' for x in v)})" for k, v in runs.items())
+    return max(0.0, one_row_wise - table_wise), (
+        f"per step on every rank once any table is row-wise; the framework_step_cost job with {tables} tables, "
+        f"{ranks} ranks, one table row-wise vs none: {seen}")
