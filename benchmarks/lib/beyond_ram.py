@@ -19,6 +19,8 @@ measured beside it in the same run:
 ``--memory-limit`` runs the tiered job (and its resume) in a memory cgroup of that size
 (memory_cgroup.py: RSS and page cache capped, as on a node with that much RAM); the
 baseline runs without it. The report then measures against the limit, not the machine's RAM.
+``--sweep 0.5,1,2,4,8`` then trains the tiered job again at each ratio of rows written (the
+first run's) to memory limit (beyond_ram_sweep.py): the curve of speed against memory.
 
 Results: ``--out``/beyond_ram.json, summary.txt, memory_disk.png; the tiered run's own
 metrics.json beside them. Figures and their reading: docs/results/beyond-ram.md.
@@ -38,6 +40,7 @@ from typing import Dict, List, Optional
 from torchrec_mtrains.planner.hardware.probe import meminfo_bytes
 
 from benchmarks.lib.beyond_ram_report import RSS_LIMIT_SHARE, figures, summary
+from benchmarks.lib.beyond_ram_sweep import parse_ratios, plot_sweep, sweep_lines, sweep_point
 from benchmarks.lib.memory_cgroup import MemoryCgroup, MemoryCgroupUnavailable
 from benchmarks.lib.process_monitor import Sample, run_monitored
 
@@ -91,9 +94,14 @@ def train(nproc: int, out: Path, workdir: Path, extra: List[str], interval: floa
     who = f"bench_beyond_ram: {' '.join(cmd)}"
     group = _memory_cgroup(memory_limit) if memory_limit else None
     try:
-        monitor = run_monitored(cmd, out.parent / f"{out.name}.log", str(workdir), interval, timeout_s,
-                                who + (f" (in {group.path}, limit {memory_limit:,} B)" if group else ""),
-                                cwd=ROOT, **({"preexec_fn": group.enter} if group else {}))
+        try:
+            monitor = run_monitored(cmd, out.parent / f"{out.name}.log", str(workdir), interval, timeout_s,
+                                    who + (f" (in {group.path}, limit {memory_limit:,} B)" if group else ""),
+                                    cwd=ROOT, **({"preexec_fn": group.enter} if group else {}))
+        except SystemExit as e:
+            if group is None:
+                raise
+            raise SystemExit(f"{e}\nmemory cgroup then: {json.dumps(group.usage())}") from None
         usage = group.usage() if group else None
     finally:
         if group is not None:
@@ -181,6 +189,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                         "whose losses must equal the first run's)")
     p.add_argument("--memory-limit", default=None,
                    help="run the tiered job in a memory cgroup of this size (e.g. 8GiB): RAM as on a smaller node")
+    p.add_argument("--dram-budget", default=None,
+                   help="the tiered runs' DRAM budget per rank, e.g. 2GiB (default: the preset's)")
+    p.add_argument("--sweep", default=None, metavar="RATIOS",
+                   help="after the run, train the tiered job again in a memory cgroup at each ratio of rows "
+                        "written (the first run's) to memory limit, e.g. 0.5,1,2,4,8")
     p.add_argument("--report-only", action="store_true",
                    help="no runs: recompute the figures and summary from the results already in --out")
     return p.parse_args(argv)
@@ -209,18 +222,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     ram = meminfo_bytes()
     limit = _memory_limit(args.memory_limit)
-    if limit:
-        _memory_cgroup(limit).close()  # fails here, before any run, where no group can be made
+    try:
+        ratios = parse_ratios(args.sweep)
+    except ValueError as e:
+        raise SystemExit(f"bench_beyond_ram: {e}") from None
+    if limit or ratios:
+        _memory_cgroup(limit or 1 << 30).close()  # fails here, before any run, where no group can be made
         ram = min(ram, limit)  # what the tiered run may hold: the figures measure against it
     if args.report_only:
         tiered, samples, peaks, limits, baseline = _saved_run(out)
         if "memory_cgroup" in tiered:
             ram = min(ram, tiered["memory_cgroup"]["limit_bytes"])
         f = figures(tiered, samples, peaks, ram, limits, baseline)
+        saved_sweep = json.loads((out / "beyond_ram.json").read_text()).get("sweep")
+        if saved_sweep:
+            f["sweep"] = saved_sweep
         if not any(s.disk.reads for s in samples):  # saved without the device's counters: keep its rates
             f["device"] = json.loads((out / "beyond_ram.json").read_text())["device"]
         return _report(out, f, samples, ram, summary)
     scale = ["--table-scale", str(args.table_scale)] if args.table_scale != 1.0 else []
+    budget = ["--dram-budget", args.dram_budget] if args.dram_budget else []
     steps = ["--steps", str(args.steps)] if args.steps else []
     try:
         limits = fio_limits(work, args.fio_seconds) if args.fio_seconds > 0 else {}
@@ -231,7 +252,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # last one starts a chain.
         saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", str(args.checkpoint_every),
                   "--keep-chains", "2"]
-        common = [*steps, *scale, "--storage-dir", str(store), "--hardware", str(hardware)]
+        common = [*steps, *scale, *budget, "--storage-dir", str(store), "--hardware", str(hardware)]
         tiered, samples, peaks = train(args.nproc, out / "tiered", work,
                                        [*common, *(saving if args.checkpoint_every else [])],
                                        args.interval, args.timeout, limit)
@@ -244,8 +265,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 args.nproc, out / "resumed", work,
                 [*common, "--resume-from", str(ckpt / f"step_{saves[-2]:08d}")], args.interval, args.timeout, limit)
             tiered["resume_check"] = resume_check(tiered, resumed, saves[-2], resumed_peaks)
-        shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
         shutil.rmtree(ckpt, ignore_errors=True)
+        runs = _sweep(args, ratios, tiered, out, work, [*steps, *scale, *budget, "--hardware", str(hardware)])
+        shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
         baseline = None
         if args.baseline_steps > 0:
             budget = str(4 << 30)  # per rank: the hashed model fits whole
@@ -255,7 +277,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
-    return _report(out, figures(tiered, samples, peaks, ram, limits, baseline), samples, ram, summary)
+    f = figures(tiered, samples, peaks, ram, limits, baseline)
+    if runs:
+        f["sweep"] = [sweep_point(r, lim, m, err, limits, baseline) for r, lim, m, err in runs]
+    return _report(out, f, samples, ram, summary)
+
+
+def _sweep(args: argparse.Namespace, ratios: List[float], tiered: Dict, out: Path, work: Path,
+           common: List[str]) -> List[tuple]:
+    """Trains the tiered job at each ``rows written / limit`` ratio (a store of its own,
+    removed after); (ratio, limit, metrics or None, why it did not finish) per point."""
+    written = sum(tiered["tiers"]["materialised_bytes"].values())
+    if ratios and written <= 0:
+        why = "the first run wrote no rows to SSD or SCM (every table fit in DRAM): no limit to set by rows written"
+        return [(ratio, 0, None, why) for ratio in ratios]
+    runs = []
+    for ratio in ratios:
+        limit = int(written / ratio)
+        point_store = work / "sweep-store"
+        try:
+            metrics, _, _ = train(args.nproc, out / f"sweep_{ratio:g}", work,
+                                  [*common, "--storage-dir", str(point_store)], args.interval, args.timeout, limit)
+            runs.append((ratio, limit, metrics, ""))
+        except (SystemExit, ValueError) as e:  # stopped for memory, or a limit too small to set: a point all the same
+            runs.append((ratio, limit, None, str(e)[-2000:]))
+        finally:
+            shutil.rmtree(point_store, ignore_errors=True)
+    return runs
 
 
 def _memory_limit(text: Optional[str]) -> Optional[int]:
@@ -277,6 +325,9 @@ def _report(out: Path, f: Dict, samples: List[Sample], ram: int, summary) -> int
                            "rss_max_process": s.rss_max_process, "disk_bytes": s.disk_bytes,
                            "disk": [s.disk.reads, s.disk.read_bytes, s.disk.writes, s.disk.write_bytes]}
                           for s in samples]}, indent=1))
+    if f.get("sweep"):
+        text += "\n" + "\n".join(sweep_lines(f["sweep"]))
+        plot_sweep(f["sweep"], out / "sweep.png")
     (out / "summary.txt").write_text(text + "\n")
     plot(samples, ram, out / "memory_disk.png")
     print(text)

@@ -17,9 +17,11 @@ missing or not writable (cgroup v2 only, a container without the mount, no privi
 from __future__ import annotations
 
 import os
+import signal
+import time
 import uuid
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 __all__ = ["CGROUP_V1_MEMORY", "MemoryCgroup", "MemoryCgroupUnavailable"]
 
@@ -79,9 +81,29 @@ class MemoryCgroup:
                 "oom_kills": int(oom.get("oom_kill", 0)),
                 **{f"{k[len('total_'):]}_bytes": int(stat.get(k, 0)) for k in _STAT_KEYS}}
 
+    def processes(self) -> List[int]:
+        """The pids in the group."""
+        return [int(p) for p in self._read("cgroup.procs").split()]
+
+    def kill_all(self, timeout_s: float = 30.0) -> None:
+        """SIGKILLs what is left of a job in the group (a rank whose peer the kernel killed
+        for memory may outlive the launcher) and waits until the group is empty."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.processes()):
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes {left} of the memory cgroup {self.path} outlived SIGKILL "
+                                   f"for {timeout_s:.0f} s")
+            time.sleep(0.05)
+
     def close(self) -> None:
-        """Removes the group (its processes must have ended; the kernel refuses otherwise).
-        Idempotent."""
+        """Kills what is left in the group, then removes it. Idempotent."""
+        if self.path.exists():
+            self.kill_all()
         try:
             self.path.rmdir()
         except FileNotFoundError:

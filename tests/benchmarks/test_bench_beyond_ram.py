@@ -68,12 +68,14 @@ def test_scaled_down_beyond_ram_run_trains_checkpoints_and_resumes_exactly(tmp_p
 @pytest.mark.multiprocess
 def test_bench_beyond_ram_reports_side_by_side(tmp_path):
     """Where a memory cgroup can be made (as on the project's machines), the tiered run goes
-    in one of 4 GiB (--memory-limit), and the report measures against it."""
+    in one of 4 GiB (--memory-limit), the report measures against it, and a sweep trains the
+    tiered job again at two ratios of rows written to memory: one with room to spare, one
+    whose limit is below what the processes need (stopped for memory: reported, not fatal)."""
     from benchmarks.lib.memory_cgroup import MemoryCgroup, MemoryCgroupUnavailable
 
     try:
         MemoryCgroup(4 << 30).close()
-        capped = ["--memory-limit", "4GiB"]
+        capped = ["--memory-limit", "4GiB", "--dram-budget", "48MiB", "--sweep", "0.001,0.2"]
     except MemoryCgroupUnavailable:
         capped = []
     out = tmp_path / "bench"
@@ -89,6 +91,14 @@ def test_bench_beyond_ram_reports_side_by_side(tmp_path):
         assert group["limit_bytes"] == 4 << 30 and 0 < group["peak_bytes"] <= 4 << 30 and group["oom_kills"] == 0
         assert figures["ram_bytes"] == 4 << 30
         assert "memory cgroup (--memory-limit" in (out / "summary.txt").read_text()
+        roomy, tight = figures["sweep"]
+        written = sum(figures["materialised_bytes"].values())
+        assert roomy["ratio"] == 0.001 and roomy["finished"] and roomy["limit_bytes"] == int(written / 0.001)
+        assert roomy["qps_ratio"] > 0 and len(roomy["rank_tier_rows_read"]) == 2
+        assert roomy["memory_cgroup"]["peak_bytes"] <= roomy["limit_bytes"]
+        assert tight["ratio"] == 0.2 and not tight["finished"] and '"oom_kills": ' in tight["error"]
+        assert (out / "sweep.png").stat().st_size > 0
+        assert "memory sweep" in (out / "summary.txt").read_text()
     assert figures["steps"] == 8 and figures["qps_steady"] > 0 and figures["baseline"]["qps_steady"] > 0
     assert figures["qps_ratio"] == pytest.approx(figures["qps_steady"] / figures["baseline"]["qps_steady"])
     assert max(figures["baseline"]["table_rows"].values()) <= 1000
