@@ -7,8 +7,8 @@ from typing import Dict, List, Optional
 
 from benchmarks.lib.process_monitor import Sample
 
-__all__ = ["MATERIALISED_GOAL", "RSS_LIMIT_SHARE", "device_rates", "figures", "per_tier_hits", "ssd_totals",
-           "steady_step_seconds", "summary"]
+__all__ = ["MATERIALISED_GOAL", "RSS_LIMIT_SHARE", "device_rates", "device_seconds_per_step", "figures",
+           "per_tier_hits", "ssd_totals", "steady_step_seconds", "summary"]
 
 RSS_LIMIT_SHARE = 0.5  # of RAM, for the whole run
 MATERIALISED_GOAL = 1.5  # x RAM
@@ -19,6 +19,14 @@ def steady_step_seconds(metrics: Dict) -> float:
     times = metrics["step_times"]
     half = times[len(times) // 2:]
     return statistics.median(b - a for a, b in zip(half, half[1:]))
+
+
+def device_seconds_per_step(metrics: Dict, limits: Dict[str, float]) -> float:
+    """The device time of a step's SSD I/O at fio's limits: its random row reads at the
+    QD32 IOPS, its bytes written at the sequential write bandwidth."""
+    ssd, steps = ssd_totals(metrics), len(metrics["step_times"])
+    return (ssd["store_disk_rows_read"] / steps / limits["randread_iops"]
+            + ssd["store_device_bytes_written"] / steps / limits["write_bytes_per_s"])
 
 
 def ssd_totals(metrics: Dict) -> Dict[str, float]:
@@ -105,10 +113,7 @@ def figures(tiered: Dict, samples: List[Sample], peaks: Dict[str, int], ram: int
     if "resume_check" in tiered:
         out["resume_check"] = tiered["resume_check"]
     if limits:
-        reads_per_step = ssd["store_disk_rows_read"] / steps
-        written_per_step = ssd["store_device_bytes_written"] / steps
-        out["device_seconds_per_step"] = (reads_per_step / limits["randread_iops"]
-                                          + written_per_step / limits["write_bytes_per_s"])
+        out["device_seconds_per_step"] = device_seconds_per_step(tiered, limits)
     if baseline is not None:
         base_step = steady_step_seconds(baseline)
         out["baseline"] = {"qps_steady": global_batch / base_step, "step_seconds_steady": base_step,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from benchmarks.lib.beyond_ram_report import ssd_totals, steady_step_seconds
+from benchmarks.lib.beyond_ram_report import device_seconds_per_step, steady_step_seconds
 
 __all__ = ["parse_ratios", "plot_sweep", "sweep_lines", "sweep_point"]
 
@@ -57,14 +57,8 @@ def sweep_point(ratio: float, limit: int, metrics: Optional[Dict], error: str, l
     })
     if baseline is not None:
         base_step = steady_step_seconds(baseline)
-        device = 0.0
-        if limits:
-            ssd = ssd_totals(metrics)
-            steps = len(metrics["step_times"])
-            device = (ssd["store_disk_rows_read"] / steps / limits["randread_iops"]
-                      + ssd["store_device_bytes_written"] / steps / limits["write_bytes_per_s"])
         point["qps_ratio"] = base_step / step
-        point["roofline_step_seconds"] = max(base_step, device)
+        point["roofline_step_seconds"] = max(base_step, device_seconds_per_step(metrics, limits) if limits else 0.0)
     return point
 
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -36,6 +37,8 @@ class Status {
   static Status IoError(int sys_errno, std::string msg) {
     return Status(StatusCode::kIoError, sys_errno, std::move(msg));
   }
+  // IoError(err) saying "what: strerror(err)".
+  static Status FromErrno(int err, const std::string& what);
   static Status Corruption(std::string msg) {
     return Status(StatusCode::kCorruption, EBADMSG, std::move(msg));
   }
@@ -63,6 +66,10 @@ class Status {
   int errno_ = 0;
   std::string message_;
 };
+
+inline Status Status::FromErrno(int err, const std::string& what) {
+  return IoError(err, what + ": " + std::strerror(err));
+}
 
 }  // namespace mtrains
 

@@ -219,7 +219,6 @@ Status BlockStore::OpenDevices(const StoreRuntimeOptions& runtime, bool read_onl
   } catch (const std::exception& e) {
     return Status::IoError(ENOMEM, path_ + ": " + e.what());
   }
-  read_window_ = std::max<uint32_t>(runtime.read_chunk_blocks, 2 * runtime.queue_depth);
   return Status::Ok();
 }
 

@@ -6,15 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstring>
 
 namespace mtrains {
 namespace {
 
-Status Errno(const std::string& what) {
-  const int err = errno;
-  return Status::IoError(err, what + ": " + std::strerror(err));
-}
+Status Errno(const std::string& what) { return Status::FromErrno(errno, what); }
 
 struct Fd {
   int fd = -1;

@@ -5,8 +5,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
-#include <cstring>
 
 #include "common/file_lock.h"
 #include "storage/env.h"
@@ -14,10 +12,6 @@
 
 namespace mtrains {
 namespace {
-
-Status Errno(int err, const std::string& what) {
-  return Status::IoError(err, what + ": " + std::strerror(err));
-}
 
 // The descriptor an ownership lock lives on: flock locks belong to the open file
 // description, so closing it releases the lock.
@@ -34,28 +28,28 @@ class PosixEnv final : public Env {
  public:
   Status CreateFile(const std::string& path, uint64_t size) override {
     const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
-    if (fd < 0) return Errno(errno, "cannot create " + path);
+    if (fd < 0) return Status::FromErrno(errno, "cannot create " + path);
     Status st;
     if (ftruncate(fd, static_cast<off_t>(size)) != 0)
-      st = Errno(errno, "cannot size " + path + " to " + std::to_string(size) + " bytes");
+      st = Status::FromErrno(errno, "cannot size " + path + " to " + std::to_string(size) + " bytes");
     close(fd);
     if (!st.ok()) unlink(path.c_str());
     return st;
   }
 
   Status RemoveFile(const std::string& path) override {
-    if (unlink(path.c_str()) != 0 && errno != ENOENT) return Errno(errno, "cannot remove " + path);
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "cannot remove " + path);
     return Status::Ok();
   }
 
   Status RenameFile(const std::string& from, const std::string& to) override {
-    if (rename(from.c_str(), to.c_str()) != 0) return Errno(errno, "cannot rename " + from + " to " + to);
+    if (rename(from.c_str(), to.c_str()) != 0) return Status::FromErrno(errno, "cannot rename " + from + " to " + to);
     return Status::Ok();
   }
 
   Status FileSize(const std::string& path, uint64_t* size) override {
     struct stat sb;
-    if (stat(path.c_str(), &sb) != 0) return Errno(errno, "stat " + path);
+    if (stat(path.c_str(), &sb) != 0) return Status::FromErrno(errno, "stat " + path);
     *size = static_cast<uint64_t>(sb.st_size);
     return Status::Ok();
   }
@@ -63,12 +57,12 @@ class PosixEnv final : public Env {
   Status ReadFileHead(const std::string& path, uint8_t* buf, size_t len, size_t* got) override {
     *got = 0;
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Errno(errno, "cannot open " + path);
+    if (fd < 0) return Status::FromErrno(errno, "cannot open " + path);
     Status st;
     while (*got < len) {
       const ssize_t r = pread(fd, buf + *got, len - *got, static_cast<off_t>(*got));
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) st = Errno(errno, "read header of " + path);
+      if (r < 0) st = Status::FromErrno(errno, "read header of " + path);
       if (r <= 0) break;
       *got += static_cast<size_t>(r);
     }
@@ -78,13 +72,13 @@ class PosixEnv final : public Env {
 
   Status WriteFileHead(const std::string& path, const uint8_t* data, size_t len) override {
     const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return Errno(errno, "cannot open " + path);
+    if (fd < 0) return Status::FromErrno(errno, "cannot open " + path);
     Status st;
     const ssize_t w = pwrite(fd, data, len, 0);
     if (w != static_cast<ssize_t>(len))
-      st = Errno(w < 0 ? errno : ENOSPC, "cannot write the header of " + path);
+      st = Status::FromErrno(w < 0 ? errno : ENOSPC, "cannot write the header of " + path);
     else if (fsync(fd) != 0)
-      st = Errno(errno, "cannot fsync " + path);
+      st = Status::FromErrno(errno, "cannot fsync " + path);
     close(fd);
     return st;
   }
@@ -98,7 +92,7 @@ class PosixEnv final : public Env {
   Status LockFile(const std::string& path, const std::string& what,
                   std::unique_ptr<FileLock>* lock) override {
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Errno(errno, "cannot open " + path);
+    if (fd < 0) return Status::FromErrno(errno, "cannot open " + path);
     const Status st = LockOpenFile(fd, path, LockKind::kExclusive, what);
     if (!st.ok()) {
       close(fd);

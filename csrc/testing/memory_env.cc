@@ -55,6 +55,12 @@ class FileView final : public Device {
   const std::string name_;
 };
 
+// What LockFile says of a file this Env's lock already holds (as flock's EWOULDBLOCK).
+Status InUse(const std::string& path, const std::string& what) {
+  return Status::IoError(EWOULDBLOCK, what + " " + path + " is in use: it is open (locked) by this process; "
+                                          "close it there first");
+}
+
 // The aligned span [0, end) covering the first `len` bytes of a file of `size` bytes.
 uint64_t HeadSpan(size_t len, uint64_t size) {
   return std::min<uint64_t>(size, (len + kAlignment - 1) / kAlignment * kAlignment);
@@ -90,7 +96,7 @@ std::shared_ptr<Device> MemoryEnv::File(const std::string& path) const {
 
 Status MemoryEnv::Find(const std::string& path, std::shared_ptr<Device>* file) const {
   *file = File(path);
-  if (*file == nullptr) return Status::IoError(ENOENT, path + ": " + std::strerror(ENOENT));
+  if (*file == nullptr) return Status::FromErrno(ENOENT, path);
   return Status::Ok();
 }
 
@@ -99,7 +105,7 @@ Status MemoryEnv::CreateFile(const std::string& path, uint64_t size) {
     return Status::InvalidArgument("memory file " + path + ": size " + std::to_string(size) +
                                    " is not a multiple of " + std::to_string(kAlignment));
   MutexLock lock(&mu_);
-  if (files_.count(path)) return Status::IoError(EEXIST, "cannot create " + path + ": " + std::strerror(EEXIST));
+  if (files_.count(path)) return Status::FromErrno(EEXIST, "cannot create " + path);
   files_[path] = NewFile(size);
   return Status::Ok();
 }
@@ -113,7 +119,7 @@ Status MemoryEnv::RemoveFile(const std::string& path) {
 Status MemoryEnv::RenameFile(const std::string& from, const std::string& to) {
   MutexLock lock(&mu_);
   const auto it = files_.find(from);
-  if (it == files_.end()) return Status::IoError(ENOENT, "cannot rename " + from + ": " + std::strerror(ENOENT));
+  if (it == files_.end()) return Status::FromErrno(ENOENT, "cannot rename " + from);
   std::shared_ptr<Device> file = it->second;
   files_.erase(it);
   files_[to] = std::move(file);
@@ -175,9 +181,7 @@ Status MemoryEnv::LockFile(const std::string& path, const std::string& what,
   MTRAINS_RETURN_IF_ERROR(Find(path, &file));
   {
     MutexLock l(&mu_);
-    if (!locked_.insert(path).second)
-      return Status::IoError(EWOULDBLOCK, what + " " + path + " is in use: it is open (locked) by "
-                                              "this process; close it there first");
+    if (!locked_.insert(path).second) return InUse(path, what);
   }
   *lock = std::make_unique<HeldLock>(this, path);
   return Status::Ok();
@@ -185,9 +189,7 @@ Status MemoryEnv::LockFile(const std::string& path, const std::string& what,
 
 Status MemoryEnv::CheckNotLocked(const std::string& path, const std::string& what) {
   MutexLock l(&mu_);
-  if (!locked_.count(path)) return Status::Ok();
-  return Status::IoError(EWOULDBLOCK, what + " " + path + " is in use: it is open (locked) by "
-                                          "this process; close it there first");
+  return locked_.count(path) ? InUse(path, what) : Status::Ok();
 }
 
 void MemoryEnv::Unlock(const std::string& path) {

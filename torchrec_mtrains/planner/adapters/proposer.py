@@ -122,7 +122,7 @@ class TieredProposer(Proposer):
             for shard in option.shards:
                 if shard.rank is None:
                     continue
-                share = shard.size[0] / option.tensor.shape[0]
+                share = option.shard_fraction(shard)
                 compute[shard.rank] = compute.get(shard.rank, 0.0) + cost.compute_s * share
                 for tier, seconds in cost.io_s.items():
                     io[shard.rank, tier] = io.get((shard.rank, tier), 0.0) + seconds * share
