@@ -49,7 +49,7 @@ for b in "${BUILDS[@]}"; do
 done
 
 # The core sources the drivers link (everything in csrc/ except the torch bindings).
-mapfile -t CORE < <(find csrc/common csrc/storage csrc/cache csrc/testing -name '*.cc' | sort)
+mapfile -t CORE < <(find csrc/common csrc/storage csrc/cache csrc/kernel csrc/testing -name '*.cc' | sort)
 mapfile -t DRIVERS < <(find csrc/tests -name 'test_*.cc' | sort)
 ((${#DRIVERS[@]})) || die "no drivers in csrc/tests"
 

@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include "bindings/block_store_handle.h"
 #include "bindings/store_env.h"
 #include "storage/block_store.h"
 #include "storage/lazy_init.h"
@@ -382,6 +383,9 @@ class BlockStoreHandle : public torch::CustomClassHolder {
 
   std::unique_ptr<BlockStore> store_;
   const pid_t owner_pid_ = getpid();  // the process that made (and opens) this handle
+
+  friend Status mtrains::BlockStoreOfHandle(const c10::IValue&, BlockStore**,
+                                            c10::intrusive_ptr<c10::intrusive_ptr_target>*);
 };
 
 // Initial values of rows `ids` (as a never-written BlockStore row reads): [n, dim + state_dim].
@@ -412,6 +416,21 @@ at::Tensor LazyInitRows(const at::Tensor& ids, int64_t dim, int64_t state_dim, i
 std::atomic<Env*> g_store_env{nullptr};
 
 }  // namespace
+
+Status BlockStoreOfHandle(const c10::IValue& handle, BlockStore** store,
+                          c10::intrusive_ptr<c10::intrusive_ptr_target>* keep) {
+  if (!handle.isObject() || handle.toObjectRef().slots().size() != 1 ||
+      handle.type() != c10::getCustomClassType<c10::intrusive_ptr<BlockStoreHandle>>())
+    return Status::InvalidArgument("expected a torch.classes.mtrains.BlockStore, got " + handle.type()->str());
+  auto h = handle.toCustomClass<BlockStoreHandle>();
+  if (h->store_ == nullptr) return Status::InvalidArgument("BlockStore handle is not open");
+  if (getpid() != h->owner_pid_)
+    return Status::InvalidArgument("this BlockStore was opened by process " + std::to_string(h->owner_pid_) +
+                                   "; a forked child cannot use it");
+  *store = h->store_.get();
+  *keep = h;
+  return Status::Ok();
+}
 
 Env* BindingStoreEnv() {
   Env* env = g_store_env.load(std::memory_order_acquire);

@@ -1,5 +1,5 @@
 // TorchScript binding of KernelCacheIndex (torch.classes.mtrains.KernelCacheIndex): one
-// call per step plans every table's cache and packs the dirty rows it displaces; and
+// call per step plans every table's cache (the step mover moves the rows); and
 // torch.ops.mtrains.mark_row_bits, which records a step's rows in per-table bitmaps.
 #include <ATen/ATen.h>
 #include <torch/custom_class.h>
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "bindings/cache_tensors.h"
-#include "bindings/row_copy.h"
 #include "cache/kernel_cache_index.h"
+#include "kernel/tier_rows.h"
 
 namespace mtrains {
 namespace {
@@ -48,23 +48,20 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     index_ = std::make_unique<KernelCacheIndex>(n, uint32_t(ways), parsed);
   }
 
-  // Plans one step over every table and packs the rows it evicts from `weights[t]` /
-  // `states[t]` (an empty tensor: no optimizer state) into rows of `dtype`.
+  // Plans one step over every table.
   // -> (slot per index, tables with rows to move, and for each of those: load_rows,
-  //     load_slots, evict_rows, evicted rows; seconds planning all tables; seconds packing
-  //     each moved table's rows)
+  //     load_slots, evict_rows, evict_slots; seconds planning all tables, and the calling
+  //     thread's CPU ns for it)
   std::tuple<at::Tensor, std::vector<int64_t>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-             std::vector<at::Tensor>, std::vector<at::Tensor>, double, std::vector<double>>
+             std::vector<at::Tensor>, std::vector<at::Tensor>, double, int64_t>
   plan_step(const at::Tensor& indices, const std::vector<int64_t>& bounds, int64_t step,
-            int64_t oldest_live_step, bool train, const std::vector<at::Tensor>& weights,
-            const std::vector<at::Tensor>& states, at::ScalarType dtype) {
+            int64_t oldest_live_step, bool train) {
     CheckIndexVector(indices, "indices");
     const size_t tables = index_->num_tables();
-    TORCH_CHECK_VALUE(weights.size() == tables && states.size() == tables, "weights and states need one "
-                      "tensor per table (", tables, "), got ", weights.size(), " and ", states.size());
     TORCH_CHECK_VALUE(bounds.size() == tables + 1 && bounds.back() == indices.numel(),
                       "bounds must have tables + 1 entries ending at len(indices)");
     const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t cpu0 = ThreadCpuNs();
     at::Tensor remapped = at::empty({indices.numel()}, at::kLong);
     try {
       index_->PlanStep(indices.data_ptr<int64_t>(), bounds, step, oldest_live_step, train,
@@ -72,23 +69,17 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
-    const double plan_seconds = SecondsSince(t0);
     std::vector<int64_t> moved;
-    std::vector<double> pack_seconds;
-    std::vector<at::Tensor> load_rows, load_slots, evict_rows, evicted;
+    std::vector<at::Tensor> load_rows, load_slots, evict_rows, evict_slots;
     for (const TableMoves& m : moves_) {
-      const auto t1 = std::chrono::steady_clock::now();
       moved.push_back(m.table);
       load_rows.push_back(ToTensor(m.load_rows));
       load_slots.push_back(ToTensor(m.load_slots));
       evict_rows.push_back(ToTensor(m.evict_rows));
-      const at::Tensor& state = states[size_t(m.table)];
-      c10::optional<at::Tensor> state_2d;
-      if (state.numel()) state_2d = state.view({state.size(0), -1});
-      evicted.push_back(PackRows(weights[size_t(m.table)], state_2d, ToTensor(m.evict_slots), dtype));
-      pack_seconds.push_back(SecondsSince(t1));
+      evict_slots.push_back(ToTensor(m.evict_slots));
     }
-    return {remapped, moved, load_rows, load_slots, evict_rows, evicted, plan_seconds, pack_seconds};
+    return {remapped, moved, load_rows, load_slots, evict_rows, evict_slots, SecondsSince(t0),
+            int64_t(ThreadCpuNs() - cpu0)};
   }
 
   void mark_dirty(int64_t table, const at::Tensor& slots) {
@@ -171,8 +162,8 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
       .def(torch::init<std::vector<int64_t>, int64_t, std::string>(),
            "(slots per table, ways, policy 'lru'|'lfu'|'tinylfu'): the row-cache indexes of a kernel's tables.")
       .def("plan_step", &KernelCacheIndexHandle::plan_step,
-           "(indices, bounds, step, oldest_live_step, train, weights, states, dtype) -> (slot per "
-           "index, moved tables, load_rows, load_slots, evict_rows, evicted rows, plan seconds, pack seconds of each moved table).")
+           "(indices, bounds, step, oldest_live_step, train) -> (slot per index, moved tables, "
+           "load_rows, load_slots, evict_rows, evict_slots, plan seconds, plan CPU ns).")
       .def("mark_dirty", &KernelCacheIndexHandle::mark_dirty, "(table, slots): marks slots dirty.")
       .def("take_dirty", &KernelCacheIndexHandle::take_dirty,
            "(table, live_step) -> (rows, slots) of dirty slots; those not locked by a step >= "

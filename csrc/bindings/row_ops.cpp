@@ -9,9 +9,9 @@
 
 #include <cstring>
 #include <tuple>
+#include <algorithm>
 #include <type_traits>
 
-#include "bindings/row_copy.h"
 #include "common/crc32c.h"
 #include "storage/lazy_init.h"
 
@@ -39,6 +39,7 @@ size_t RowBytes(const at::Tensor& t) { return size_t(t.size(1)) * t.element_size
 // asking for the lines of the row kAheadRows positions ahead overlaps those misses (a
 // 26K-row batch of 516-byte rows: 12.9 ms -> 6.5 ms for a checksum pass on this VM).
 constexpr int64_t kAheadRows = 8;
+constexpr int64_t kVerifyChunk = 64;  // rows copied before their checks (GatherRows)
 
 inline void PrefetchRow(const uint8_t* row, size_t bytes, bool for_write) {
   for (size_t b = 0; b < bytes; b += 64) {
@@ -160,21 +161,30 @@ std::tuple<at::Tensor, int64_t, int64_t> GatherRows(const at::Tensor& data, cons
   const auto* word = static_cast<const Tail*>(tail.data_ptr());
   const int64_t* s = ids.data_ptr<int64_t>();
   int64_t lazy = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAheadRows < n) {  // each row costs misses on its bytes and one on its word
-      __builtin_prefetch(word + s[i + kAheadRows]);
-      PrefetchRow(d + s[i + kAheadRows] * rb, rb, false);
+  // Rows are copied a chunk at a time and each chunk's copies checked after it: checking a
+  // row right after its copy stalls on the copy's stores (3.5 ms -> 0.9 ms for 13K rows of
+  // 516 bytes on this VM). The copy is what is checked: the row handed back is the one
+  // that was verified.
+  Tail want[kVerifyChunk];
+  for (int64_t lo_row = 0; lo_row < n; lo_row += kVerifyChunk) {
+    const int64_t hi_row = std::min(n, lo_row + kVerifyChunk);
+    for (int64_t i = lo_row; i < hi_row; ++i) {
+      if (i + kAheadRows < n) {  // each row costs misses on its bytes and one on its word
+        __builtin_prefetch(word + s[i + kAheadRows]);
+        PrefetchRow(d + s[i + kAheadRows] * rb, rb, false);
+      }
+      want[i - lo_row] = word[s[i]];
+      if (want[i - lo_row] == 0) {
+        LazyInitRow(uint64_t(seed), uint64_t(s[i]), lo, hi, uint32_t(dim), uint32_t(state_dim), dtype,
+                    o + i * rb);
+        ++lazy;
+        continue;
+      }
+      std::memcpy(o + i * rb, d + s[i] * rb, rb);
     }
-    const Tail want = word[s[i]];
-    if (want == 0) {
-      LazyInitRow(uint64_t(seed), uint64_t(s[i]), lo, hi, uint32_t(dim), uint32_t(state_dim), dtype, o + i * rb);
-      ++lazy;
-      continue;
-    }
-    std::memcpy(o + i * rb, d + s[i] * rb, rb);
-    // The copy is what is checked: the row handed back is the one that was verified.
     if constexpr (std::is_same_v<Tail, uint32_t>) {
-      if (RowSum(o + i * rb, rb) != want) return {out, lazy, i};
+      for (int64_t i = lo_row; i < hi_row; ++i)
+        if (want[i - lo_row] && RowSum(o + i * rb, rb) != want[i - lo_row]) return {out, lazy, i};
     }
   }
   return {out, lazy, -1};

@@ -8,6 +8,7 @@ import threading
 from typing import List
 
 import pytest
+import torch
 
 from torchrec_mtrains.kernels.prefetch import PrefetchCancelled, PrefetchPipeline
 
@@ -69,7 +70,9 @@ def test_exit_hook_run_on_a_stage_thread_releases_from_its_own(tmp_path) -> None
     pipeline = PrefetchPipeline(background=True)
     store = BlockStore(tmp_path / "t.blk", 16, 4)
     owner = Owner()  # alive: the hook runs only when called below
-    resources = KernelResources(owner, pipeline, [store], ["t"])
+    mover = torch.classes.mtrains.StepMover(1)
+    store.attach_to(mover, 0)
+    resources = KernelResources(owner, pipeline, [store], ["t"], mover)
     stage_threads = list(pipeline._threads)
 
     def plan_that_collects() -> bool:

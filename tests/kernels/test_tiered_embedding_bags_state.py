@@ -183,6 +183,21 @@ def test_cache_stats(tmp_path: Path, tier: Tier, cache_rows: int) -> None:
         assert st["cache_capacity_rows"] >= cache_rows
         assert st["tier_seconds"] >= 0 and st["prefetch_wait_seconds"] >= 0
         assert st["overflow_assignments"] <= st["misses"]
+        # Each stage's CPU per moved row; a miss costs all of them (its eviction's share of
+        # the write-backs included).
+        assert st["plan_cpu_ns_per_row"] > 0 and st["read_cpu_ns_per_row"] > 0
+        assert st["write_back_cpu_ns_per_row"] > 0 or st["rows_written_back"] == 0
+        assert st["verify_cpu_ns_per_row"] >= 0
+        if tier is Tier.DRAM:
+            assert st["verify_cpu_ns_per_row"] == 0  # no checksums in DRAM
+        if tier is Tier.SSD:
+            assert st["copy_cpu_ns_per_row"] > 0  # read into a buffer, then into the slots
+        else:
+            assert st["copy_cpu_ns_per_row"] == 0  # one copy, from the tier into the slot
+        assert st["cpu_ns_per_miss"] == pytest.approx(
+            st["plan_cpu_ns_per_row"] + st["read_cpu_ns_per_row"] + st["verify_cpu_ns_per_row"]
+            + st["copy_cpu_ns_per_row"]
+            + st["write_back_cpu_ns_per_row"] * max(1, st["rows_written_back"]) / st["rows_loaded"])
         store = store_stats(ker)[t]
         assert store["rows_read"] == st["rows_loaded"]
         assert store["rows_written"] == st["rows_written_back"]

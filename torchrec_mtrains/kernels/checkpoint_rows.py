@@ -80,6 +80,7 @@ class CheckpointRows:
                                "adopt a store file only between steps")
         old = cache.stores[table]
         path = old.path
+        cache.mover.detach(table)
         old.close()
         try:
             os.unlink(path)
@@ -89,7 +90,7 @@ class CheckpointRows:
         except (OSError, ValueError) as e:
             cache.broken = f"table {cache.names[table]}: its store file could not be replaced by {source}: {e}"
             raise
-        cache.stores[table] = store
+        cache.replace_store(table, store)
         cache.index.reset(table)
         cache.slots.drop_deferred(table)
         cache.dirty[table].clear()

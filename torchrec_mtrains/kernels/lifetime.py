@@ -25,6 +25,8 @@ import warnings
 import weakref
 from typing import List, Optional, Sequence
 
+import torch
+
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.storage import RowStore
 from torchrec_mtrains.testing.faults import fault_point
@@ -37,8 +39,9 @@ class KernelResources:
     kernel alive (it refers to these, never to the kernel)."""
 
     def __init__(self, owner: object, pipeline: PrefetchPipeline, stores: List[RowStore],
-                 names: Sequence[str]) -> None:
+                 names: Sequence[str], mover: torch.ScriptObject) -> None:
         self.pipeline = pipeline
+        self._mover = mover  # let go of the stores before they close
         # The owner's own list, not a copy: a store it swaps in later (a checkpoint's adopted
         # file) is the one closed.
         self.stores = stores
@@ -51,6 +54,7 @@ class KernelResources:
         tried; the first error is raised after). The exit hook stays armed until every store
         closed, so a failed close is retried there."""
         self.pipeline.shutdown()
+        self._detach_stores()
         first_error: Optional[Exception] = None
         for store in self.stores:
             try:
@@ -77,9 +81,16 @@ class KernelResources:
         if self.pipeline.in_flight():
             fault_point("release.in_flight")
         self.pipeline.shutdown(cancel=True)
+        self._detach_stores()
         for store, name in zip(self.stores, self._names):
             try:
                 store.close()
             except OSError as e:
                 warnings.warn(f"table {name}: its store did not close at exit ({e}); rows accepted "
                               "since its last flush may be lost", RuntimeWarning, stacklevel=1)
+
+    def _detach_stores(self) -> None:
+        """The step mover lets go of every store (an SCM mapping must be gone before its
+        store closes and unlocks the file); nothing moves once the pipeline is shut down."""
+        for t in range(len(self.stores)):
+            self._mover.detach(t)

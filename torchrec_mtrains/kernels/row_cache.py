@@ -27,7 +27,7 @@ class RunState:
     """The scalars every step updates."""
 
     __slots__ = ("next_step", "last_forward_step", "unflushed", "wait_seconds", "plan_seconds",
-                 "steps_prefetched")
+                 "plan_cpu_ns", "steps_prefetched")
 
     def __init__(self) -> None:
         self.next_step = 0
@@ -37,6 +37,7 @@ class RunState:
         self.unflushed = True
         self.wait_seconds = 0.0  # forward's wait for prefetches
         self.plan_seconds = 0.0  # the cache index's work, every table at once
+        self.plan_cpu_ns = 0  # its CPU time (the planning thread's)
         self.steps_prefetched = 0  # forwards whose rows a prefetch() loaded
 
 
@@ -50,12 +51,13 @@ class TableCounters:
 class RowCache:
     """Per table (by index): ``names``, ``tiers``, ``specs`` (``(num_rows, dim)``),
     ``codecs``, backing ``stores``, ``counters`` and ``dirty`` rows; over all tables: the
-    cache ``index`` (one C++ object plans every table's step), the ``slots`` (the TBE) and
+    cache ``index`` (one C++ object plans every table's step), the ``slots`` (the TBE), the
+    step ``mover`` (one C++ object moves every table's rows between slots and stores) and
     the ``run`` state. ``broken`` says why once the cache may no longer match the tiers;
     ``closed`` is set by the kernel's ``close()``.
 
     ``stores`` is the list the kernel's exit hook closes: a store swapped in (a checkpoint's
-    adopted file) replaces its entry in place. ``dirty`` holds the rows trained (or set)
+    adopted file) replaces its entry in place (``replace_store``). ``dirty`` holds the rows trained (or set)
     since the last ``clear_dirty()``, what a differential checkpoint saves: marked as a
     training forward looks them up, so rows a prefetch loaded for a step not yet computed
     are not among them.
@@ -63,15 +65,21 @@ class RowCache:
 
     def __init__(self, names: Sequence[str], tiers: Sequence[Tier], specs: Sequence[Tuple[int, int]],
                  codecs: Sequence[RowCodec], stores: List[RowStore], index: torch.ScriptObject,
-                 slots: CacheSlots) -> None:
+                 slots: CacheSlots, mover: torch.ScriptObject) -> None:
         self.names, self.tiers, self.specs = names, tiers, specs
         self.codecs, self.stores, self.index, self.slots = codecs, stores, index, slots
+        self.mover = mover
         self.run = RunState()
         self.counters = [TableCounters() for _ in specs]
         self.dirty = [DirtyRows(rows) for rows, _ in specs]
         self.dirty_bits = [d.bits for d in self.dirty]  # the per-step marking call's argument
         self.broken: Optional[str] = None
         self.closed = False
+
+    def replace_store(self, t: int, store: RowStore) -> None:
+        """Table t's rows now live in ``store`` (the old one is closed by the caller)."""
+        self.stores[t] = store
+        store.attach_to(self.mover, t)
 
     def check_usable(self) -> None:
         """Raises ValueError once closed, RuntimeError once broken."""
@@ -108,9 +116,14 @@ class RowCache:
         out: Dict[str, Dict[str, float]] = {}
         capacities = self.index.capacities()
         run = self.run
+        moved = [dict(self.mover.counters(t)) for t in range(len(self.names))]
+        # The plan covers every table at once: its CPU per row loaded by any of them.
+        plan_ns_per_row = run.plan_cpu_ns / max(1, sum(m["rows_loaded"] for m in moved))
         for t, name in enumerate(self.names):
             c = dict(self.index.counters(t))
             k = self.counters[t]
+            m = moved[t]
+            loads, write_backs = max(1, m["rows_loaded"]), max(1, m["rows_written_back"])
             unique = max(1, c["unique_rows"])
             row_bytes = self.codecs[t].layout.row_bytes
             out[name] = {
@@ -125,5 +138,16 @@ class RowCache:
                 "cache_capacity_rows": float(capacities[t]),
                 "prefetch_wait_seconds": run.wait_seconds,
                 "steps_prefetched": float(run.steps_prefetched),
+                # CPU ns per moved row of each stage of the step's row path (thread CPU time
+                # of the thread that ran it; loads and write-backs counted apart).
+                "plan_cpu_ns_per_row": plan_ns_per_row,
+                "write_back_cpu_ns_per_row": m["write_back_ns"] / write_backs,
+                "read_cpu_ns_per_row": m["read_ns"] / loads,
+                "verify_cpu_ns_per_row": m["verify_ns"] / loads,
+                "copy_cpu_ns_per_row": m["copy_ns"] / loads,
+                # All of it per row loaded (a miss: planned, its eviction written back, read,
+                # verified, copied into its slot).
+                "cpu_ns_per_miss": plan_ns_per_row + (m["write_back_ns"] + m["read_ns"] + m["verify_ns"]
+                                                      + m["copy_ns"]) / loads,
             }
         return out

@@ -25,7 +25,7 @@ from torchrec_mtrains.kernels.row_codec import RowCodec
 
 __all__ = ["CacheSlots", "Deferred"]
 
-_NO_STATE = torch.empty(0)  # a table without optimizer state, in plan calls
+_NO_STATE = torch.empty(0)  # a table without optimizer state, in move calls
 
 
 @dataclasses.dataclass
@@ -44,7 +44,7 @@ class CacheSlots:
     ``weights[t]`` and ``states[t]`` (None without optimizer state) alias the TBE's tensors
     with version counters of their own: the prefetch thread fills slots of the next step
     while autograd holds the weights of the current one, and those writes (to other rows)
-    must not invalidate its saved tensors. ``plan_states`` is the cache index's view of the
+    must not invalidate its saved tensors. ``move_states`` is the step mover's view of the
     same state (an empty tensor where there is none); ``rows[t]`` is table t's TBE rows.
 
     Args:
@@ -80,7 +80,7 @@ class CacheSlots:
         self.weights = [_alias(w) for w in tbe.split_embedding_weights()]
         states = tbe.split_optimizer_states() if self._codecs[0].layout.state_values else []
         self.states: List[Optional[torch.Tensor]] = [_alias(s[0]) for s in states] if states else [None] * len(rows)
-        self.plan_states = [_NO_STATE if s is None else s for s in self.states]
+        self.move_states = [_NO_STATE if s is None else s for s in self.states]
         self.tbe, self.rows = tbe, rows
 
     def set_learning_rate(self, learning_rate: float) -> None:
@@ -118,15 +118,10 @@ class CacheSlots:
         """Writes store ``rows`` into table t's ``slots`` (all in the TBE)."""
         self._codecs[t].scatter(self.weights[t], self.states[t], slots, rows)
 
-    def load(self, t: int, slots: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Puts rows ``ids`` read from the tier into table t's ``slots``; those of slots past
-        the TBE wait in ``deferred`` until it grows."""
-        ready = self.in_tbe(t, slots)
-        if bool(ready.all()):
-            self.scatter(t, slots, rows)
-        else:
-            self.scatter(t, slots[ready], rows[ready])
-            self.deferred.append(Deferred(t, slots[~ready], ids[~ready], rows[~ready]))
+    def defer(self, t: int, slots: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keeps rows ``ids`` read from the tier for table t's overflow ``slots`` past the
+        TBE until it grows (``grow``)."""
+        self.deferred.append(Deferred(t, slots, ids, rows))
 
     def drop_deferred(self, t: int) -> None:
         """Forgets table t's deferred rows (its cache was reset)."""

@@ -1,11 +1,12 @@
 """StepPath: a batch's rows into the cache slots before its step computes.
 
-A step is planned (the cache index remaps its ids to slots and packs the rows it evicts),
-its rows are moved (evictions written back to the tier, misses read from it), and the rows
-read are put in their slots by the thread that computes the step, just before it does.
-Plans and moves run on the ``PrefetchPipeline``, so with ``prefetch()`` they overlap the
-step before; slots in use by a live step (the one still in its backward, and every step
-planned after it) are locked and never displaced.
+A step is planned (the cache index remaps its ids to slots), then its rows are moved by
+the kernel's C++ step mover in one call for every table (kernel/step_mover.h): evicted dirty
+rows from their slots back to the tier, missing rows from the tier into their slots. Plans
+and moves run on the ``PrefetchPipeline``, so with ``prefetch()`` they overlap the step
+before; slots in use by a live step (the one still in its backward, and every step planned
+after it) are locked and never displaced, so a move only touches slots no live step uses.
+Rows for overflow slots past the TBE wait in ``CacheSlots.deferred`` until it grows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torchrec_mtrains.kernels.batch import Batch, split_batch
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline, Ticket
 from torchrec_mtrains.kernels.row_cache import RowCache
+from torchrec_mtrains.storage.status import raise_for_status
 from torchrec_mtrains.testing.faults import fault_point
 
 __all__ = ["Move", "Step", "StepPath"]
@@ -39,16 +41,16 @@ class Step:
 
 @dataclasses.dataclass
 class Move:
-    """Rows one table's plan moves: loads into slots, evictions packed out of them."""
+    """Rows one table's plan moves: loads into slots, evictions out of them."""
 
     table: int
     load_rows: torch.Tensor
     load_slots: torch.Tensor
     evict_rows: torch.Tensor
-    evicted: Optional[torch.Tensor]  # packed rows of evict_rows, [n, row_width]
-    pack_seconds: float
-    buffer: Optional[torch.Tensor] = None  # the read buffer taken for this move
-    rows: Optional[torch.Tensor] = None  # rows read for load_rows (the buffer's first rows)
+    evict_slots: torch.Tensor
+    overflow_at: Optional[torch.Tensor] = None  # positions in load_rows of loads past the TBE
+    overflow_rows: Optional[torch.Tensor] = None  # their rows, until the TBE grows
+    lazy_rows: int = 0  # rows loaded that were never written (their initial value made)
     move_seconds: float = 0.0
 
 
@@ -68,7 +70,6 @@ class StepPath:
         self.cache, self.pipeline = cache, pipeline
         self._feature_table_map = feature_table_map
         self.pending: Deque[Step] = collections.deque()  # prefetched, not yet computed
-        self._free_bufs: List[List[torch.Tensor]] = [[] for _ in cache.specs]  # read buffers
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool) -> None:
         """Queues the plan and moves of the batch after those pending."""
@@ -151,72 +152,63 @@ class StepPath:
                 raise
 
     def _plan(self, job: Step, oldest_live: int, train: bool) -> bool:
-        """Stage 1 (plan worker): remaps the batch to slots and packs the evicted rows.
+        """Stage 1 (plan worker): remaps the batch to slots and picks the rows to move.
 
         Runs while the row moves of earlier steps are still in flight: the slots it
-        displaces are not locked by any live step, so none of them is being filled or
-        computed on, and their rows are copied out here, before any later load reuses them.
-        One C++ call plans every table; only tables with rows to move get a ``Move``.
-        Returns whether any has (else the move stage has nothing to do).
+        displaces are locked by no live step, so nothing fills, computes on or displaces
+        them again before this step's move writes their rows back. One C++ call plans every
+        table; only tables with rows to move get a ``Move``. Returns whether any has (else
+        the move stage has nothing to do).
         """
         fault_point("prefetch.before")
         cache, batch = self.cache, job.batch
-        remapped, tables, load_rows, load_slots, evict_rows, evicted, plan_s, pack_s = cache.index.plan_step(
-            batch.indices, batch.bounds, job.step, oldest_live, train, cache.slots.weights, cache.slots.plan_states,
-            cache.codecs[0].dtype)
+        remapped, tables, load_rows, load_slots, evict_rows, evict_slots, plan_s, plan_cpu_ns = \
+            cache.index.plan_step(batch.indices, batch.bounds, job.step, oldest_live, train)
         cache.run.plan_seconds += plan_s
-        job.moves = [Move(*move) for move in zip(tables, load_rows, load_slots, evict_rows, evicted, pack_s)]
+        cache.run.plan_cpu_ns += plan_cpu_ns
+        job.moves = [Move(*move) for move in zip(tables, load_rows, load_slots, evict_rows, evict_slots)]
         job.remapped = remapped
         fault_point("prefetch.after")
         return bool(job.moves)
 
     def _move(self, job: Step) -> None:
-        """Stage 2 (I/O worker, in step order): writes the evicted rows back and reads the
-        missing ones, in one store call per table whose device writes overlap its reads.
+        """Stage 2 (I/O worker, in step order): one C++ call writes every moved table's
+        evicted rows back and reads its missing rows into their slots, without the GIL.
         Steps move in order, so a row evicted by one step and loaded again by a later one
-        is read after its write-back was accepted. The rows read wait in ``job.moves``
-        for ``_unpack`` (by the consumer), so the worker goes on to the next step's I/O."""
-        cache = self.cache
-        for m in job.moves:
-            t = m.table
-            t0 = time.perf_counter()
-            n_load = m.load_rows.numel()
-            if n_load or m.evict_rows.numel():
-                m.buffer = self._take_buffer(t, n_load)
-                with cache.naming(t):
-                    if m.evict_rows.numel():
-                        cache.run.unflushed = True
-                    m.rows = cache.stores[t].exchange(m.evict_rows, m.evicted, m.load_rows, m.buffer[:n_load])
-                m.evicted = None
-            m.move_seconds = time.perf_counter() - t0
+        is read after its write-back was accepted."""
+        cache, moves = self.cache, job.moves
+        if not moves:
+            return
+        slots = cache.slots
+        t0 = time.perf_counter()
+        if any(m.evict_rows.numel() for m in moves):
+            cache.run.unflushed = True
+        failed, status, overflow_at, overflow_rows, lazy = cache.mover.move(
+            [m.table for m in moves], [slots.weights[m.table] for m in moves],
+            [slots.move_states[m.table] for m in moves], [m.evict_rows for m in moves],
+            [m.evict_slots for m in moves], [m.load_rows for m in moves], [m.load_slots for m in moves])
+        seconds = (time.perf_counter() - t0) / len(moves)
+        for m, at, rows, n_lazy in zip(moves, overflow_at, overflow_rows, lazy):
+            m.overflow_at, m.overflow_rows, m.lazy_rows, m.move_seconds = at, rows, n_lazy, seconds
+        if failed >= 0:
+            with cache.naming(moves[failed].table):
+                raise_for_status(status)
 
     def _unpack(self, job: Step) -> None:
-        """Copies a moved step's rows into their slots (the consumer thread, before the
-        step computes or anything reads the slots). Idempotent."""
+        """Counts a moved step's rows and leaves the rows of its loads past the TBE for it to
+        take in once it grows (the consumer thread, before the step computes). Idempotent."""
         cache = self.cache
         for m in job.moves:
             t = m.table
             counters = cache.counters[t]
-            t0 = time.perf_counter()
-            n_load = m.load_rows.numel()
-            counters.rows_written_back += m.evict_rows.numel()
+            n_load, n_evict = m.load_rows.numel(), m.evict_rows.numel()
+            counters.rows_written_back += n_evict
             counters.rows_loaded += n_load
-            if n_load:  # overflow slots past the TBE are filled once it grows, between steps
-                cache.slots.load(t, m.load_slots, m.load_rows, m.rows)
-            if m.buffer is not None:
-                self._free_bufs[t].append(m.buffer)
-            counters.tier_seconds += m.pack_seconds + m.move_seconds + time.perf_counter() - t0
+            counters.tier_seconds += m.move_seconds
+            cache.stores[t].count_moved(n_load, n_evict, m.lazy_rows)
+            if m.overflow_at is not None and m.overflow_at.numel():
+                cache.slots.defer(t, m.load_slots[m.overflow_at], m.load_rows[m.overflow_at], m.overflow_rows)
         job.moves = []
-
-    def _take_buffer(self, t: int, n: int) -> torch.Tensor:
-        """A read buffer of table t with room for ``n`` rows: a free one (returned by
-        ``_unpack``) if large enough, else a new one with half again as many rows."""
-        free = self._free_bufs[t]
-        buf = free.pop() if free else None  # list.pop is atomic: the consumer appends
-        if buf is None or buf.shape[0] < n:
-            codec = self.cache.codecs[t]
-            buf = torch.empty((n + n // 2, codec.layout.row_width), dtype=codec.dtype)
-        return buf
 
 
 def _same(a: torch.Tensor, b: object) -> bool:

@@ -147,12 +147,16 @@ class TieredEmbeddingBags(torch.nn.Module):
                            [n + max(config.cache_ways, n // 8) for n in self.cache_rows])
         # A submodule, for train()/eval() and state_dict(); replaced when the cache outgrows it.
         self._tbe = slots.tbe
+        # Moves a step's rows between the slots and every table's store, one C++ call a step.
+        mover = torch.classes.mtrains.StepMover(len(specs))
+        for t, store in enumerate(stores):
+            store.attach_to(mover, t)
         pipeline = PrefetchPipeline(background=config.prefetch_pipeline)
         # Stops the prefetch threads and closes the stores at close(), collection or exit.
-        self._resources = KernelResources(self, pipeline, stores, self.table_names)
+        self._resources = KernelResources(self, pipeline, stores, self.table_names, mover)
         # The parts below refer to one another, never to this module: the exit hook above
         # must let it be collected.
-        self._cache = RowCache(self.table_names, self.tiers, specs, codecs, stores, index, slots)
+        self._cache = RowCache(self.table_names, self.tiers, specs, codecs, stores, index, slots, mover)
         self._steps = StepPath(self._cache, pipeline, self.feature_table_map)
         self._rows = TableRows(self._cache, self._steps.drain)
         self._checkpoint = CheckpointRows(self._cache, self._rows, self._steps, config.ssd_dram_cache_mb)

@@ -26,7 +26,8 @@ from torchrec_mtrains.storage._validation import (
     check_row_range,
     check_rows,
 )
-from torchrec_mtrains.storage.types import CorruptionError, RowStore
+from torchrec_mtrains.storage.status import raise_for_status
+from torchrec_mtrains.storage.types import RowStore
 
 __all__ = ["BlockStore", "StoreRuntimeConfig", "TableConfig"]
 
@@ -34,10 +35,6 @@ _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "
 _DTYPE_BY_NAME = {v: k for k, v in _DTYPES.items()}
 _ENGINES = ("auto", "uring", "threads")
 _MAX_TAG = 2**63 - 1  # tags cross the TorchScript boundary as int64
-
-# Status codes of csrc/common/status.h.
-_OK, _INVALID, _OUT_OF_RANGE, _IO, _CORRUPTION, _CLOSED, _FORMAT = range(7)
-
 
 @dataclasses.dataclass(frozen=True)
 class StoreRuntimeConfig:
@@ -213,7 +210,7 @@ class BlockStore(RowStore):
         runtime = _runtime_of(runtime, dram_cache_mb, direct_io, io_engine, queue_depth, io_threads)
         path = check_path(path)
         self._handle = _new_handle()
-        _raise_for(self._handle.create(path, {**table.settings(), **runtime.settings()}, overwrite))
+        raise_for_status(self._handle.create(path, {**table.settings(), **runtime.settings()}, overwrite))
         self._after_open()
 
     @classmethod
@@ -284,7 +281,7 @@ class BlockStore(RowStore):
         """A store whose new handle ``open_with`` opened (its status raised if not ok)."""
         store = cls.__new__(cls)
         store._handle = _new_handle()
-        _raise_for(open_with(store._handle))
+        raise_for_status(open_with(store._handle))
         store._after_open()
         return store
 
@@ -352,7 +349,7 @@ class BlockStore(RowStore):
             self._check_rows(out, ids.numel(), "out")
             if not out.is_contiguous():
                 raise ValueError("out must be contiguous")
-        _raise_for(self._live().read_into(ids, out))
+        raise_for_status(self._live().read_into(ids, out))
         return out
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
@@ -362,7 +359,7 @@ class BlockStore(RowStore):
         """
         ids = self._as_ids(ids)
         self._check_rows(rows, ids.numel(), "rows")
-        _raise_for(self._live().write(ids, rows.contiguous()))
+        raise_for_status(self._live().write(ids, rows.contiguous()))
 
     def exchange(
         self,
@@ -386,8 +383,11 @@ class BlockStore(RowStore):
             self._check_rows(out, read_ids.numel(), "out")
             if not out.is_contiguous():
                 raise ValueError("out must be contiguous")
-        _raise_for(self._live().exchange(write_ids, write_rows.contiguous(), read_ids, out))
+        raise_for_status(self._live().exchange(write_ids, write_rows.contiguous(), read_ids, out))
         return out
+
+    def attach_to(self, mover: torch.ScriptObject, table: int) -> None:
+        raise_for_status(mover.attach_block_store(table, self._live()))
 
     def written_ids(self, start: int, stop: int) -> torch.Tensor:
         """The ids in ``[start, stop)`` of rows that may differ from their initial value,
@@ -397,7 +397,7 @@ class BlockStore(RowStore):
         handle = self._live()
         check_row_range(self.path, start, stop, self.num_rows)
         status, ids = handle.written_rows(start, stop - start)
-        _raise_for(status)
+        raise_for_status(status)
         return ids
 
     # Pins: checkpoints that hard-link the table file ---------------------------------
@@ -406,7 +406,7 @@ class BlockStore(RowStore):
         never reused (garbage-collected or overwritten) until ``unpin_snapshot(tag)``.
         Pinning a tag again replaces its segments. Pins live in memory only."""
         check_int("tag", tag, 0, _MAX_TAG)
-        _raise_for(self._live().pin_snapshot(tag))
+        raise_for_status(self._live().pin_snapshot(tag))
 
     def snapshot_entries(self, tag: int, start: int, stop: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """The location-map entries of rows in ``[start, stop)`` as of ``pin_snapshot(tag)``:
@@ -418,7 +418,7 @@ class BlockStore(RowStore):
         check_int("tag", tag, 0, _MAX_TAG)
         check_row_range(self.path, start, stop, self.num_rows)
         status, ids, locations = handle.snapshot_entries(tag, start, stop - start)
-        _raise_for(status)
+        raise_for_status(status)
         return ids, locations
 
     def pin_locations(self, tag: int, locations: torch.Tensor) -> None:
@@ -427,7 +427,7 @@ class BlockStore(RowStore):
         since the store was opened: a segment freed before may already be reused."""
         check_int("tag", tag, 0, _MAX_TAG)
         locations = _as_locations(self.path, locations, None)
-        _raise_for(self._live().pin_locations(tag, locations))
+        raise_for_status(self._live().pin_locations(tag, locations))
 
     def unpin_snapshot(self, tag: int) -> None:
         """Drops ``tag``'s pins (an unknown tag: nothing); the space only it kept is
@@ -447,12 +447,12 @@ class BlockStore(RowStore):
         ids = self._as_ids(ids)
         locations = _as_locations(self.path, locations, ids.numel())
         out = torch.empty((ids.numel(), self.row_width), dtype=self.dtype)
-        _raise_for(self._live().read_locations_into(ids, locations, out))
+        raise_for_status(self._live().read_locations_into(ids, locations, out))
         return out
 
     def flush(self) -> None:
         """Writes every dirty row and the location map, then fsyncs."""
-        _raise_for(self._live().flush())
+        raise_for_status(self._live().flush())
 
     def snapshot(self, dst_path: PathLike) -> None:
         """Flushes, then writes a consistent point-in-time copy to ``dst_path``.
@@ -461,14 +461,14 @@ class BlockStore(RowStore):
         written under a temporary name and renamed, so ``dst_path`` is never half-written.
         Stripe files are copied beside it as ``dst_path.stripeN``.
         """
-        _raise_for(self._live().snapshot(check_path(dst_path)))
+        raise_for_status(self._live().snapshot(check_path(dst_path)))
 
     def close(self) -> None:
         """Flushes and releases the files. Idempotent; if the flush fails the store stays
         open (and the error is raised) so no accepted row is dropped."""
         if self._closed:
             return
-        _raise_for(self._handle.close())
+        raise_for_status(self._handle.close())
         self._closed = True
 
     def stats(self) -> Dict[str, float]:
@@ -519,16 +519,3 @@ def _as_locations(table: str, locations: object, n: Optional[int]) -> torch.Tens
             "location (map values are >= 1)"
         )
     return locations
-
-
-def _raise_for(status: Tuple[int, int, str]) -> None:
-    code, err, message = status
-    if code == _OK:
-        return
-    if code in (_INVALID, _CLOSED, _FORMAT):
-        raise ValueError(message)
-    if code == _OUT_OF_RANGE:
-        raise IndexError(message)
-    if code == _CORRUPTION:
-        raise CorruptionError(err, message)
-    raise OSError(err, message)

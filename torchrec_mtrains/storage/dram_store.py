@@ -22,6 +22,9 @@ __all__ = ["DramStore"]
 _INIT_CHUNK_ROWS = 1 << 16
 
 
+_NO_WORDS = torch.empty(0, dtype=torch.uint8)  # every row is materialised: no per-row marks
+
+
 class DramStore(RowStore):
     """All rows in one ``[num_rows, dim + state_dim]`` host tensor, initialised with the
     same deterministic values a never-written BlockStore row reads as."""
@@ -68,6 +71,13 @@ class DramStore(RowStore):
         with id_range_checked_by_op(self.name, ids, self.num_rows):
             torch.ops.mtrains.unpack_rows(rows.contiguous(), ids, self.data, None)
         self._rows_written += ids.numel()
+
+    def attach_to(self, mover: torch.ScriptObject, table: int) -> None:
+        mover.set_mapped(table, self.data, _NO_WORDS, self.dim, self.state_dim, 0, 0.0, 0.0, self.name, 0)
+
+    def count_moved(self, rows_read: int, rows_written: int, lazy_rows: int) -> None:
+        self._rows_read += rows_read
+        self._rows_written += rows_written
 
     def flush(self) -> None:
         """Nothing to persist: DRAM is volatile (checkpoints save it)."""

@@ -211,6 +211,18 @@ class ScmStore(RowStore):
             scatter(rows.contiguous(), ids, self.data, self._tail)
         self._rows_written += ids.numel()
 
+    def attach_to(self, mover: torch.ScriptObject, table: int) -> None:
+        if getattr(self, "_rows_mm", None) is None:
+            raise ValueError(f"{self.path} is closed")
+        words = self._tail if self.checksummed else self._tail.view(torch.uint8)
+        mover.set_mapped(table, self.data, words, self.dim, self.state_dim, self.seed,
+                         float(self.init_range[0]), float(self.init_range[1]), self.path, _HEADER_BYTES)
+
+    def count_moved(self, rows_read: int, rows_written: int, lazy_rows: int) -> None:
+        self._rows_read += rows_read
+        self._rows_written += rows_written
+        self._lazy_rows += lazy_rows
+
     def written_ids(self, start: int, stop: int) -> torch.Tensor:
         """The ids in ``[start, stop)`` of rows ever written (a nonzero checksum or written
         flag in the row's tail mark), ascending int64; the others read as their lazy initial

@@ -56,6 +56,19 @@ class RowStore(abc.ABC):
         self.write(write_ids, write_rows)
         return self.read(read_ids, out)
 
+    def attach_to(self, mover: torch.ScriptObject, table: int) -> None:
+        """Hands this store's rows to a kernel's step mover (``torch.classes.mtrains.StepMover``)
+        as its table ``table``: a step's rows then move between the cache slots and this
+        store in C++ (csrc/kernel/). Every built-in tier can; a store that cannot raises
+        TypeError. The mover keeps what it was given alive until ``mover.detach(table)``,
+        which its kernel calls before closing the store."""
+        raise TypeError(f"{type(self).__name__} cannot hand its rows to a step mover")
+
+    def count_moved(self, rows_read: int, rows_written: int, lazy_rows: int) -> None:
+        """Adds rows a step mover read from and wrote to this store (``lazy_rows`` of those
+        read never written: made from their initial value) to its ``stats()`` counters. A
+        store that counts its own I/O, as the block store does, ignores this."""
+
     def written_ids(self, start: int, stop: int) -> torch.Tensor:
         """The ids in ``[start, stop)`` of rows that may differ from their initial value
         (rows written since the table was created); every row not listed reads as its lazy
