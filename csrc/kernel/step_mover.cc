@@ -12,7 +12,7 @@ uint64_t ThreadCpuNs() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-StepMover::StepMover(size_t num_tables) {
+StepMover::StepMover(size_t num_tables) : num_tables_(num_tables) {
   MutexLock lock(&mu_);
   tiers_.resize(num_tables);
   counters_.resize(num_tables);

@@ -52,7 +52,7 @@ class StepMover {
  public:
   explicit StepMover(size_t num_tables);
 
-  size_t num_tables() const { return tiers_.size(); }
+  size_t num_tables() const { return num_tables_; }
   // Table `table`'s rows now live in `tier` (null: none; a move of the table then fails).
   void SetTier(size_t table, std::unique_ptr<TierRows> tier) EXCLUDES(mu_);
 
@@ -63,6 +63,7 @@ class StepMover {
   MoveCounters counters(size_t table) const EXCLUDES(mu_);
 
  private:
+  const size_t num_tables_;
   mutable Mutex mu_;
   std::vector<std::unique_ptr<TierRows>> tiers_ GUARDED_BY(mu_);
   std::vector<MoveCounters> counters_ GUARDED_BY(mu_);
