@@ -34,6 +34,11 @@ def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
     for spec in topo.tiers.values():
         assert spec.capacity_bytes > 0 and spec.read_bytes_per_s > 0 and spec.write_bytes_per_s > 0
     assert topo.tiers[Tier.SSD].read_iops and topo.tiers[Tier.SSD].access_bytes == 4096
+    # The kernel's row path per row loaded and written back, measured on SCM and SSD: an SSD
+    # load (a block read through the kernel's I/O path) costs more CPU than an SCM one.
+    for tier in (Tier.SCM, Tier.SSD):
+        assert topo.tiers[tier].miss_cpu_s > 0 and topo.tiers[tier].write_back_cpu_s > 0
+    assert topo.tiers[Tier.SSD].miss_cpu_s > topo.tiers[Tier.SCM].miss_cpu_s
     assert topo.compute.tbe_bytes_per_s > 0 and topo.compute.dense_s_per_sample > 0
     # The tiered kernel's own cost, a dense layer's and the framework's, and the cores.
     assert topo.compute.step_overhead_s > 0 and topo.compute.framework_step_s > 0
@@ -47,6 +52,7 @@ def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
     text = out.read_text()
     assert "PER RANK" in text and "# DramStore.read" in text
     assert "fully written 24 MiB table" in text  # --table-size sized the tier probes' tables
+    assert "miss_cpu_cost:" in text and "cache_stats' stage CPU" in text
     assert list(tmp_path.iterdir()) == [out]  # scratch files removed
 
 

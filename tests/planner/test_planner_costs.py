@@ -50,6 +50,37 @@ def test_worker_threads_cpu_is_shared_by_the_cores_of_a_rank() -> None:
         table_cost(table, Tier.DRAM, 0, _node(64), 4096).compute_s)
 
 
+def test_a_miss_costs_its_load_and_its_write_back_on_the_rank_cores() -> None:
+    """The row path's CPU per miss (measured per row loaded and per row written back) is
+    charged to the rank's cores; a profile without those figures charges row_cpu_cost
+    twice, as before."""
+    table = _model().tables[0]
+
+    def cost(cores: int, **scm: float) -> tuple[float, float]:
+        node = _node(cores)
+        tiers = {**node.tiers, Tier.SCM: dataclasses.replace(node.tiers[Tier.SCM], **scm)}
+        c = table_cost(table, Tier.SCM, 40_000, dataclasses.replace(node, tiers=tiers), 4096)
+        unique = table.locality.unique_rows_per_step
+        return c.compute_s, unique * (1 - c.hit_rate)
+
+    base, misses = cost(4)
+    measured, _ = cost(4, miss_cpu_s=3e-6, write_back_cpu_s=1e-7)
+    assert measured - base == pytest.approx(misses * (3e-6 + 1e-7) / 2)  # 2 cores per rank
+    assert cost(16, miss_cpu_s=3e-6, write_back_cpu_s=1e-7)[0] - cost(16)[0] == pytest.approx(
+        misses * (3e-6 + 1e-7) / 8)
+    old, _ = cost(4, row_cpu_s=1e-6)
+    assert old - base == pytest.approx(misses * 2e-6 / 2)
+    only_load, _ = cost(4, row_cpu_s=1e-6, miss_cpu_s=3e-6)  # the write-back falls back to row_cpu_s
+    assert only_load - base == pytest.approx(misses * 4e-6 / 2)
+    # The profile keys round-trip.
+    node = _node(4)
+    tiers = {**node.tiers, Tier.SCM: dataclasses.replace(node.tiers[Tier.SCM], miss_cpu_s=3e-6, write_back_cpu_s=1e-7)}
+    topo = dataclasses.replace(node, tiers=tiers)
+    text = topology_to_yaml(topo)
+    assert "miss_cpu_cost: 3us" in text and "write_back_cpu_cost: 100ns" in text
+    assert parse_topology(text) == topo
+
+
 def test_lookup_cost_is_on_the_critical_path_of_tiered_tables() -> None:
     table = _model().tables[0]
     base, more = _node(64), _node(64, lookup_s=1e-7)

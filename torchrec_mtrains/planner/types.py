@@ -30,6 +30,11 @@ class TierSpec:
             memory, the block size for block storage).
         row_cpu_s: host CPU seconds per row moved to or from the tier (copying, checksums,
             I/O submission); on a CPU node it shares the rank's cores with compute.
+        miss_cpu_s: host CPU seconds per row the kernel loads from the tier (read, checksum,
+            copy into its slot: the row path's loads as ``cache_stats()`` counts them);
+            None: ``row_cpu_s``.
+        write_back_cpu_s: host CPU seconds per evicted row the kernel writes back to the
+            tier; None: ``row_cpu_s``.
     """
 
     capacity_bytes: float
@@ -39,6 +44,16 @@ class TierSpec:
     write_iops: Optional[float] = None
     access_bytes: int = 64
     row_cpu_s: float = 0.0
+    miss_cpu_s: Optional[float] = None
+    write_back_cpu_s: Optional[float] = None
+
+    def cpu_per_miss(self) -> float:
+        """Host CPU seconds one miss costs the row path: its load and its eviction's
+        write-back (every miss of a full cache displaces a row; a clean one is not
+        written, so this is an upper bound there)."""
+        load = self.row_cpu_s if self.miss_cpu_s is None else self.miss_cpu_s
+        write = self.row_cpu_s if self.write_back_cpu_s is None else self.write_back_cpu_s
+        return load + write
 
 
 @dataclasses.dataclass(frozen=True)

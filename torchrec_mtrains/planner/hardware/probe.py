@@ -12,6 +12,9 @@ Per tier, what the kernel's access pattern gets (random rows of 512 B: 127 fp32 
 - SSD: ``BlockStore`` (O_DIRECT, no DRAM row cache) random row reads on a fully written,
   reopened (cold) file, and random row writes + flush; fio 4 KiB random-read IOPS at QD 32
   (the device limit) as a comment, when fio is installed.
+- SCM and SSD, as the kernel moves rows (probe_row_path.py): its CPU per row loaded and per
+  evicted row written back, from ``cache_stats()``'s stage counters of a training run; the
+  perf model charges a miss both, on the rank's cores.
 
 Compute (probe_compute.py, probe_dense.py): FBGEMM's CPU TBE bytes/s; TieredEmbeddingBags'
 own cost against it, run with its prefetch pipeline as training runs it (per step, per lookup
@@ -40,6 +43,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from torchrec_mtrains.planner.hardware.fio import FioJob, FioUnavailable, run_fio
+from torchrec_mtrains.planner.hardware.probe_row_path import row_path_cpu
 from torchrec_mtrains.planner.hardware.topology import topology_to_yaml
 from torchrec_mtrains.planner.hardware.units import format_quantity
 from torchrec_mtrains.planner.types import TieredTopology, TierSpec
@@ -251,9 +255,13 @@ def probe_scm(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
     finally:
         store.close()
     what = f"ScmStore (mmap of {work.parent}), random {ROW_BYTES}-B rows of a fully written {cfg.table_bytes >> 20} MiB table"
+    miss_cpu, write_back_cpu, how = row_path_cpu(Tier.SCM, work, rows, cfg.seconds)
     return TierSpec(_free_bytes(cfg), _round(reads * ROW_BYTES), _round(writes * ROW_BYTES),
-                    access_bytes=MEMORY_ACCESS_BYTES, row_cpu_s=_round(cpu_per_row)), {
+                    access_bytes=MEMORY_ACCESS_BYTES, row_cpu_s=_round(cpu_per_row),
+                    miss_cpu_s=_round(miss_cpu), write_back_cpu_s=_round(write_back_cpu)), {
         "row_cpu_cost": "process CPU time per row read or written in the measurements above",
+        "miss_cpu_cost": f"the kernel's CPU per row loaded (read, checksum, into its slot); {how}",
+        "write_back_cpu_cost": "the kernel's CPU per evicted row written back; same run",
         "capacity": f"{cfg.storage_fraction:g} x free space of {work.parent} / {cfg.ranks_per_node} ranks (shared with ssd)",
         "read_bandwidth": f"{_rows(reads)} rows/s; {what} (page cache: no PMem/CXL here)",
         "write_bandwidth": f"{_rows(writes)} rows/s; {what}",
@@ -290,9 +298,13 @@ def probe_ssd(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
         "row_cpu_cost": "process CPU time (all threads, user + system) per row read or written above",
     }
     notes["read_iops"] += "; " + _fio_note(cfg, work)
+    miss_cpu, write_back_cpu, how = row_path_cpu(Tier.SSD, work, rows, cfg.seconds)
+    notes["miss_cpu_cost"] = f"the kernel's CPU per row loaded (block read submitted and completed, checked, into its slot); {how}"
+    notes["write_back_cpu_cost"] = "the kernel's CPU per evicted row written back (packed, appended to the log); same run"
     spec = TierSpec(_free_bytes(cfg), _round(reads * BLOCK_BYTES), _round(writes * ROW_BYTES),
                     read_iops=_round(reads), write_iops=_round(writes), access_bytes=BLOCK_BYTES,
-                    row_cpu_s=_round(cpu_per_row))
+                    row_cpu_s=_round(cpu_per_row), miss_cpu_s=_round(miss_cpu),
+                    write_back_cpu_s=_round(write_back_cpu))
     return spec, notes
 
 

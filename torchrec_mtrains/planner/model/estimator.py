@@ -106,7 +106,7 @@ def table_cost(
     io[tier] = _device_seconds(dev, device_misses, table.row_bytes, False) + _device_seconds(
         dev, device_misses, table.row_bytes, True, appended=tier is Tier.SSD)
     if topo.compute_device == "cpu":  # the worker threads and their row moves share the rank's cores
-        compute += (background + 2 * device_misses * dev.row_cpu_s) / topo.cores_per_rank()
+        compute += (background + device_misses * dev.cpu_per_miss()) / topo.cores_per_rank()
     if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
         link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
         io[Tier.HBM] = io.get(Tier.HBM, 0.0) + link  # the link, accounted under the cache tier
