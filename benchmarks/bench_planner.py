@@ -4,7 +4,8 @@ nodes needed with all tiers vs HBM + DRAM only on the model suite.
 
 1. Perf model: one table (default 1M x 64 fp32, batch 2048 x pooling 20, Zipf 1.05) trained
    with FBGEMM all in DRAM and with TieredEmbeddingBags on SCM and SSD (10% and 2% caches,
-   the table fully written first, the prefetch pipeline on, one thread as one rank; the
+   the table fully written first, the prefetch pipeline on, one training thread, predicted
+   as the one rank on this machine, whose worker threads have the other cores; the
    cases take turns in blocks of steps, so a slow spell of a shared machine hits them alike); the
    median step time against the step the perf model predicts from a hardware profile
    measured by `mtrains probe-hw --quick --table-size <the table's bytes>` at the start of
@@ -22,6 +23,7 @@ nodes needed with all tiers vs HBM + DRAM only on the model suite.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -113,6 +115,10 @@ def perf_model(args) -> list:
     table = spec.tables[0]
     topo = load_topology(args.hardware if args.hardware != "measure"
                          else _measured_profile(args.dir or tempfile.gettempdir(), int(table.bytes)))
+    # The cases run as the only process on the machine: one rank, whose kernel's worker
+    # threads have the cores its single training thread leaves (the profile's
+    # ranks_per_node would charge them to a core shared with another rank's compute).
+    topo = dataclasses.replace(topo, ranks_per_node=1)
     batches = _batches(rows, batch * pf, alpha, args.warmup + args.steps)
     offsets = torch.arange(0, batch * pf + 1, pf)
     cases = [("FBGEMM, all in DRAM", Tier.DRAM, 0.0)] + [
