@@ -90,7 +90,10 @@ class UringFileDevice final : public Device {
     MutexLock lock(&mu_);
     io_uring* const ring = &ring_;  // used by the lambdas below, all run under mu_
     const uint32_t pool_size = std::max<uint32_t>(window, 2 * depth_);
-    AlignedBuffer pool(size_t(pool_size) * len, alignment());
+    // The pool is kept from call to call (a read stream per step would otherwise allocate,
+    // zero and fault in its buffers every time).
+    if (read_pool_.size() < size_t(pool_size) * len) read_pool_ = AlignedBuffer(size_t(pool_size) * len, alignment());
+    AlignedBuffer& pool = read_pool_;
     std::vector<Extent> slot(pool_size);
     std::vector<uint32_t> free_slots, completed;
     for (uint32_t s = pool_size; s-- > 0;) free_slots.push_back(s);
@@ -245,6 +248,7 @@ class UringFileDevice final : public Device {
   std::unique_ptr<FileSet> files_;
   Mutex mu_, write_mu_;
   io_uring ring_ GUARDED_BY(mu_);              // reads and read streams
+  AlignedBuffer read_pool_ GUARDED_BY(mu_);    // read streams' buffers, kept between calls
   io_uring write_ring_ GUARDED_BY(write_mu_);  // writes
   const uint32_t depth_;
 };
