@@ -93,7 +93,7 @@ class UringFileDevice final : public Device {
     // The pool is kept from call to call (a read stream per step would otherwise allocate,
     // zero and fault in its buffers every time).
     if (read_pool_.size() < size_t(pool_size) * len) read_pool_ = AlignedBuffer(size_t(pool_size) * len, alignment());
-    AlignedBuffer& pool = read_pool_;
+    uint8_t* const pool = read_pool_.data();
     std::vector<Extent> slot(pool_size);
     std::vector<uint32_t> free_slots, completed;
     for (uint32_t s = pool_size; s-- > 0;) free_slots.push_back(s);
@@ -123,7 +123,7 @@ class UringFileDevice final : public Device {
           slot[s].started = now;
         }
         const Extent& e = slot[s];
-        io_uring_prep_read(sqe, e.fd, pool.data() + size_t(s) * len + e.done, len - e.done,
+        io_uring_prep_read(sqe, e.fd, pool + size_t(s) * len + e.done, len - e.done,
                            e.file_off + e.done);
         io_uring_sqe_set_data64(sqe, s);
         ++inflight;
@@ -143,7 +143,7 @@ class UringFileDevice final : public Device {
             err = files_->PartError({e.fd, e.file_off, nullptr, len, e.index}, false, -res);
           free_slots.push_back(s);
         } else if (res == 0) {  // past end of file reads as zeros
-          std::memset(pool.data() + size_t(s) * len + e.done, 0, len - e.done);
+          std::memset(pool + size_t(s) * len + e.done, 0, len - e.done);
           completed.push_back(s);
         } else if ((e.done += static_cast<uint32_t>(res)) < len) {
           retry.push_back(s);
@@ -158,7 +158,7 @@ class UringFileDevice final : public Device {
       const uint64_t now = NowNanos();
       for (uint32_t s : completed) {
         RecordReadLatency(now - slot[s].started);
-        if (err.ok()) err = on_done(slot[s].index, pool.data() + size_t(s) * len);
+        if (err.ok()) err = on_done(slot[s].index, pool + size_t(s) * len);
         free_slots.push_back(s);
       }
       completed.clear();
