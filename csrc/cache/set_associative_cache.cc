@@ -13,7 +13,7 @@ namespace mtrains {
 namespace {
 
 constexpr int64_t kNeverLocked = std::numeric_limits<int64_t>::min();
-constexpr size_t kPrefetchAhead = 8;  // indices between a set's prefetch and its scan
+constexpr size_t kPrefetchAhead = 32;  // indices between a set's prefetch and its scan
 constexpr size_t kMissAhead = 4;  // misses between a set's prefetch and its victim scan
 // TinyLFU: the window's share of a set's ways (at least one way), as Caffeine's 1% window.
 constexpr double kWindowShare = 0.01;
