@@ -63,6 +63,7 @@ def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
     (["--frobnicate"], "unrecognized arguments"),
     (["--table-size", "5Q"], "--table-size: unknown unit 'Q'"),
     (["--table-size", "1MiB"], "table_mib=1 must be an integer >= 16"),
+    (["--repeat", "0"], "--repeat 0: must be >= 1"),
 ])
 def test_probe_hw_bad_arguments_exit_2(argv: list, message: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:

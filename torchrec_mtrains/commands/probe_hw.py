@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from torchrec_mtrains.planner.hardware.probe import ProbeConfig, probe
+from torchrec_mtrains.planner.hardware.probe import ProbeConfig, ProbeResult, probe
+from torchrec_mtrains.planner.hardware.probe_median import median_topology, spread_notes
 from torchrec_mtrains.planner.hardware.topology import parse_topology
 from torchrec_mtrains.planner.hardware.units import parse_size
 
@@ -32,7 +33,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--table-size", default=None,
                         help="size of each tier probe's table, e.g. 1GiB (default 256MiB, 32MiB with --quick): "
                              "as large as the tables you train, so no cache below the filesystem holds it")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="probe N times and write each figure's median, noting its spread (default 1); "
+                             "on a shared machine 3 or more")
     args = parser.parse_args(list(argv))
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: must be >= 1")
     try:
         table_mib = None
         if args.table_size is not None:
@@ -43,7 +49,11 @@ def main(argv: Sequence[str]) -> int:
     if args.out is not None and not args.out.parent.is_dir():
         parser.error(f"--out {args.out}: directory {args.out.parent} does not exist")
     command = shlex.join(["mtrains", "probe-hw", *argv])
-    result = probe(cfg, command, progress=lambda s: print(f"[probe-hw] {s}", file=sys.stderr, flush=True))
+    results = []
+    for i in range(args.repeat):
+        prefix = f"[probe-hw {i + 1}/{args.repeat}]" if args.repeat > 1 else "[probe-hw]"
+        results.append(probe(cfg, command, progress=lambda s, p=prefix: print(f"{p} {s}", file=sys.stderr, flush=True)))
+    result = combine(results) if len(results) > 1 else results[0]
     text = result.to_yaml()
     parse_topology(text)  # what we write must load
     if args.out is None:
@@ -52,3 +62,15 @@ def main(argv: Sequence[str]) -> int:
         args.out.write_text(text)
         print(f"[probe-hw] wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def combine(results: Sequence[ProbeResult]) -> ProbeResult:
+    """One profile of repeated probes: each figure's median, its note saying how far apart
+    the probes were; the first probe's notes otherwise."""
+    topologies = [r.topology for r in results]
+    source = f"{topologies[0].source}; each figure the median of {len(results)} probes"
+    notes = dict(results[0].notes)
+    for path, spread in spread_notes(topologies).items():
+        notes[path] = f"{notes[path]}; {spread}" if notes.get(path) else spread
+    header = f"{results[0].header}\nEach figure is the median of {len(results)} probes run one after another."
+    return ProbeResult(median_topology(topologies, source), notes, header)

@@ -52,7 +52,7 @@ from torchrec_mtrains.planner.hardware.units import format_quantity, parse_quant
 from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
 from torchrec_mtrains.types import Tier
 
-__all__ = ["PROFILE_DIR", "load_topology", "parse_topology", "shipped_profiles", "topology_to_yaml"]
+__all__ = ["PROFILE_DIR", "load_topology", "parse_topology", "shipped_profiles", "topology_to_yaml", "yaml_key"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 """Where the shipped profiles live (package data)."""
@@ -105,6 +105,15 @@ _LINK_FIELD = _Field("host_device_bandwidth", "host_device_bytes_per_s", "bandwi
 _CORES_KEY = "cores_per_node"
 _TOP_KEYS = ("name", "source", "compute_device", "ranks_per_node", _CORES_KEY, "compute", "tiers",
              _LINK_FIELD.key, _LINK_FIELD.attr)
+
+
+def yaml_key(attr: str) -> str:
+    """The profile key of a ``TierSpec`` or ``ComputeSpec`` field (e.g. ``read_iops``,
+    ``tbe_bytes_per_s`` -> ``tbe_bandwidth``); KeyError for a field profiles do not have."""
+    for f in _TIER_FIELDS + _COMPUTE_FIELDS:
+        if f.attr == attr:
+            return f.key
+    raise KeyError(attr)
 
 
 def shipped_profiles() -> List[str]:
