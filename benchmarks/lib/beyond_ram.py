@@ -228,6 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"bench_beyond_ram: {e}") from None
     if limit or ratios:
         _memory_cgroup(limit or 1 << 30).close()  # fails here, before any run, where no group can be made
+    if limit:
         ram = min(ram, limit)  # what the tiered run may hold: the figures measure against it
     if args.report_only:
         tiered, samples, peaks, limits, baseline = _saved_run(out)
