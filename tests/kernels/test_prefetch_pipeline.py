@@ -85,3 +85,32 @@ def test_exit_hook_run_on_a_stage_thread_releases_from_its_own(tmp_path) -> None
             thread.join()
     assert store.closed
     assert not any(t.is_alive() for t in stage_threads)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_job_with_nothing_to_move_drops_its_move(background: bool) -> None:
+    """A plan that finds nothing to move (every row cached) never runs its move; the move is
+    dropped at once, so a job that refers to its own ticket (as the kernel's steps do) is
+    freed by reference counting, not left in a cycle for the collector."""
+    import gc
+    import weakref
+
+    class Job:
+        ticket = None
+
+    pipeline = PrefetchPipeline(background=background)
+    moved: List[int] = []
+    job = Job()
+    job.ticket = pipeline.submit(lambda: False, lambda: moved.append(id(job)))
+    pipeline.wait(job.ticket)
+    assert moved == [] and job.ticket.move is None and job.ticket.plan is None
+    alive = weakref.ref(job)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del job
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()
+    pipeline.shutdown()

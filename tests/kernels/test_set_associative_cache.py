@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Set
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -304,3 +305,20 @@ def test_plan_rejects_bad_indices(indices: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="int64"):
         cache.plan(indices, 0, 0, True)
     assert dict(cache.counters())["lookups"] == 0
+
+
+# Long plans ----------------------------------------------------------------------------------
+def test_long_plans_with_repeated_rows_keep_the_contract() -> None:
+    # Plans of thousands of indices (a set's lookups prefetched well ahead of them), rows
+    # repeating far apart, about half of them missing.
+    rng = np.random.default_rng(5)
+    cache, model = Cache(2048, 32, "lru"), Model(2048)
+    step = 0
+    for _ in range(6):
+        ids = rng.integers(0, 6000, size=3500).tolist()
+        result = _plan(cache, ids, step, max(0, step - 1))
+        model.check_plan(ids, step, max(0, step - 1), True, result, cache.capacity())
+        step += 1
+    rows, slots = (t.tolist() for t in cache.occupied())
+    assert dict(zip(slots, rows)) == model.slot_row
+    model.check_counters(dict(cache.counters()))

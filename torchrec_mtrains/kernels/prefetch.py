@@ -134,7 +134,9 @@ class PrefetchPipeline:
             return
         try:
             if work() is False:
-                ticket.needs_move = False
+                # Nothing to move: drop the move now. Its closure refers to the job, which
+                # refers to this ticket: kept, the cycle would live until the collector ran.
+                ticket.needs_move, ticket.move = False, None
         except BaseException as e:  # re-raised by wait() in the consuming thread
             self._failed = ticket.error = e
 
