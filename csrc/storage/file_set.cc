@@ -41,16 +41,19 @@ void FileSet::Map(const IoOp* ops, size_t n, std::vector<Part>* parts) const {
   }
 }
 
-bool FileSet::Locate(uint64_t off, uint64_t len, int* fd, uint64_t* file_off) const {
+bool FileSet::Locate(uint64_t off, uint64_t len, int* fd, uint64_t* file_off, uint32_t* file_index) const {
   if (fds_.size() == 1) {
     *fd = fds_[0];
     *file_off = base_ + off;
+    if (file_index != nullptr) *file_index = 0;
     return true;
   }
   const uint64_t stripe = off / unit_, within = off % unit_;
   if (within + len > unit_) return false;
-  *fd = fds_[stripe % fds_.size()];
+  const uint64_t file = stripe % fds_.size();
+  *fd = fds_[file];
   *file_off = base_ + (stripe / fds_.size()) * unit_ + within;
+  if (file_index != nullptr) *file_index = static_cast<uint32_t>(file);
   return true;
 }
 

@@ -42,8 +42,11 @@ class FileSet {
   void Map(const IoOp* ops, size_t n, std::vector<Part>* parts) const;
 
   // The single file and offset of the extent [off, off + len); false if it crosses a stripe
-  // boundary.
-  bool Locate(uint64_t off, uint64_t len, int* fd, uint64_t* file_off) const;
+  // boundary. `file_index` (optional): the file's position in fds().
+  bool Locate(uint64_t off, uint64_t len, int* fd, uint64_t* file_off, uint32_t* file_index = nullptr) const;
+
+  // The descriptors, in stripe order (an engine may register them with the kernel).
+  const std::vector<int>& fds() const { return fds_; }
 
   // fdatasync of every file; the first failure names its file.
   Status SyncAll() const;

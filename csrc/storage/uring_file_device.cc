@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <string>
 
 #include "common/aligned_buffer.h"
 #include "common/mutex.h"
@@ -35,12 +36,24 @@ int InitRing(unsigned entries, io_uring* ring) {
 // io_uring engine: keeps up to queue_depth parts in flight per call. Reads (and read
 // streams) and writes have a ring each, so a write from one thread runs beside a read
 // stream of another (BlockStore::Exchange writes evicted rows while it reads).
+//
+// Read streams (the cache's misses, one block each) use the kernel's registered resources
+// where it grants them: the files are registered with the read ring once (a read then skips
+// the kernel's lookup and reference count of the descriptor) and the stream's kept buffer
+// pool each time it is allocated (no page pinning per read). Where registration is refused
+// (a memlock limit, an old kernel) the stream reads as before; Describe() says which.
 class UringFileDevice final : public Device {
  public:
   UringFileDevice(const FileDeviceOptions& o, std::unique_ptr<FileSet> files, io_uring ring,
                   io_uring write_ring)
       : Device(o.size, o.alignment), files_(std::move(files)), ring_(ring),
-        write_ring_(write_ring), depth_(o.queue_depth) {}
+        write_ring_(write_ring), depth_(o.queue_depth) {
+    MutexLock lock(&mu_);
+    const std::vector<int>& fds = files_->fds();
+    const int rc = io_uring_register_files(&ring_, fds.data(), static_cast<unsigned>(fds.size()));
+    fixed_files_ = rc == 0;
+    if (rc != 0) files_error_ = ErrnoText(-rc);
+  }
   ~UringFileDevice() override {
     io_uring_queue_exit(&ring_);
     io_uring_queue_exit(&write_ring_);
@@ -51,7 +64,12 @@ class UringFileDevice final : public Device {
     return Status::Ok();
   }
   std::string Describe() const override {
-    return "io_uring qd=" + std::to_string(depth_) + " on " + files_->JoinedPaths();
+    MutexLock lock(&mu_);
+    std::string registered = fixed_files_ ? "fixed files" : "plain files (" + files_error_ + ")";
+    if (registered_pool_) registered += ", registered buffers";
+    if (!buffers_error_.empty()) registered += ", plain buffers (" + buffers_error_ + ")";
+    return "io_uring qd=" + std::to_string(depth_) + " (read streams: " + registered + ") on " +
+           files_->JoinedPaths();
   }
 
  protected:
@@ -78,13 +96,14 @@ class UringFileDevice final : public Device {
     struct Extent {
       size_t index;
       int fd;
+      uint32_t file_index;  // the fd's position among the registered files
       uint64_t file_off;
       uint32_t done;
       uint64_t started;
     };
     std::vector<Extent> where(n);
     for (size_t i = 0; i < n; ++i) {
-      if (!files_->Locate(offsets[i], len, &where[i].fd, &where[i].file_off))
+      if (!files_->Locate(offsets[i], len, &where[i].fd, &where[i].file_off, &where[i].file_index))
         return Device::ReadStreamImpl(offsets, n, len, window, on_done);
     }
     MutexLock lock(&mu_);
@@ -92,8 +111,16 @@ class UringFileDevice final : public Device {
     const uint32_t pool_size = std::max<uint32_t>(window, 2 * depth_);
     // The pool is kept from call to call (a read stream per step would otherwise allocate,
     // zero and fault in its buffers every time).
-    if (read_pool_.size() < size_t(pool_size) * len) read_pool_ = AlignedBuffer(size_t(pool_size) * len, alignment());
+    if (read_pool_.size() < size_t(pool_size) * len) {
+      if (registered_pool_) io_uring_unregister_buffers(ring);
+      read_pool_ = AlignedBuffer(size_t(pool_size) * len, alignment());
+      iovec iov{read_pool_.data(), read_pool_.size()};
+      const int rc = io_uring_register_buffers(ring, &iov, 1);
+      registered_pool_ = rc == 0;
+      buffers_error_ = rc == 0 ? "" : ErrnoText(-rc);
+    }
     uint8_t* const pool = read_pool_.data();
+    const bool fixed_buffer = registered_pool_, fixed_file = fixed_files_;
     std::vector<Extent> slot(pool_size);
     std::vector<uint32_t> free_slots, completed;
     for (uint32_t s = pool_size; s-- > 0;) free_slots.push_back(s);
@@ -123,8 +150,14 @@ class UringFileDevice final : public Device {
           slot[s].started = now;
         }
         const Extent& e = slot[s];
-        io_uring_prep_read(sqe, e.fd, pool + size_t(s) * len + e.done, len - e.done,
-                           e.file_off + e.done);
+        const int file = fixed_file ? static_cast<int>(e.file_index) : e.fd;
+        uint8_t* const buf = pool + size_t(s) * len + e.done;
+        if (fixed_buffer) {
+          io_uring_prep_read_fixed(sqe, file, buf, len - e.done, e.file_off + e.done, 0);
+        } else {
+          io_uring_prep_read(sqe, file, buf, len - e.done, e.file_off + e.done);
+        }
+        if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
         io_uring_sqe_set_data64(sqe, s);
         ++inflight;
       }
@@ -246,9 +279,13 @@ class UringFileDevice final : public Device {
   }
 
   std::unique_ptr<FileSet> files_;
-  Mutex mu_, write_mu_;
+  mutable Mutex mu_;
+  Mutex write_mu_;
   io_uring ring_ GUARDED_BY(mu_);              // reads and read streams
   AlignedBuffer read_pool_ GUARDED_BY(mu_);    // read streams' buffers, kept between calls
+  bool fixed_files_ GUARDED_BY(mu_) = false;      // files_->fds() registered with ring_
+  bool registered_pool_ GUARDED_BY(mu_) = false;  // read_pool_ registered with ring_ (index 0)
+  std::string files_error_ GUARDED_BY(mu_), buffers_error_ GUARDED_BY(mu_);  // why refused
   io_uring write_ring_ GUARDED_BY(write_mu_);  // writes
   const uint32_t depth_;
 };
