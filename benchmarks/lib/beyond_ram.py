@@ -190,7 +190,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--memory-limit", default=None,
                    help="run the tiered job in a memory cgroup of this size (e.g. 8GiB): RAM as on a smaller node")
     p.add_argument("--dram-budget", default=None,
-                   help="the tiered runs' DRAM budget per rank, e.g. 2GiB (default: the preset's)")
+                   help="the tiered runs' DRAM budget per rank, e.g. 2GiB (default: the preset's; in a memory "
+                        "cgroup, a share of its limit: see budget_within)")
     p.add_argument("--sweep", default=None, metavar="RATIOS",
                    help="after the run, train the tiered job again in a memory cgroup at each ratio of rows "
                         "written (the first run's) to memory limit, e.g. 0.5,1,2,4,8")
@@ -243,6 +244,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _report(out, f, samples, ram, summary)
     scale = ["--table-scale", str(args.table_scale)] if args.table_scale != 1.0 else []
     budget = ["--dram-budget", args.dram_budget] if args.dram_budget else []
+    if limit and not args.dram_budget:
+        budget = ["--dram-budget", str(budget_within(limit, args.nproc))]
     steps = ["--steps", str(args.steps)] if args.steps else []
     try:
         limits = fio_limits(work, args.fio_seconds) if args.fio_seconds > 0 else {}
@@ -267,7 +270,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 [*common, "--resume-from", str(ckpt / f"step_{saves[-2]:08d}")], args.interval, args.timeout, limit)
             tiered["resume_check"] = resume_check(tiered, resumed, saves[-2], resumed_peaks)
         shutil.rmtree(ckpt, ignore_errors=True)
-        runs = _sweep(args, ratios, tiered, out, work, [*steps, *scale, *budget, "--hardware", str(hardware)])
+        given = ["--dram-budget", args.dram_budget] if args.dram_budget else []  # else each point's own
+        runs = _sweep(args, ratios, tiered, out, work, [*steps, *scale, *given, "--hardware", str(hardware)])
         shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
         baseline = None
         if args.baseline_steps > 0:
@@ -284,10 +288,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     return _report(out, f, samples, ram, summary)
 
 
+RANK_BASE_BYTES = 5 << 28
+"""What one rank of the example holds beside its DRAM cache (1.25 GiB): torch, FBGEMM and
+TorchRec, the dense model, batches, the allocator's slack. Measured: two ranks with 512 MiB
+caches peaked at 3.34 GB in a 4 GiB memory group, 4.33 GB in a 4.7 GB one."""
+MIN_BUDGET_BYTES = 32 << 20
+
+
+def budget_within(limit: int, nproc: int) -> int:
+    """The DRAM budget per rank (bytes) of ``nproc`` ranks in a memory cgroup of ``limit``
+    bytes: half of what the ranks leave beside their base (the rest for the page cache the
+    group also counts, the SSD tier's buffers and the planner's estimates), at least 32 MiB.
+    As on a node with less memory, a smaller limit gets a smaller cache."""
+    return max(MIN_BUDGET_BYTES, (limit - nproc * RANK_BASE_BYTES) // (2 * nproc) >> 20 << 20)
+
+
 def _sweep(args: argparse.Namespace, ratios: List[float], tiered: Dict, out: Path, work: Path,
            common: List[str]) -> List[tuple]:
     """Trains the tiered job at each ``rows written / limit`` ratio (a store of its own,
-    removed after); (ratio, limit, metrics or None, why it did not finish) per point."""
+    removed after; without ``--dram-budget`` a budget within the point's limit); (ratio,
+    limit, metrics or None, why it did not finish) per point."""
     written = sum(tiered["tiers"]["materialised_bytes"].values())
     if ratios and written <= 0:
         why = "the first run wrote no rows to SSD or SCM (every table fit in DRAM): no limit to set by rows written"
@@ -297,8 +317,10 @@ def _sweep(args: argparse.Namespace, ratios: List[float], tiered: Dict, out: Pat
         limit = int(written / ratio)
         point_store = work / "sweep-store"
         try:
+            budget = [] if args.dram_budget else ["--dram-budget", str(budget_within(limit, args.nproc))]
             metrics, _, _ = train(args.nproc, out / f"sweep_{ratio:g}", work,
-                                  [*common, "--storage-dir", str(point_store)], args.interval, args.timeout, limit)
+                                  [*common, *budget, "--storage-dir", str(point_store)], args.interval, args.timeout,
+                                  limit)
             runs.append((ratio, limit, metrics, ""))
         except (SystemExit, ValueError) as e:  # stopped for memory, or a limit too small to set: a point all the same
             runs.append((ratio, limit, None, str(e)[-2000:]))

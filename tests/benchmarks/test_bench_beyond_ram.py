@@ -195,3 +195,29 @@ def test_memory_limit_flag_is_checked_before_any_run(tmp_path):
 
     with pytest.raises(SystemExit, match="--memory-limit"):
         beyond_ram.main(["--memory-limit", "lots", "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "w")])
+
+
+def test_the_dram_budget_within_a_memory_limit_shrinks_with_it():
+    from benchmarks.lib.beyond_ram import MIN_BUDGET_BYTES, RANK_BASE_BYTES, budget_within
+
+    gib = 1 << 30
+    # Two ranks in 4 GiB: half of what their 1.25 GiB bases leave, per rank (384 MiB).
+    assert budget_within(4 * gib, 2) == (4 * gib - 2 * RANK_BASE_BYTES) // 4 == 384 << 20
+    assert budget_within(16 * gib, 2) > budget_within(8 * gib, 2) > budget_within(4 * gib, 2)
+    assert budget_within(8 * gib, 4) < budget_within(8 * gib, 2)
+    assert budget_within(2 * gib, 2) == MIN_BUDGET_BYTES  # below the bases: the smallest cache
+    assert budget_within(5 * gib + 12345, 2) % (1 << 20) == 0  # whole MiB
+
+
+def test_sweep_without_a_memory_limit_starts(tmp_path, monkeypatch):
+    """--sweep alone (no --memory-limit) gets past the checks before the runs: the figures are
+    then measured against the machine's RAM."""
+    from benchmarks.lib import beyond_ram
+
+    def stop(*args, **kwargs):
+        raise SystemExit("stopped before the runs")
+
+    monkeypatch.setattr(beyond_ram, "fio_limits", stop)
+    monkeypatch.setattr(beyond_ram, "_memory_cgroup", lambda limit: _memory_cgroup_or_skip(limit))
+    with pytest.raises(SystemExit, match="stopped before the runs"):
+        beyond_ram.main(["--sweep", "2", "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "w")])
