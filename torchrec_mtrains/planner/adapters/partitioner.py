@@ -1,7 +1,8 @@
 """TieredPartitioner: TorchRec's ``Partitioner`` for tiered tables, balancing each rank's
 predicted step.
 
-Options are placed largest compute-tier footprint first (bin packing), then heaviest load:
+Row-wise options are placed first (each needs room on every rank), then the others by
+largest compute-tier footprint (bin packing), then heaviest load:
 a table-wise one on the rank whose step grows least among those with room on every tier it
 uses (its rows on its tier, its cache in the compute tier); a row-wise one shard i on rank i.
 A rank's step is the perf model's: ``max(compute + dense, busiest tier)``, its compute with
@@ -92,8 +93,13 @@ class TieredPartitioner(Partitioner):
         def load(o: TieredShardingOption) -> float:
             return max([o.cost.compute_s] + list(o.cost.io_s.values()))
 
+        def order(o: TieredShardingOption) -> Tuple[bool, float, float]:
+            # Row-wise options first: each needs room on every rank, which table-wise ones
+            # placed before them would have taken from some.
+            return (o.sharding_type == ShardingType.ROW_WISE.value, o.tier_bytes.get(self._compute_tier, 0.0), load(o))
+
         unplaced: List[str] = []
-        for option in sorted(options, key=lambda o: (o.tier_bytes.get(self._compute_tier, 0.0), load(o)), reverse=True):
+        for option in sorted(options, key=order, reverse=True):
             if option.sharding_type == ShardingType.TABLE_WISE.value:
                 shard = option.shards[0]
                 fits = [r for r, rank in enumerate(ranks) if shard.storage.fits_in(rank.free)]
