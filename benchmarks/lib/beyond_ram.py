@@ -270,9 +270,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 [*common, "--resume-from", str(ckpt / f"step_{saves[-2]:08d}")], args.interval, args.timeout, limit)
             tiered["resume_check"] = resume_check(tiered, resumed, saves[-2], resumed_peaks)
         shutil.rmtree(ckpt, ignore_errors=True)
+        # The sweep's points write stores of their own, and the baseline's disk use starts
+        # from nothing: the first run's store goes first (at full scale two do not fit).
+        shutil.rmtree(store, ignore_errors=True)
         given = ["--dram-budget", args.dram_budget] if args.dram_budget else []  # else each point's own
         runs = _sweep(args, ratios, tiered, out, work, [*steps, *scale, *given, "--hardware", str(hardware)])
-        shutil.rmtree(store, ignore_errors=True)  # the baseline's disk use starts from nothing
         baseline = None
         if args.baseline_steps > 0:
             budget = str(4 << 30)  # per rank: the hashed model fits whole
