@@ -86,9 +86,9 @@ class ComputeSpec:
             lookups and dense layers (the sharded collection's input and output
             distribution, interaction, loss, gradient reduction, the train pipeline).
         framework_table_s: the framework's seconds per step and rank per table of the model.
-        row_wise_group_s: seconds per step on every rank of a job with row-wise tables: the
-            collectives of their sharding group (the ids' all-to-all, the pooled embeddings'
-            reduce-scatter and its gradient), paid once however many tables it holds.
+        row_wise_group_s: seconds per step on every rank for each row-wise table: the
+            collectives of the row-wise sharding group (the ids' all-to-all, the pooled
+            embeddings' reduce-scatter and its gradient) grow with every table it holds.
     """
 
     tbe_bytes_per_s: float

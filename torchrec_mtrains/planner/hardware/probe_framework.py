@@ -128,5 +128,5 @@ def row_wise_group_cost(steps: int, ranks: int, repeats: int = REPEATS) -> Tuple
     seen = "; ".join(f"{'1 row-wise' if k else 'all table-wise'}: {statistics.median(v) * 1e3:.2f} ms (jobs: "
                      f"{', '.join(f'{x * 1e3:.1f}' for x in v)})" for k, v in runs.items())
     return max(0.0, one_row_wise - table_wise), (
-        f"per step on every rank once any table is row-wise; the framework_step_cost job with {tables} tables, "
+        f"per step on every rank for each row-wise table; the framework_step_cost job with {tables} tables, "
         f"{ranks} ranks, one table row-wise vs none: {seen}")
