@@ -55,6 +55,12 @@ class UringFileDevice final : public Device {
     if (rc != 0) files_error_ = ErrnoText(-rc);
   }
   ~UringFileDevice() override {
+    // Registered files and buffers are let go now: a ring's teardown is asynchronous, and
+    // until it ends the kernel holds the files open (a read-only remount right after the
+    // store closed would fail as busy).
+    MutexLock lock(&mu_);
+    if (fixed_files_) io_uring_unregister_files(&ring_);
+    if (registered_pool_) io_uring_unregister_buffers(&ring_);
     io_uring_queue_exit(&ring_);
     io_uring_queue_exit(&write_ring_);
   }
