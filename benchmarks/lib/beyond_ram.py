@@ -243,9 +243,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             f["device"] = json.loads((out / "beyond_ram.json").read_text())["device"]
         return _report(out, f, samples, ram, summary)
     scale = ["--table-scale", str(args.table_scale)] if args.table_scale != 1.0 else []
-    budget = ["--dram-budget", args.dram_budget] if args.dram_budget else []
-    if limit and not args.dram_budget:
-        budget = ["--dram-budget", str(budget_within(limit, args.nproc))]
+    given = ["--dram-budget", args.dram_budget] if args.dram_budget else []
+    budget = given or (["--dram-budget", str(budget_within(limit, args.nproc))] if limit else [])
     steps = ["--steps", str(args.steps)] if args.steps else []
     try:
         limits = fio_limits(work, args.fio_seconds) if args.fio_seconds > 0 else {}
@@ -273,7 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # The sweep's points write stores of their own, and the baseline's disk use starts
         # from nothing: the first run's store goes first (at full scale two do not fit).
         shutil.rmtree(store, ignore_errors=True)
-        given = ["--dram-budget", args.dram_budget] if args.dram_budget else []  # else each point's own
+        # Without --dram-budget each point gets a budget within its own limit.
         runs = _sweep(args, ratios, tiered, out, work, [*steps, *scale, *given, "--hardware", str(hardware)])
         baseline = None
         if args.baseline_steps > 0:

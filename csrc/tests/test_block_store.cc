@@ -168,7 +168,7 @@ void TestUringReadStream(bool striped) {
   CHECK(registered || refused_by_a_limit) << described;
   std::fprintf(stderr, "  %s\n", described.c_str());
   opened.device.reset();
-  for (const std::string& path : paths) unlink(path.c_str());
+  RemoveTable(base);
 }
 
 // --------------------------------------------------------------- segment log -----------

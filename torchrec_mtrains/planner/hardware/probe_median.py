@@ -20,18 +20,27 @@ __all__ = ["median_topology", "spread_notes"]
 _Spec = TypeVar("_Spec", TierSpec, ComputeSpec)
 
 
+def _columns(specs: Sequence[object]) -> Dict[str, List[object]]:
+    """Each field's values over ``specs``, by field name."""
+    return {f.name: [getattr(s, f.name) for s in specs] for f in dataclasses.fields(specs[0])}
+
+
+def _is_figure(column: List[object]) -> bool:
+    """Whether every probe measured this field (a number in each)."""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in column)
+
+
 def _median_spec(specs: Sequence[_Spec]) -> _Spec:
-    """Each numeric field's median over ``specs`` (a field None in any of them stays None;
+    """Each figure's median over ``specs`` (a field None in any of them stays None;
     integer fields stay integers)."""
     values = {}
-    for f in dataclasses.fields(specs[0]):
-        column = [getattr(s, f.name) for s in specs]
-        if any(v is None for v in column) or not all(isinstance(v, (int, float)) for v in column):
-            values[f.name] = column[0] if all(v == column[0] for v in column) else None
+    for name, column in _columns(specs).items():
+        if not _is_figure(column):
+            values[name] = column[0] if all(v == column[0] for v in column) else None
             continue
         m = statistics.median(column)
         # 4 significant digits, as probes write theirs (a mean of two halves adds float noise).
-        values[f.name] = int(round(m)) if all(isinstance(v, int) for v in column) else float(f"{m:.4g}")
+        values[name] = int(round(m)) if all(isinstance(v, int) for v in column) else float(f"{m:.4g}")
     return type(specs[0])(**values)
 
 
@@ -66,13 +75,12 @@ def spread_notes(topologies: Sequence[TieredTopology]) -> Dict[str, str]:
     out: Dict[str, str] = {}
 
     def note(path: str, specs: Sequence[object]) -> None:
-        for f in dataclasses.fields(specs[0]):
-            column = [getattr(s, f.name) for s in specs]
-            if any(v is None or isinstance(v, bool) or not isinstance(v, (int, float)) for v in column):
+        for name, column in _columns(specs).items():
+            if not _is_figure(column):
                 continue
             spread = _spread([float(v) for v in column])
             if spread is not None and min(column) != max(column):
-                out[f"{path}.{yaml_key(f.name)}"] = f"median of {n} probes, {spread}"
+                out[f"{path}.{yaml_key(name)}"] = f"median of {n} probes, {spread}"
 
     for tier in topologies[0].tiers:
         note(f"tiers.{tier.value}", [t.tiers[tier] for t in topologies])
