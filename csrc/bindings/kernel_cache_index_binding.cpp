@@ -1,6 +1,7 @@
 // TorchScript binding of KernelCacheIndex (torch.classes.mtrains.KernelCacheIndex): one
 // call per step plans every table's cache (the step mover moves the rows); and
-// torch.ops.mtrains.mark_row_bits, which records a step's rows in per-table bitmaps.
+// torch.ops.mtrains.mark_row_bits and mark_looked_up_rows, which record a step's rows in
+// per-table bitmaps.
 #include <ATen/ATen.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -130,24 +131,56 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
   std::vector<TableMoves> moves_;  // plan_step's, reused (one planner at a time)
 };
 
-// bitmaps[t] |= bit of each row id of table t (indices[bounds[t], bounds[t+1]), ids checked
-// by the caller against the table: here only against the bitmap's size).
-void MarkRowBits(const std::vector<at::Tensor>& bitmaps, const at::Tensor& indices,
+uint8_t* BitmapData(const at::Tensor& bits, size_t t) {
+  TORCH_CHECK_VALUE(bits.device().is_cpu() && bits.scalar_type() == at::kByte && bits.dim() == 1 &&
+                        bits.is_contiguous(), "bitmap ", t, " must be a contiguous 1-D uint8 CPU tensor");
+  return bits.data_ptr<uint8_t>();
+}
+
+void CheckBounds(const std::vector<at::Tensor>& bitmaps, const at::Tensor& indices,
                  const std::vector<int64_t>& bounds) {
   CheckIndexVector(indices, "indices");
   TORCH_CHECK_VALUE(bounds.size() == bitmaps.size() + 1 && bounds.back() <= indices.numel(),
                     "bounds must have one entry more than bitmaps and end inside indices");
+  for (size_t t = 0; t + 1 < bounds.size(); ++t) {
+    TORCH_CHECK_VALUE(0 <= bounds[t] && bounds[t] <= bounds[t + 1], "bounds must ascend from 0");
+  }
+}
+
+// bitmaps[t] |= bit of each row id of table t (indices[bounds[t], bounds[t+1]), ids checked
+// by the caller against the table: here only against the bitmap's size).
+void MarkRowBits(const std::vector<at::Tensor>& bitmaps, const at::Tensor& indices,
+                 const std::vector<int64_t>& bounds) {
+  CheckBounds(bitmaps, indices, bounds);
   const int64_t* idx = indices.data_ptr<int64_t>();
   for (size_t t = 0; t < bitmaps.size(); ++t) {
-    const at::Tensor& bits = bitmaps[t];
-    TORCH_CHECK_VALUE(bits.device().is_cpu() && bits.scalar_type() == at::kByte && bits.dim() == 1 &&
-                          bits.is_contiguous(), "bitmap ", t, " must be a contiguous 1-D uint8 CPU tensor");
-    uint8_t* b = bits.data_ptr<uint8_t>();
-    const uint64_t limit = uint64_t(bits.numel()) * 8;
+    uint8_t* b = BitmapData(bitmaps[t], t);
+    const uint64_t limit = uint64_t(bitmaps[t].numel()) * 8;
     for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i) {
       const uint64_t id = uint64_t(idx[i]);
       TORCH_CHECK_INDEX(id < limit, "row id ", idx[i], " at position ", i, " is outside bitmap ", t, " (", limit,
                         " rows)");
+      b[id >> 3] |= uint8_t(1u << (id & 7));
+    }
+  }
+}
+
+// As MarkRowBits for the lookups of a kernel this project does not own (FBGEMM's): an id
+// outside [0, rows[t]) marks row 0, the row FBGEMM's bounds check computes it on (or its
+// lookup fails), and never raises here.
+void MarkLookedUpRows(const std::vector<at::Tensor>& bitmaps, const at::Tensor& indices,
+                      const std::vector<int64_t>& bounds, const std::vector<int64_t>& rows) {
+  CheckBounds(bitmaps, indices, bounds);
+  TORCH_CHECK_VALUE(rows.size() == bitmaps.size(), "rows must have one entry per bitmap");
+  const int64_t* idx = indices.data_ptr<int64_t>();
+  for (size_t t = 0; t < bitmaps.size(); ++t) {
+    uint8_t* b = BitmapData(bitmaps[t], t);
+    TORCH_CHECK_VALUE(rows[t] >= 1 && uint64_t(rows[t]) <= uint64_t(bitmaps[t].numel()) * 8, "rows[", t, "]=",
+                      rows[t], " must be in [1, the bitmap's ", bitmaps[t].numel() * 8, " bits]");
+    const uint64_t limit = uint64_t(rows[t]);
+    for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i) {
+      uint64_t id = uint64_t(idx[i]);
+      id = id < limit ? id : 0;
       b[id >> 3] |= uint8_t(1u << (id & 7));
     }
   }
@@ -175,6 +208,10 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
            "(table) -> lookups, unique_rows, hits, misses, evictions, overflow_assignments.")
       .def("reset", &KernelCacheIndexHandle::reset, "(table): empties the table's cache.");
   m.def("mark_row_bits(Tensor[] bitmaps, Tensor indices, int[] bounds) -> ()");
+  m.def("mark_looked_up_rows(Tensor[] bitmaps, Tensor indices, int[] bounds, int[] rows) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(mtrains, CPU, m) { m.impl("mark_row_bits", &mtrains::MarkRowBits); }
+TORCH_LIBRARY_IMPL(mtrains, CPU, m) {
+  m.impl("mark_row_bits", &mtrains::MarkRowBits);
+  m.impl("mark_looked_up_rows", &mtrains::MarkLookedUpRows);
+}

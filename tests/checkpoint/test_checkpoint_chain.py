@@ -93,14 +93,20 @@ def test_a_delta_holds_exactly_the_rows_trained_since_the_previous_save(chain) -
     tmp, _, records, _, touched = chain
     assert [records[s].kind for s in SAVES] == ["full", "delta", "delta"]
     for prev, step in zip(SAVES, SAVES[1:]):
-        rows = set().union(*touched[prev:step])
-        tiered = {(t, i) for t, i in rows if TIERS[t] is not None}
-        assert records[step].rows_written == len(tiered)
+        rows = set().union(*touched[prev:step])  # of tiered and FUSED tables alike
+        assert records[step].rows_written == len(rows)
         manifest = _manifest(records[step].path)
         saved = {(p.spec.table, i) for p in manifest.pieces for i in _chunk_ids(records[step].path, p)}
-        assert saved == tiered
-    # The full step holds every row (the initial weights were loaded into every row).
+        assert saved == rows
+        assert {p.spec.table for p in manifest.pieces if p.fused} == {"plain_d"}
+        # The FUSED table is out of the delta's dense state: its changed rows are the chunks.
+        assert "model.ebc.embedding_bags.plain_d.weight" not in StepReader(records[step].path, None).metadata \
+            .state_dict_metadata
+    # The full step holds every tiered row (the initial weights were loaded into every row)
+    # and the FUSED table whole in the dense state, as TorchRec saves it.
     assert records[2].rows_written == sum(r for t, (r, _, _) in harness.TABLES.items() if TIERS[t])
+    full = StepReader(records[2].path, None).metadata.state_dict_metadata
+    assert tuple(full["model.ebc.embedding_bags.plain_d.weight"].size) == harness.TABLES["plain_d"][:2]
 
 
 def _manifest(path: str) -> StepManifest:

@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 TIERED = {"ssd_a": "ssd", "ssd_b": "ssd", "scm_c": "scm", "plain_d": None}
 # World 1, other tiers: SSD -> DRAM, SCM -> SSD, plain FUSED stays FUSED.
 SWAPPED = {"ssd_a": "dram", "ssd_b": "dram", "scm_c": "ssd", "plain_d": None}
+# World 1, tables that change kind: the FUSED one (its deltas hold its changed rows) onto
+# SCM, an SSD one into TorchRec's FUSED kernel.
+KINDS = {"ssd_a": None, "ssd_b": "ssd", "scm_c": "dram", "plain_d": "scm"}
 # A fraction this large never cuts a chain short: its length is full_every's alone.
 FRACTION = 100.0
 
@@ -110,7 +113,8 @@ class Runs:
             # column-wise (see test_restore_into_column_wise_is_exact).
             restore("deltas5_column_wise", 5, sharding_type="column_wise", table_sharding={"plain_d": "table_wise"}),
         ])
-        world1 = [restore("deltas5_world1_swapped", 5, world_size=1, tiers=SWAPPED)]
+        world1 = [restore("deltas5_world1_swapped", 5, world_size=1, tiers=SWAPPED),
+                  restore("deltas5_world1_kinds", 5, world_size=1, tiers=KINDS)]
         kill = dict(world_size=1, steps=K_STEPS, tiers=TIERED, init_file=self.init,
                     diff_every=K_EVERY, full_every=K_FULL_EVERY, max_chain_fraction=FRACTION)
         world1.append(self.spec("kill_ref", diff_dir=str(self.workdir / "kill_ref_chain"), **kill))
@@ -161,6 +165,13 @@ def _trainer(ckpt: str, step: int) -> dict:
 
 def test_reference_saves_a_full_step_then_five_deltas(runs: Runs) -> None:
     saves = _diff_saves(runs.out["ref"])
+    # The FUSED table is whole in the full step's dense state, its changed rows in each delta.
+    for step in (2, 4, 12):
+        manifests = [json.loads(json.loads(Path(runs.chain, _name(step), f"tiered.rank{r}.json").read_text())["manifest"])
+                     for r in range(2)]
+        fused = [p for m in manifests for p in m["pieces"] if p["fused"]]
+        assert [p["spec"]["table"] for p in fused] == ["plain_d"]
+        assert fused[0]["complete"] == (step == 2) and bool(fused[0]["chunks"]) == (step != 2)
     assert [(s["step"], s["kind"]) for s in saves] == [(2, "full")] + [(s, "delta") for s in (4, 6, 8, 10, 12)]
     assert all(s["rows_written"] > 0 for s in saves)
     # A delta holds only the rows written since the previous save: fewer than the full step's.
@@ -184,7 +195,7 @@ def test_restore_after_deltas_equals_the_state_saved_then(runs: Runs, deltas: in
                         f"restored after {deltas} deltas")
 
 
-@pytest.mark.parametrize("name", ["deltas5_world1_swapped", "deltas5_row_wise"])
+@pytest.mark.parametrize("name", ["deltas5_world1_swapped", "deltas5_world1_kinds", "deltas5_row_wise"])
 def test_restore_into_another_layout_is_exact(runs: Runs, name: str) -> None:
     _assert_equal_state(harness.read_final(runs.out["ref"]), harness.read_final(runs.out[name]), name)
 

@@ -68,3 +68,21 @@ def test_the_kernel_marks_the_rows_training_steps_look_up(tmp_path) -> None:
     emb.set_rows(0, torch.tensor([3, 999]), torch.zeros(2, 8))
     assert emb.dirty_rows(0).ids().tolist() == [3, 999]
     emb.close()
+
+
+def test_looked_up_rows_of_a_fused_kernel_mark_row_zero_for_ids_outside_the_table() -> None:
+    """FBGEMM's bounds check computes an out-of-range id on row 0: the FUSED tables' marks
+    say so instead of raising inside TorchRec's forward."""
+    a, b = DirtyRows(10), DirtyRows(20)
+    indices = torch.tensor([3, 9, 12, -1, 5, 19, 20], dtype=torch.int64)
+    # features 0 and 1 are table a's, feature 2 table b's
+    torch.ops.mtrains.mark_looked_up_rows([a.bits, a.bits, b.bits], indices, [0, 2, 4, 7], [10, 10, 20])
+    assert a.ids().tolist() == [0, 3, 9]  # 12 and -1 are outside its 10 rows
+    assert b.ids().tolist() == [0, 5, 19]  # 20 is outside its 20 rows
+
+
+def test_looked_up_rows_refuse_a_row_count_beyond_the_bitmap() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match=r"rows\[0\]=17 must be in \[1, the bitmap's 16 bits\]"):
+        torch.ops.mtrains.mark_looked_up_rows([DirtyRows(10).bits], torch.zeros(1, dtype=torch.int64), [0, 1], [17])

@@ -28,14 +28,19 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.collectives import all_gather, all_sum, barrier, gather_errors, rank, world_size
 from torchrec_mtrains.checkpoint.dense_state import load_dense, load_plain, load_state_dicts, state_of
+from torchrec_mtrains.checkpoint.fused_parts import delta_tables, fused_save_pieces
+from torchrec_mtrains.checkpoint.fused_tracking import FusedShardRows, clear_fused_dirty, track_fused_tables
 from torchrec_mtrains.checkpoint.failures import errno_of, first_line
 from torchrec_mtrains.checkpoint.integrity import check_files, file_crc
 from torchrec_mtrains.checkpoint.kind_change import (
     changed_tables,
     check_dense_sources,
+    dense_sources,
     fused_pieces,
+    pop_tables,
     restore_from_dense,
     tiered_tables,
+    weight_key,
 )
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.restore import apply_rows, chain_specs, check_rows
@@ -188,56 +193,37 @@ class DifferentialCheckpointer:
         flush_tiers(model)
         fault_point("checkpoint.flush")
         pieces = local_pieces(model)
-        layout = _layout(pieces)
         linked = [p for p in pieces if self.link_ssd_tables and linked_store(p, self.directory) is not None]
         copied = [p for p in pieces if p not in linked]
-        kind, chunks = self._kind_and_chunks(layout, copied)
-        base = step if kind == FULL else self._chain.base
-        parent = None if kind == FULL else self._chain.last
-        planner = RowChunkPlanner(chunks)
-        writer = RowChunkWriter(path, planner.chunk_keys(), file_bytes=2 * self.chunk_bytes)
-        try:
-            with exclude_tiered_state(model):
-                dcp.save(state_of(model, dense_optimizer), storage_writer=writer, planner=planner)
-            links, error = self._link(linked, path, step)
-            if error is None:
-                error = self._write_manifest(path, step, kind, base, parent, copied, chunks, links,
-                                             writer.state_files, trainer or {})
-            errors = gather_errors(error)
-            if errors:
-                raise OSError(errno.EIO, "; ".join(errors))
-            fault_point("checkpoint.saved")
-            rows, tiered, row_bytes, dense, rows_linked, linked_bytes, map_bytes = all_sum([
-                sum(c.count for c in chunks), sum(c.nbytes for c in chunks),
-                sum(c.count * c.piece.spec.row_bytes for c in chunks),
-                sum(os.path.getsize(os.path.join(path, f)) for f in writer.state_files),
-                sum(r.snapshot.entries for r in links), sum(r.snapshot.entries * r.spec.row_bytes for r in links),
-                sum(r.snapshot.entries * MAP_ENTRY_BYTES for r in links),
-            ])
-            record = CheckpointRecord(step, kind, path, bytes=0, rows_written=rows, seconds=0.0, row_bytes=row_bytes,
-                                      dense_bytes=dense, rows_linked=rows_linked, linked_row_bytes=linked_bytes,
-                                      map_bytes=map_bytes)
-            nbytes = 0
-            if rank() == 0:
-                nbytes = chain_dir.dir_bytes(path)
-                chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
-                    **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
-                    "world_size": world_size(), "tiered_bytes": tiered,
-                    **dataclasses.replace(record, bytes=nbytes).counts(),
-                }))
-            record = dataclasses.replace(record, bytes=all_sum([nbytes])[0])
-        except (CheckpointException, OSError) as e:
-            code = errno_of(e)
-            if code == errno.EIO and shutil.disk_usage(self.directory).free < _FULL_BYTES:
-                # DCP writes tensors through torch.save's zip writer, which reports a full disk
-                # as RuntimeError("unexpected pos ..."): name the cause from the free space.
-                code = errno.ENOSPC
-            if rank() == 0:
-                shutil.rmtree(path, ignore_errors=True)
-            for p in linked:  # this step never completes: its rows need not stay
-                p.emb.linkable_store(p.t).unpin_snapshot(step)
-            raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {first_line(e)}; "
-                                f"the latest complete checkpoint is still {previous}") from e
+        shards = track_fused_tables(model)
+        with exclude_tiered_state(model):
+            state = state_of(model, dense_optimizer)
+            tracked = delta_tables(state, shards)
+            fused = fused_save_pieces(state, shards, tracked)
+            layout = _layout(pieces + fused, shards)
+            kind, chunks = self._kind_and_chunks(layout, copied, fused)
+            if kind == DELTA:  # their changed rows are in the chunks
+                pop_tables(state, tracked)
+            base = step if kind == FULL else self._chain.base
+            parent = None if kind == FULL else self._chain.last
+            planner = RowChunkPlanner(chunks)
+            writer = RowChunkWriter(path, planner.chunk_keys(), file_bytes=2 * self.chunk_bytes)
+            try:
+                dcp.save(state, storage_writer=writer, planner=planner)
+                record, tiered, fused_bytes = self._finish(path, step, kind, base, parent, copied, fused, chunks,
+                                                           linked, writer, trainer)
+            except (CheckpointException, OSError) as e:
+                code = errno_of(e)
+                if code == errno.EIO and shutil.disk_usage(self.directory).free < _FULL_BYTES:
+                    # DCP writes tensors through torch.save's zip writer, which reports a full disk
+                    # as RuntimeError("unexpected pos ..."): name the cause from the free space.
+                    code = errno.ENOSPC
+                if rank() == 0:
+                    shutil.rmtree(path, ignore_errors=True)
+                for p in linked:  # this step never completes: its rows need not stay
+                    p.emb.linkable_store(p.t).unpin_snapshot(step)
+                raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {first_line(e)}; "
+                                    f"the latest complete checkpoint is still {previous}") from e
         if rank() == 0:
             fault_point("checkpoint.latest")
             chain_dir.write_atomic(os.path.join(self.directory, "latest"), name)
@@ -246,12 +232,48 @@ class DifferentialCheckpointer:
         barrier()
         release_pins(model, self.directory)
         clear_dirty(model)
+        clear_fused_dirty(model)
         if kind == FULL:
-            self._chain = _Chain(step, step, 1, tiered, 0, layout)
+            self._chain = _Chain(step, step, 1, tiered + fused_bytes, 0, layout)
         else:
             self._chain = dataclasses.replace(self._chain, last=step, steps=self._chain.steps + 1,
                                               delta_bytes=self._chain.delta_bytes + tiered)
         return dataclasses.replace(record, seconds=time.perf_counter() - t0)
+
+    def _finish(self, path: str, step: int, kind: str, base: int, parent: Optional[int], copied: List[LocalPiece],
+                fused: List[LocalPiece], chunks: List[PlannedChunk], linked: List[LocalPiece],
+                writer: RowChunkWriter, trainer: Optional[Dict[str, Any]]) -> Tuple[CheckpointRecord, int, int]:
+        """Once DCP wrote the step's data: links the SSD tables, writes this rank's manifest
+        and (rank 0) trainer.json. Returns the step's record, its copied rows' bytes and the
+        bytes of the FUSED shards it holds whole (every rank's)."""
+        links, error = self._link(linked, path, step)
+        if error is None:
+            error = self._write_manifest(path, step, kind, base, parent, copied, fused, chunks, links,
+                                         writer.state_files, trainer or {})
+        errors = gather_errors(error)
+        if errors:
+            raise OSError(errno.EIO, "; ".join(errors))
+        fault_point("checkpoint.saved")
+        fused_whole = 0 if kind == DELTA else sum(p.spec.rows * p.spec.row_bytes for p in fused)
+        rows, tiered, row_bytes, dense, rows_linked, linked_bytes, map_bytes, fused_bytes = all_sum([
+            sum(c.count for c in chunks), sum(c.nbytes for c in chunks),
+            sum(c.count * c.piece.spec.row_bytes for c in chunks),
+            sum(os.path.getsize(os.path.join(path, f)) for f in writer.state_files),
+            sum(r.snapshot.entries for r in links), sum(r.snapshot.entries * r.spec.row_bytes for r in links),
+            sum(r.snapshot.entries * MAP_ENTRY_BYTES for r in links), fused_whole,
+        ])
+        record = CheckpointRecord(step, kind, path, bytes=0, rows_written=rows, seconds=0.0, row_bytes=row_bytes,
+                                  dense_bytes=dense, rows_linked=rows_linked, linked_row_bytes=linked_bytes,
+                                  map_bytes=map_bytes)
+        nbytes = 0
+        if rank() == 0:
+            nbytes = chain_dir.dir_bytes(path)
+            chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
+                **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
+                "world_size": world_size(), "tiered_bytes": tiered,
+                **dataclasses.replace(record, bytes=nbytes).counts(),
+            }))
+        return dataclasses.replace(record, bytes=all_sum([nbytes])[0]), tiered, fused_bytes
 
     @staticmethod
     def _link(pieces: List[LocalPiece], path: str, step: int) -> Tuple[List[PieceRecord], Optional[str]]:
@@ -261,15 +283,17 @@ class DifferentialCheckpointer:
         except (OSError, ValueError) as e:
             return [], f"rank {rank()}: {e}"
 
-    def _kind_and_chunks(self, layout: Tuple, pieces: List[LocalPiece]) -> Tuple[str, List[PlannedChunk]]:
+    def _kind_and_chunks(self, layout: Tuple, pieces: List[LocalPiece],
+                         fused: List[LocalPiece]) -> Tuple[str, List[PlannedChunk]]:
         """The step's kind and its chunks. FULL without a chain of this layout, after
-        ``full_every`` steps, or when the chain's tiered rows would outgrow their fraction
-        of the full step's (the dense state, written whole by every step, does not count);
-        the same answer on every rank. A delta's chunks, planned to count its rows, serve."""
+        ``full_every`` steps, or when the chain's rows would outgrow their fraction of the
+        full step's (tiered rows and FUSED shards; the rest of the dense state, written whole
+        by every step, does not count); the same answer on every rank. A delta's chunks,
+        planned to count its rows, serve. A full step leaves FUSED shards in the dense state."""
         c = self._chain
         if c is None or c.layout != layout or c.steps >= self.full_every:
             return FULL, self._plan(FULL, pieces)
-        chunks = self._plan(DELTA, pieces)
+        chunks = self._plan(DELTA, pieces + fused)
         dirty = all_sum([sum(ch.count * ch.piece.spec.row_bytes for ch in chunks)])[0]
         if c.delta_bytes + dirty > self.max_chain_fraction * c.base_bytes:
             return FULL, self._plan(FULL, pieces)
@@ -286,14 +310,17 @@ class DifferentialCheckpointer:
         return chunks
 
     def _write_manifest(self, path: str, step: int, kind: str, base: int, parent: Optional[int],
-                        pieces: List[LocalPiece], chunks: List[PlannedChunk], links: List[PieceRecord],
-                        state_files: List[str], trainer: Dict[str, Any]) -> Optional[str]:
+                        pieces: List[LocalPiece], fused: List[LocalPiece], chunks: List[PlannedChunk],
+                        links: List[PieceRecord], state_files: List[str], trainer: Dict[str, Any]) -> Optional[str]:
         """Writes this rank's manifest; returns the error that prevented it, if any."""
         records = list(links)
         for p in pieces:
             mine = [c for c in chunks if c.piece is p]
             complete = kind == FULL and sum(c.count for c in mine) == p.spec.rows
             records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine]))
+        for p in fused:  # whole in the dense state (full) or its changed rows (delta)
+            mine = [c for c in chunks if c.piece is p]
+            records.append(PieceRecord(p.spec, kind == FULL, [c.spec() for c in mine], fused=True))
         records.sort(key=lambda r: r.spec.key)
         try:
             files = {f: file_crc(os.path.join(path, f)) for f in state_files}
@@ -332,6 +359,7 @@ class DifferentialCheckpointer:
             self._chain = None
             return trainer
         pieces = local_pieces(model)
+        shards = track_fused_tables(model)
         failure: Optional[ChainError] = None
         chain: List[ChainStep] = []
         with exclude_tiered_state(model):
@@ -339,12 +367,18 @@ class DifferentialCheckpointer:
             try:
                 chain = chain_dir.read_chain(path)
                 changed = changed_tables(pieces, tiered_tables(model), chain, state["model"])
+                # FUSED when saved and now, with deltas of their changed rows: their dense
+                # state loads from the step that holds it, the deltas' rows go on top.
+                fused_then = {(s.module, s.table) for s in chain_specs(chain, fused=True)}
+                fused_now = {t for t in fused_then - tiered_tables(model) if weight_key(t) in state["model"]}
+                earlier = _earlier_sources(chain, fused_now)
                 adoptions = _adoptions(pieces, chain)
                 adopted = {a.piece.spec.key for a in adoptions}
-                targets = [p for p in pieces if p.spec.key not in adopted] + fused_pieces(state, changed.to_fused)
+                targets = [p for p in pieces if p.spec.key not in adopted] + \
+                    fused_pieces(state, changed.to_fused | fused_now)
                 check_files(chain)
                 check_rows(targets, chain)
-                check_dense_sources(changed.to_tiered, chain[-1])
+                check_dense_sources(changed.to_tiered, chain)
             except ChainError as e:
                 failure = e
             errors = gather_errors(None if failure is None else str(failure))
@@ -352,15 +386,26 @@ class DifferentialCheckpointer:
                 raise failure
             if errors:  # another rank found damage: nothing is restored anywhere
                 raise ChainError("; ".join(errors), path, step)
-            load_dense(path, state, changed)
+            load_dense(path, state, changed, earlier)
             for adoption in adoptions:
                 adopt(adoption, self.directory)
+            restore_from_dense(pieces, changed.to_tiered, chain)
             apply_rows(targets, chain)  # FUSED-now tables: into the state's tensors
-            restore_from_dense(pieces, changed.to_tiered, chain[-1])
             load_state_dicts(state, model, dense_optimizer)
         clear_dirty(model)
-        self._chain = _chain_of(chain)
+        clear_fused_dirty(model)
+        self._chain = _chain_of(chain, shards)
         return dict(chain[-1].manifests[0].trainer)
+
+
+def _earlier_sources(chain: List[ChainStep], tables) -> Dict[str, set]:
+    """{step directory: tables} of the FUSED tables whose dense state is in a step before
+    the chain's last (its full step; the deltas hold their changed rows)."""
+    out: Dict[str, set] = {}
+    for table, n in dense_sources(chain, tables).items():
+        if n != len(chain) - 1:
+            out.setdefault(chain[n].reader.path, set()).add(table)
+    return out
 
 
 def _adoptions(pieces: List[LocalPiece], chain: List[ChainStep]):
@@ -375,19 +420,23 @@ def _adoptions(pieces: List[LocalPiece], chain: List[ChainStep]):
     return found
 
 
-def _chain_of(chain: List[ChainStep]) -> _Chain:
+def _chain_of(chain: List[ChainStep], shards: List[FusedShardRows]) -> _Chain:
     sizes = [sum(m.tiered_bytes for m in s.manifests) for s in chain]
-    layout = tuple(sorted(chain_specs(chain), key=_spec_key))
-    return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0], sum(sizes[1:]), layout)
+    fused_bytes = sum(m.fused_bytes for m in chain[0].manifests)
+    installs = all_gather(sorted({s.tracking.install for s in shards}))
+    layout = tuple(sorted(chain_specs(chain), key=_spec_key)), tuple(tuple(i) for i in installs)
+    return _Chain(chain[0].step, chain[-1].step, len(chain), sizes[0] + fused_bytes, sum(sizes[1:]), layout)
 
 
 def _spec_key(spec) -> str:
     return spec.key
 
 
-def _layout(pieces: List[LocalPiece]) -> Tuple:
-    """Every rank's shard specs, sorted: a chain continues only on the same layout."""
-    every = [spec for part in all_gather([p.spec for p in pieces]) for spec in part]
-    return tuple(sorted(every, key=_spec_key))
+def _layout(pieces: List[LocalPiece], shards: List[FusedShardRows]) -> Tuple:
+    """Every rank's shard specs, sorted, and which install of FUSED tracking each rank's
+    kernels have: a chain continues only on the same layout, tracked since its last step."""
+    parts = all_gather(([p.spec for p in pieces], sorted({s.tracking.install for s in shards})))
+    every = [spec for specs, _ in parts for spec in specs]
+    return tuple(sorted(every, key=_spec_key)), tuple(tuple(installs) for _, installs in parts)
 
 

@@ -3,12 +3,12 @@ saves them, tiered rows left out -- and loading it back, or loading a plain DCP 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from torchrec_mtrains.checkpoint.kind_change import ChangedTables, pop_changed
+from torchrec_mtrains.checkpoint.kind_change import ChangedTables, Table, pop_tables, table_state
 from torchrec_mtrains.checkpoint.tiered_parts import clear_dirty
 
 __all__ = ["load_dense", "load_plain", "load_state_dicts", "state_of"]
@@ -25,15 +25,30 @@ def state_of(model: nn.Module, dense_optimizer: Any) -> Dict[str, Any]:
     return state
 
 
-def load_dense(path: str, state: Dict[str, Any], changed: Optional[ChangedTables] = None) -> None:
-    """Fills ``state`` from the step's DCP files, leaving out tables that changed kind."""
-    taken = pop_changed(state, changed) if changed else []
+def load_dense(path: str, state: Dict[str, Any], changed: Optional[ChangedTables] = None,
+               earlier: Optional[Dict[str, Set[Table]]] = None) -> None:
+    """Fills ``state`` from the step's DCP files, leaving out tables that changed kind;
+    ``earlier``: {step directory: FUSED tables} whose weights and optimizer state load from
+    that earlier step of the chain instead (the full step, for tables whose deltas hold
+    only their changed rows). Collective: the same steps and tables on every rank."""
+    earlier = earlier or {}
+    moved: Set[Table] = set().union(*earlier.values()) if earlier else set()
+    parts = {source: table_state(state, tables) for source, tables in earlier.items()}
+    taken = pop_tables(state, (changed.to_fused | changed.to_tiered if changed else set()) | moved)
+    _load(state, path)
+    for source in sorted(parts):
+        _load(parts[source], source)
+    for parent, key, value in reversed(taken):
+        parent[key] = value
+
+
+def _load(state: Dict[str, Any], path: str) -> None:
     # When this rank lacks keys the checkpoint has (another rank's table), DCP's load falls
     # back to its pre-2.4 key format, in which a subtree without tensors (the optimizer
     # state of a tiered table, kept out: {}) is a key of its own that no checkpoint holds.
     emptied = _pop_empty(state)
     dcp.load(state, checkpoint_id=path)
-    for parent, key, value in reversed(taken + emptied):
+    for parent, key, value in reversed(emptied):
         parent[key] = value
 
 

@@ -47,7 +47,8 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.integrity import check_files
 from torchrec_mtrains.checkpoint.steps import ChainStep
-from torchrec_mtrains.checkpoint.restore import init_rows, read_chunk, split_rows
+from torchrec_mtrains.checkpoint.kind_change import dense_sources
+from torchrec_mtrains.checkpoint.restore import init_rows, join_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
 from torchrec_mtrains.sharding.checkpoint import rowwise_metadata
@@ -122,6 +123,7 @@ class _ExportPiece:
     param: str  # the table's weight in the model's state_dict: "<module>embedding_bags.<table>.weight"
     state_offsets: Offsets  # offsets of the shard's optimizer state in its tensor
     state_size: Tuple[int, ...]  # of that tensor: 1 dimension (row-wise) or 2 (element-wise)
+    source: Optional[int] = None  # a FUSED shard: the step whose dense state holds it (deltas on top)
 
     @property
     def rowwise(self) -> bool:
@@ -162,10 +164,12 @@ def _export_pieces(chain: List[ChainStep]) -> List[_ExportPiece]:
     tables: Dict[Tuple[str, str], List[PieceSpec]] = {}
     for spec in specs.values():
         tables.setdefault((spec.module, spec.table), []).append(spec)
+    fused = {(r.spec.module, r.spec.table) for records in by_key.values() for r in records if r is not None and r.fused}
+    sources = dense_sources(chain, fused)
     out = []
-    for table_specs in tables.values():
+    for table, table_specs in tables.items():
         _check_cover(full, table_specs)
-        out += _table_pieces(table_specs, by_key)
+        out += _table_pieces(table_specs, by_key, sources.get(table))
     return sorted(out, key=lambda p: p.spec.key)
 
 
@@ -190,7 +194,8 @@ def _check_cover(full: ChainStep, specs: List[PieceSpec]) -> None:
         )
 
 
-def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[PieceRecord]]]) -> List[_ExportPiece]:
+def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[PieceRecord]]],
+                  source: Optional[int]) -> List[_ExportPiece]:
     """One table's shards with the keys and optimizer-state layout of TorchRec's FUSED kernel."""
     first = specs[0]
     param = f"{first.module}embedding_bags.{first.table}.weight"
@@ -210,7 +215,7 @@ def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[Piece
     for s in specs:
         offsets = (s.row_offset, s.col_offset)
         state_offsets = tuple(rowwise[offsets].shard_offsets) if rowwise else offsets
-        out.append(_ExportPiece(s, records[s.key], param, state_offsets, size))
+        out.append(_ExportPiece(s, records[s.key], param, state_offsets, size, source))
     return out
 
 
@@ -244,12 +249,14 @@ class _BlockSource:
             self._cached.clear()
             self._piece = spec.key
         full = piece.records[0]
-        if full is None or not full.complete:
+        if piece.source is not None:
+            out = self._dense_rows(piece, lo, hi)
+        elif full is None or not full.complete:
             out = init_rows(spec, torch.arange(lo, hi))
         else:
             out = torch.empty(hi - lo, spec.row_width, dtype=spec.torch_dtype)
         for n, record in enumerate(piece.records):
-            if record is None:
+            if record is None or (piece.source is not None and n <= piece.source):
                 continue
             chunks = record.chunks  # ascending, disjoint row ranges
             ends = self._ends.setdefault((spec.key, n), [c.row_hi for c in chunks])
@@ -261,6 +268,19 @@ class _BlockSource:
                 keep = (ids >= lo) & (ids < hi)
                 out[ids[keep] - lo] = rows[keep]
         return out
+
+    def _dense_rows(self, piece: _ExportPiece, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``[lo, hi)`` of a FUSED shard as its dense-state step saved them."""
+        spec, read = piece.spec, self.chain[piece.source].reader.read_block
+        weights = read(piece.weight_fqn, [spec.row_offset + lo, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
+        state = None
+        if piece.state_fqn is not None:
+            if piece.rowwise:
+                state = read(piece.state_fqn, [piece.state_offsets[0] + lo], (hi - lo,), torch.float32)
+            else:
+                state = read(piece.state_fqn, [spec.row_offset + lo, spec.col_offset], (hi - lo, spec.cols),
+                             torch.float32)
+        return join_rows(weights, state)
 
     def _chunk(self, n: int, record: PieceRecord, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
         cached = self._cached.get(n)
@@ -358,13 +378,13 @@ def _read_dense(last: ChainStep, pieces: List[_ExportPiece]) -> Tuple[Dict[str, 
     (flat values, their unflattening as that step recorded it)."""
     metadata = last.reader.metadata
     skip = {f"{c.key}{end}" for m in last.manifests for r in m.pieces for c in r.chunks for end in ("", "/ids")}
-    placeholders = {p.weight_fqn for p in pieces}
+    placeholders = {p.weight_fqn for p in pieces if p.source is None}
     for fqn in sorted(placeholders):
         if fqn not in metadata.state_dict_metadata:
             where = os.path.join(last.reader.path, ".metadata")
             raise ChainError(f"checkpoint {where} (step {last.step}) has no placeholder {fqn!r} of a tiered table",
                              where, last.step)
-    exported = placeholders | {p.state_fqn for p in pieces if p.state_fqn is not None}
+    exported = {p.weight_fqn for p in pieces} | {p.state_fqn for p in pieces if p.state_fqn is not None}
     dense: Dict[str, Any] = {}
     for fqn, md in metadata.state_dict_metadata.items():
         if fqn in skip or fqn in exported:

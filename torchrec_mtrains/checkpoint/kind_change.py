@@ -22,13 +22,13 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torchrec_mtrains.checkpoint.steps import ChainStep
-from torchrec_mtrains.checkpoint.restore import chain_specs
+from torchrec_mtrains.checkpoint.restore import chain_specs, join_rows
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
 
 __all__ = [
-    "ChangedTables", "FusedRows", "changed_tables", "check_dense_sources", "fused_pieces", "pop_changed",
-    "restore_from_dense", "tiered_tables",
+    "ChangedTables", "FusedRows", "changed_tables", "check_dense_sources", "dense_sources", "fused_pieces",
+    "pop_tables", "restore_from_dense", "table_state", "tiered_tables",
 ]
 
 Table = Tuple[str, str]  # (state_dict prefix of the collection, table name)
@@ -54,17 +54,17 @@ class ChangedTables:
 def changed_tables(pieces: List[LocalPiece], tiered_now: Set[Table], chain: List[ChainStep],
                    model_state: Dict[str, Any]) -> ChangedTables:
     """Which tables changed kind (the same answer on every rank: from the plan and the chain)."""
-    saved_tiered = {(s.module, s.table) for s in chain_specs(chain)}
+    saved_tiered = {(s.module, s.table) for s in chain_specs(chain, fused=False)}
     fused_now = {t for t in saved_tiered if isinstance(model_state.get(weight_key(t)), ShardedTensor)}
     return ChangedTables(fused_now - tiered_now, tiered_now - saved_tiered)
 
 
-def pop_changed(state: Dict[str, Any], changed: ChangedTables) -> List[Tuple[Dict[str, Any], str, Any]]:
-    """Takes the changed tables' entries out of a state (``{"model": ..., "optim": ...}``)
-    for the dense load; returns (parent, key, value) of each, to put back."""
+def pop_tables(state: Dict[str, Any], tables: Set[Table]) -> List[Tuple[Dict[str, Any], str, Any]]:
+    """Takes the tables' entries (weights, optimizer state) out of a state (``{"model": ...,
+    "optim": ...}``); returns (parent, key, value) of each, to put back."""
     removed = []
     optim_state = state.get("optim", {}).get("state", {})
-    for table in changed.to_fused | changed.to_tiered:
+    for table in sorted(tables):
         key = weight_key(table)
         if key in state["model"]:
             removed.append((state["model"], key, state["model"].pop(key)))
@@ -93,11 +93,7 @@ class FusedRows:
         return torch.arange(start, stop)  # every row is in memory, none initial by construction
 
     def store_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
-        w = self.weights[ids]
-        if self.state is None:
-            return w
-        s = self.state[ids].reshape(ids.numel(), -1).to(torch.float32).contiguous().view(w.dtype)
-        return torch.cat([w, s], dim=1)
+        return join_rows(self.weights[ids], None if self.state is None else self.state[ids])
 
     def set_rows(self, t: int, ids: torch.Tensor, weights: torch.Tensor, state: Optional[torch.Tensor]) -> None:
         with torch.no_grad():
@@ -131,23 +127,59 @@ def _blocks(rows: int, block_rows: int) -> Iterator[Tuple[int, int]]:
         yield lo, min(rows, lo + block_rows)
 
 
-def check_dense_sources(tables: Set[Table], last: ChainStep) -> None:
-    """Raises ChainError unless the last step holds the saved weights of every table in
-    ``tables`` (tiered now, so they must have been FUSED when saved)."""
-    keys = last.reader.metadata.state_dict_metadata
+def dense_sources(chain: List[ChainStep], tables: Set[Table]) -> Dict[Table, int]:
+    """Where each of ``tables`` (FUSED when saved) has its rows in the dense state: the index
+    of the chain's last step that holds its weights there. That is the last step for a table
+    saved whole at every step, the full step for one whose deltas hold only its changed rows
+    (``PieceRecord.fused``, applied on top).
+
+    Raises:
+        ChainError: no step of the chain holds the table's weights.
+    """
+    out = {}
     for table in sorted(tables):
         key = f"model.{weight_key(table)}"
-        if not isinstance(keys.get(key), TensorStorageMetadata) or len(keys[key].size) != 2:
+        held = [n for n, s in enumerate(chain) if _is_weight(s.reader.metadata.state_dict_metadata.get(key))]
+        if not held:
+            last = chain[-1]
             raise ChainError(
                 f"checkpoint {last.reader.path} (step {last.step}) has no rows of table {table[0]}{table[1]}: "
                 "it was neither tiered nor a FUSED table there", last.reader.path, last.step)
+        out[table] = held[-1]
+    return out
+
+
+def _is_weight(md: Any) -> bool:
+    return isinstance(md, TensorStorageMetadata) and len(md.size) == 2
+
+
+def check_dense_sources(tables: Set[Table], chain: List[ChainStep]) -> None:
+    """Raises ChainError unless a step of the chain holds the saved weights of every table
+    in ``tables`` (tiered now, so they must have been FUSED when saved)."""
+    dense_sources(chain, tables)
+
+
+def table_state(state: Dict[str, Any], tables: Set[Table]) -> Dict[str, Any]:
+    """The part of a state (``{"model": ..., "optim": ...}``) that holds ``tables`` (the same
+    values: loading it loads them into ``state``)."""
+    optim_state = state.get("optim", {}).get("state", {})
+    part: Dict[str, Any] = {"model": {}, "optim": {"state": {}}}
+    for table in sorted(tables):
+        key = weight_key(table)
+        if key in state["model"]:
+            part["model"][key] = state["model"][key]
+        if key in optim_state:
+            part["optim"]["state"][key] = optim_state[key]
+    return part
 
 
 def restore_from_dense(
-    pieces: List[LocalPiece], tables: Set[Table], last: ChainStep, block_rows: int = 1 << 16
+    pieces: List[LocalPiece], tables: Set[Table], chain: List[ChainStep], block_rows: int = 1 << 16
 ) -> None:
     """Writes the tiered shards of ``tables`` (FUSED when saved) from the saved ShardedTensors
-    of the chain's last step, a block of rows at a time."""
+    of their ``dense_sources`` step, a block of rows at a time (the rows of later deltas
+    are applied after, like any chunk)."""
+    sources = dense_sources(chain, tables)
     for piece in pieces:
         spec = piece.spec
         table = (spec.module, spec.table)
@@ -155,9 +187,9 @@ def restore_from_dense(
             continue
         wkey = f"model.{weight_key(table)}"
         skey = f"optim.state.{weight_key(table)}.{state_key(table)}"
+        read = chain[sources[table]].reader.read_block
         for lo, hi in _blocks(spec.rows, block_rows):
             r0 = spec.row_offset + lo
-            read = last.reader.read_block
             weights = read(wkey, [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
             state = None
             if spec.state_values == 1:  # row-wise: the first column shard's values (TorchRec stacks shards)

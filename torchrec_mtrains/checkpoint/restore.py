@@ -21,13 +21,15 @@ from torchrec_mtrains.checkpoint.store_links import read_linked_rows, read_map_c
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 
-__all__ = ["apply_rows", "chain_specs", "check_rows", "init_rows", "read_chunk", "split_rows"]
+__all__ = ["apply_rows", "chain_specs", "check_rows", "init_rows", "join_rows", "read_chunk", "split_rows"]
 
 
-def chain_specs(chain: List[ChainStep]) -> List[PieceSpec]:
-    """Every shard the chain's last step saved. A linked shard's record is in the full step
-    only (``chain.read_chain`` moves it there), the others are in every step."""
-    return list({p.spec.key: p.spec for s in (chain[0], chain[-1]) for p in s.pieces()}.values())
+def chain_specs(chain: List[ChainStep], fused: Optional[bool] = None) -> List[PieceSpec]:
+    """Every shard the chain's last step saved (``fused``: only the FUSED ones, True, or only
+    the tiered ones, False). A linked shard's record is in the full step only
+    (``chain.read_chain`` moves it there), the others are in every step."""
+    records = (p for s in (chain[0], chain[-1]) for p in s.pieces() if fused is None or p.fused == fused)
+    return list({p.spec.key: p.spec for p in records}.values())
 
 
 def read_chunk(step: ChainStep, record: PieceRecord, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +62,15 @@ def split_rows(spec: PieceSpec, rows: torch.Tensor) -> Tuple[torch.Tensor, Optio
     if spec.state_values == 0:
         return weights, None
     return weights, rows[:, spec.cols :].contiguous().view(torch.float32)
+
+
+def join_rows(weights: torch.Tensor, state: Optional[torch.Tensor]) -> torch.Tensor:
+    """Rows as the tiers store them: the weights, then the fp32 optimizer state's bytes
+    (``[n]`` row-wise or ``[n, values]``) as more elements of the weights' dtype."""
+    if state is None:
+        return weights
+    n = weights.shape[0]
+    return torch.cat([weights, state.reshape(n, -1).to(torch.float32).contiguous().view(weights.dtype)], dim=1)
 
 
 def init_rows(spec: PieceSpec, ids: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torchrec_mtrains.sharding.kernel import shard_offsets
 
 __all__ = [
     "LocalPiece", "clear_dirty", "collections_of", "exclude_tiered_state", "flush_tiers", "local_pieces",
+    "state_dict_prefix",
 ]
 
 
@@ -38,10 +39,10 @@ def _collections(model: nn.Module) -> Iterator[tuple]:
 def collections_of(model: nn.Module) -> Iterator[tuple]:
     """(state_dict prefix, collection) of every sharded collection with tiered tables."""
     for fqn, m in _collections(model):
-        yield _state_dict_prefix(fqn), m
+        yield state_dict_prefix(fqn), m
 
 
-def _state_dict_prefix(fqn: str) -> str:
+def state_dict_prefix(fqn: str) -> str:
     """The collection's prefix in ``model.state_dict()``: DistributedModelParallel leaves out
     its ``_dmp_wrapped_module.`` and the ``module.`` of the DDP wrapper under it."""
     for wrapper in ("_dmp_wrapped_module.", "module."):
@@ -61,7 +62,7 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
                 layout = emb.layouts[t]
                 lo, hi = emb.init_range(t)
                 spec = PieceSpec(
-                    table=table.name, module=_state_dict_prefix(fqn), row_offset=int(row), col_offset=int(col),
+                    table=table.name, module=state_dict_prefix(fqn), row_offset=int(row), col_offset=int(col),
                     rows=int(table.local_rows), cols=int(table.local_cols),
                     table_rows=int(table.num_embeddings), table_cols=int(table.embedding_dim),
                     dtype=layout.torch_dtype_name, state_values=int(layout.state_values),

@@ -1,4 +1,4 @@
-"""Value types of differential checkpoints: what a step saved of each tiered table shard."""
+"""Value types of differential checkpoints: what a step saved of each table shard."""
 
 from __future__ import annotations
 
@@ -137,6 +137,10 @@ class PieceRecord:
     complete: bool  # every row of the piece is in this step (no initial values implied)
     chunks: List[ChunkSpec]
     snapshot: Optional[SnapshotSpec] = None  # rows linked, not copied: chunks are map entries
+    # A shard of a table in TorchRec's own FUSED kernel: a full step holds it whole in the
+    # dense state (plain DCP, as TorchRec saves it; no chunks), a delta the rows its
+    # training looked up since the parent step.
+    fused: bool = False
 
     @property
     def rows_saved(self) -> int:
@@ -145,7 +149,8 @@ class PieceRecord:
 
 @dataclasses.dataclass
 class StepManifest:
-    """What one rank saved of its tiered shards in one checkpoint step."""
+    """What one rank saved of its table shards in one checkpoint step: tiered ones, and
+    FUSED ones tracked for deltas (``PieceRecord.fused``)."""
 
     step: int
     kind: str  # FULL or DELTA
@@ -161,6 +166,11 @@ class StepManifest:
     def tiered_bytes(self) -> int:
         """Bytes of the rows (and ids) this rank copied (linked pieces: see ``map_bytes``)."""
         return sum(p.spec.chunk_bytes(c.count, c.dense) for p in self.pieces if p.snapshot is None for c in p.chunks)
+
+    @property
+    def fused_bytes(self) -> int:
+        """Bytes of the FUSED shards this rank holds whole in the dense state (full steps)."""
+        return sum(p.spec.rows * p.spec.row_bytes for p in self.pieces if p.fused and p.complete)
 
     @property
     def map_bytes(self) -> int:
@@ -207,7 +217,10 @@ def _piece(raw: Any, where: str) -> PieceRecord:
               for j, c in enumerate(_list(fields["chunks"], f"{where}.chunks"))]
     snap = fields.get("snapshot")
     snapshot = SnapshotSpec(**check_fields(SnapshotSpec, snap, f"{where}.snapshot")) if snap else None
-    return PieceRecord(spec, fields["complete"], chunks, snapshot)
+    fused = fields.get("fused", False)
+    if fused and (snapshot is not None or (fields["complete"] and chunks)):
+        raise ValueError(f"{where}: a FUSED shard is either whole in the dense state or chunks of changed rows")
+    return PieceRecord(spec, fields["complete"], chunks, snapshot, fused)
 
 
 @dataclasses.dataclass(frozen=True)
