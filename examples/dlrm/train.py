@@ -145,6 +145,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--resume-from", default=None, metavar="STEP_DIR",
                    help="continue from this checkpoint step (a step_* directory; --checkpoint-dir defaults to "
                         "its parent)")
+    p.add_argument("--async-checkpoint", action="store_true",
+                   help="save in the background: training stops only for the save's snapshot, and the rows are "
+                        "written while it goes on (latest moves once a save is complete)")
     p.add_argument("--copy-ssd-tables", action="store_true",
                    help="checkpoints copy the rows of SSD tables (default: link the block-store file and save "
                         "its location map)")
@@ -367,6 +370,8 @@ class Trainer:
         bar = tqdm(total=self.args.steps, initial=start, disable=self.rank != 0, unit="step", dynamic_ncols=True)
         try:
             self._loop(bar, batches, start)
+            if self.checkpointer is not None:
+                self._record(self.checkpointer.wait())  # the last save in the background
         finally:
             bar.close()  # an error message then starts on a line of its own
 
@@ -391,8 +396,19 @@ class Trainer:
             if step == last_quarter < self.args.steps:  # every rank reaches it: a collective is safe
                 self.warm_from, self.warm_from_step = global_cache_counts(self.dmp, self.placement), step
             if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
-                record = self.checkpointer.save(step, self.dmp, self.dense_opt, self.state)
-                self.checkpoints.append(record.as_dict())
+                self._checkpoint(step)
+
+    def _checkpoint(self, step: int) -> None:
+        ckpt = self.checkpointer
+        if self.args.async_checkpoint:  # the previous one ends first (its failure raised here)
+            self._record(ckpt.wait())
+            ckpt.async_save(step, self.dmp, self.dense_opt, self.state)
+        else:
+            self._record(ckpt.save(step, self.dmp, self.dense_opt, self.state))
+
+    def _record(self, record) -> None:
+        if record is not None:
+            self.checkpoints.append(record.as_dict())
 
     def _log(self, bar, step: int) -> None:
         scores = np.concatenate([w[0] for w in self.window])

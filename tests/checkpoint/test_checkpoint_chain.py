@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Dict, List
 
@@ -253,3 +254,75 @@ def test_a_full_save_of_a_table_larger_than_the_bound_stays_within_256_mb(proces
     assert record.kind == "full" and record.rows_written == rows  # a DRAM table: every row
     assert record.row_bytes == rows * (dim + 1) * 4 > 256 * 2**20
     assert _hwm_bytes() - before <= 256 * 2**20
+
+
+class _HeldWriter:
+    """Holds a background save before it reads its first row, until ``go`` is set, and
+    counts the rows the copy-on-write of each snapshot kept meanwhile."""
+
+    def __init__(self, monkeypatch) -> None:
+        from torchrec_mtrains.checkpoint.row_io import RowChunkPlanner
+        from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
+
+        self.go, self.started, self.stashed = threading.Event(), threading.Event(), []
+        resolve, release = RowChunkPlanner.resolve_data, RowSnapshot.release
+
+        def held_resolve(planner, item):
+            if threading.current_thread() is threading.main_thread():  # a stopped save
+                return resolve(planner, item)
+            self.started.set()
+            assert self.go.wait(60), "the test never let the save go on"
+            return resolve(planner, item)
+
+        def counted_release(snapshot):
+            self.stashed.append(snapshot.rows_stashed)
+            return release(snapshot)
+
+        monkeypatch.setattr(RowChunkPlanner, "resolve_data", held_resolve)
+        monkeypatch.setattr(RowSnapshot, "release", counted_release)
+
+
+@pytest.mark.parametrize("kind", ["full", "delta"])
+def test_an_async_save_is_the_model_as_of_its_step_while_training_goes_on(process_group, tmp_path, monkeypatch,
+                                                                          kind: str) -> None:
+    """Training runs eight steps (rows evicted to the tiers, FUSED rows updated) while the
+    save of step 4 is held before reading any row; the step restores to exactly the state
+    of step 4, as a stopped save of the same training does."""
+    torch.save(harness.initial_weights(), tmp_path / "init.pt")
+    states = {}
+
+    def run(name: str, background: bool):
+        dmp, opt = build(tmp_path, name)
+        ckpt = DifferentialCheckpointer(str(tmp_path / f"ckpt_{name}"), full_every=1 if kind == "full" else 10,
+                                        link_ssd_tables=False)
+        held = _HeldWriter(monkeypatch) if background else None
+        pending = []
+
+        def on_step(step: int) -> None:
+            if step == 2:
+                ckpt.save(2, dmp, None, {})
+            elif step == 4:
+                states[name] = full_state(dmp)
+                if background:
+                    pending.append(ckpt.async_save(4, dmp, None, {"at": 4}))
+                    assert held.started.wait(60)
+                else:
+                    ckpt.save(4, dmp, None, {"at": 4})
+            elif step == 12 and background:
+                assert not pending[0].done()  # held all along: training went on beside it
+                held.go.set()
+
+        train(dmp, opt, range(12), on_step)
+        if background:
+            record = pending[0].result(60)
+            assert record.kind == kind and record.blocking_seconds < record.seconds
+            assert sum(held.stashed) > 0  # training rewrote rows the save had not read yet
+        monkeypatch.undo()
+        return ckpt
+
+    stopped, background = run("stopped", False), run("background", True)
+    assert_equal(states["stopped"], states["background"])  # the same training
+    for ckpt in (stopped, background):
+        dmp, _ = build(tmp_path, f"restored_{id(ckpt)}")
+        assert DifferentialCheckpointer(ckpt.directory).restore(dmp, None) == {"at": 4, "step": 4}
+        assert_equal(full_state(dmp), states["stopped"])

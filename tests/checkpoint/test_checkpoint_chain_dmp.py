@@ -57,11 +57,16 @@ def _kill_listing(step: int) -> List[str]:
 
 
 def _kill_cases() -> List[tuple]:
-    return [(kind, stage) for kind in KILLED_SAVE for stage in STAGES]
+    return [(kind, stage) for kind in KILLED_SAVE for stage in STAGES] + ASYNC_KILLS
 
 
-def _case_id(kind: str, stage: str) -> str:
-    return f"{kind}_{stage.split('.')[1]}"
+# Saves in the background (async_save), killed while training goes on beside them: the
+# restart (async too) must end as the uninterrupted run does.
+ASYNC_KILLS = [("delta", "checkpoint.write", "async"), ("full", "checkpoint.latest", "async")]
+
+
+def _case_id(kind: str, stage: str, mode: str = "") -> str:
+    return f"{kind}_{stage.split('.')[1]}" + (f"_{mode}" if mode else "")
 
 
 class Runs:
@@ -118,17 +123,19 @@ class Runs:
         kill = dict(world_size=1, steps=K_STEPS, tiers=TIERED, init_file=self.init,
                     diff_every=K_EVERY, full_every=K_FULL_EVERY, max_chain_fraction=FRACTION)
         world1.append(self.spec("kill_ref", diff_dir=str(self.workdir / "kill_ref_chain"), **kill))
-        for kind, stage in _kill_cases():
-            case = _case_id(kind, stage)
+        for kind, stage, *mode in _kill_cases():
+            case = _case_id(kind, stage, *mode)
             ckpt, storage = str(self.workdir / f"chain_{case}"), str(self.workdir / f"storage_{case}")
             trace = str(self.workdir / f"trace_{case}")
             killed = self.spec(f"killed_{case}", diff_dir=ckpt, storage_dir=storage,
-                               fault=f"{stage}:{KILLED_SAVE[kind][0]}", fault_trace=trace, **kill)
+                               fault=f"{stage}:{KILLED_SAVE[kind][0]}", fault_trace=trace,
+                               diff_async=bool(mode), **kill)
             codes = harness.launch(killed)
             assert codes == [-signal.SIGKILL], f"killed run {case}: exit codes {codes}"
             self.after_kill[case] = _leftovers(ckpt)
             # The restart: same checkpoint and storage directories, restores the latest step.
-            world1.append(self.spec(f"restart_{case}", diff_dir=ckpt, storage_dir=storage, restore_diff=True, **kill))
+            world1.append(self.spec(f"restart_{case}", diff_dir=ckpt, storage_dir=storage, restore_diff=True,
+                                    diff_async=bool(mode), **kill))
         self._batch(world1)
 
 
@@ -228,9 +235,10 @@ def test_kill_reference_keeps_the_newest_chain_only(runs: Runs) -> None:
     assert [s["listing"] for s in saves] == [_kill_listing(s) for s in (2, 4, 6, 8)]
 
 
-@pytest.mark.parametrize("kind,stage", _kill_cases(), ids=[_case_id(*c) for c in _kill_cases()])
-def test_kill_inside_a_save_then_restart_is_bit_identical(runs: Runs, kind: str, stage: str) -> None:
-    case = _case_id(kind, stage)
+@pytest.mark.parametrize("case", _kill_cases(), ids=[_case_id(*c) for c in _kill_cases()])
+def test_kill_inside_a_save_then_restart_is_bit_identical(runs: Runs, case: tuple) -> None:
+    kind, stage = case[:2]
+    case = _case_id(*case)
     count, step = KILLED_SAVE[kind]
     # The run died at that very point.
     assert fault_trace(str(runs.workdir / f"trace_{case}"))[-1] == (stage, str(count), "SIGKILL")

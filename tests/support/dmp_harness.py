@@ -57,6 +57,7 @@ class RunSpec:
     diff_dir: Optional[str] = None  # the checkpointer's directory
     diff_every: int = 0  # save a full or delta step every this many steps (0: never)
     full_every: int = 4
+    diff_async: bool = False  # DifferentialCheckpointer.async_save (each record taken at the next save)
     max_chain_fraction: float = 1.0
     restore_diff: bool = False  # restore from diff_dir first (then start_step is the saved step)
     restore_path: Optional[str] = None  # the chain's last step; None: diff_dir's latest, if any
@@ -279,9 +280,17 @@ def _restore_diff(spec: RunSpec, ckpt, dmp) -> Tuple[int, List[float]]:
 
 def _diff_save(spec: RunSpec, ckpt, dmp, step: int, losses: List[float], rank: int) -> None:
     """A differential save (its trainer.json holds every loss since step 0); rank 0 appends
-    its record and the directory's listing right after it to out_dir/diff_saves.json."""
-    record = ckpt.save(step, dmp, None, {"losses": losses})
-    if rank == 0:
+    its record and the directory's listing right after it to out_dir/diff_saves.json (of an
+    async save: once the next save or the run's end waited for it)."""
+    if spec.diff_async:
+        _diff_record(spec, ckpt.wait(), rank)
+        ckpt.async_save(step, dmp, None, {"losses": losses})
+    else:
+        _diff_record(spec, ckpt.save(step, dmp, None, {"losses": losses}), rank)
+
+
+def _diff_record(spec: RunSpec, record, rank: int) -> None:
+    if record is not None and rank == 0:
         path = os.path.join(spec.out_dir, "diff_saves.json")
         saves = json.load(open(path)) if os.path.exists(path) else []
         saves.append({**record.as_dict(), "listing": sorted(os.listdir(spec.diff_dir))})
@@ -345,6 +354,8 @@ def _run(spec: RunSpec, rank: int) -> None:
             dcp.save(_state(dmp, opt), checkpoint_id=os.path.join(spec.out_dir, f"snap_{step}"))
         if spec.diff_every and step % spec.diff_every == 0:
             _diff_save(spec, ckpt, dmp, step, history + losses, rank)
+    if ckpt is not None and spec.diff_async:
+        _diff_record(spec, ckpt.wait(), rank)
     dcp.save(_state(dmp, opt), checkpoint_id=os.path.join(spec.out_dir, "final"))
     _write_prefetch_counts(dmp, os.path.join(spec.out_dir, f"prefetched_rank{rank}.json"))
     if rank == 0:

@@ -19,14 +19,25 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Tuple, Union
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchrec_mtrains.checkpoint import chain as chain_dir
-from torchrec_mtrains.checkpoint.collectives import all_gather, all_sum, barrier, gather_errors, rank, world_size
+from torchrec_mtrains.checkpoint.collectives import (
+    all_gather,
+    all_sum,
+    barrier,
+    current_group,
+    gather_errors,
+    on_group,
+    rank,
+    world_size,
+)
 from torchrec_mtrains.checkpoint.dense_state import load_dense, load_plain, load_state_dicts, state_of
 from torchrec_mtrains.checkpoint.fused_parts import delta_tables, fused_save_pieces
 from torchrec_mtrains.checkpoint.fused_tracking import FusedShardRows, clear_fused_dirty, track_fused_tables
@@ -45,12 +56,12 @@ from torchrec_mtrains.checkpoint.kind_change import (
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.restore import apply_rows, chain_specs, check_rows
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
+from torchrec_mtrains.checkpoint.save_snapshot import PieceSnapshot, snapshots_of, stage, taken_marks
 from torchrec_mtrains.checkpoint.store_links import adopt, link_pieces, linked_store, plan_adoption, release_pins
 from torchrec_mtrains.checkpoint.tiered_parts import (
     LocalPiece,
     clear_dirty,
     exclude_tiered_state,
-    flush_tiers,
     local_pieces,
 )
 from torchrec_mtrains.checkpoint.types import (
@@ -62,6 +73,7 @@ from torchrec_mtrains.checkpoint.types import (
     PieceRecord,
     StepManifest,
 )
+from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.storage.file_lock import FileLock, lock_directory
 from torchrec_mtrains.testing.faults import fault_point
 
@@ -122,6 +134,9 @@ class DifferentialCheckpointer:
         self._started = False
         self._claimed = False
         self._dir_lock: Optional[FileLock] = None  # rank 0's: the job's ownership of directory
+        self._pending: Optional[PendingSave] = None  # the save running in the background
+        self._executor: Optional[ThreadPoolExecutor] = None  # its thread
+        self._group: Optional[Any] = None  # its process group
 
     def latest(self) -> Optional[str]:
         """The newest complete step, or None."""
@@ -173,13 +188,69 @@ class DifferentialCheckpointer:
     def save(self, step: int, model: nn.Module, dense_optimizer: Any = None,
              trainer: Optional[Dict[str, Any]] = None) -> CheckpointRecord:
         """Saves on every rank (collective); rank 0 writes ``trainer.json`` (``trainer``
-        plus the step's kind, chain and sizes) and switches ``latest``.
+        plus the step's kind, chain and sizes) and switches ``latest``. Waits for a save
+        still running in the background first (``wait``).
 
         Raises:
             OSError: the step could not be written (e.g. ENOSPC); its partial directory is
                 removed, ``latest`` still names the previous step, and the rows it would
-                have saved go into the next save.
+                have saved go into the next save. Or the background save before it failed.
         """
+        self.wait()
+        job = self._snapshot(step, model, dense_optimizer, trainer, staged=False)
+        if isinstance(job, CheckpointRecord):
+            return job
+        return job.write()
+
+    def async_save(self, step: int, model: nn.Module, dense_optimizer: Any = None,
+                   trainer: Optional[Dict[str, Any]] = None) -> "PendingSave":
+        """As ``save``, but only the snapshot of the step is taken now (collective; the
+        tiers flushed, the dense state copied, the rows to save fixed with copy-on-write
+        for tiered rows training rewrites before the save read them), and the rows are
+        written by a thread of this checkpointer, on a process group of its own, while
+        training goes on. ``latest`` moves once the step is complete. The next ``save``,
+        ``async_save`` or ``restore`` waits for it, as does ``wait()``.
+
+        Returns:
+            a ``PendingSave``: ``result()`` waits and gives the ``CheckpointRecord`` (its
+            ``blocking_seconds``: the time training stopped), or raises the save's OSError.
+        """
+        self.wait()
+        group = self._save_group()
+        job = self._snapshot(step, model, dense_optimizer, trainer, staged=True)
+        if isinstance(job, CheckpointRecord):
+            future: Future = Future()
+            future.set_result(job)
+        else:
+            job.background = True
+            future = self._writer().submit(job.write_on, group)
+        self._pending = PendingSave(future)
+        return self._pending
+
+    def wait(self) -> Optional[CheckpointRecord]:
+        """Waits for the save running in the background, if any; returns its record.
+
+        Raises:
+            OSError: that save failed (``latest`` still names the step before it).
+        """
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.result()
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtrains-checkpoint")
+        return self._executor
+
+    def _save_group(self) -> Optional[Any]:
+        """The process group of background saves (made once, on every rank: collective)."""
+        if self._group is None and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _snapshot(self, step: int, model: nn.Module, dense_optimizer: Any, trainer: Optional[Dict[str, Any]],
+                  staged: bool) -> Union["_SaveJob", CheckpointRecord]:
+        """Takes what step ``step`` holds (``save_snapshot.py``), between training steps;
+        the complete record when that step is already the latest."""
         t0 = time.perf_counter()
         self._start()
         name = chain_dir.step_name(step)
@@ -190,63 +261,41 @@ class DifferentialCheckpointer:
         if rank() == 0 and os.path.exists(path):
             shutil.rmtree(path)
         barrier()
-        flush_tiers(model)
-        fault_point("checkpoint.flush")
         pieces = local_pieces(model)
         linked = [p for p in pieces if self.link_ssd_tables and linked_store(p, self.directory) is not None]
         copied = [p for p in pieces if p not in linked]
+        # A linked SSD table is saved as its store holds it: the cache's changes go there
+        # first (its pin makes them durable). Copied rows need no flush: their snapshot
+        # copies the cached ones and reads the others from the tier.
+        for emb in {id(p.emb): p.emb for p in linked}.values():
+            emb.flush(steps_done=True, durable=False, tables=sorted({p.t for p in linked if p.emb is emb}))
+        fault_point("checkpoint.flush")
         shards = track_fused_tables(model)
         with exclude_tiered_state(model):
             state = state_of(model, dense_optimizer)
             tracked = delta_tables(state, shards)
             fused = fused_save_pieces(state, shards, tracked)
             layout = _layout(pieces + fused, shards)
-            kind, chunks = self._kind_and_chunks(layout, copied, fused)
+            kind = self._kind(layout, copied + fused)
             if kind == DELTA:  # their changed rows are in the chunks
                 pop_tables(state, tracked)
-            base = step if kind == FULL else self._chain.base
-            parent = None if kind == FULL else self._chain.last
-            planner = RowChunkPlanner(chunks)
-            writer = RowChunkWriter(path, planner.chunk_keys(), file_bytes=2 * self.chunk_bytes)
-            try:
-                dcp.save(state, storage_writer=writer, planner=planner)
-                record, tiered, fused_bytes = self._finish(path, step, kind, base, parent, copied, fused, chunks,
-                                                           linked, writer, trainer)
-            except (CheckpointException, OSError) as e:
-                code = errno_of(e)
-                if code == errno.EIO and shutil.disk_usage(self.directory).free < _FULL_BYTES:
-                    # DCP writes tensors through torch.save's zip writer, which reports a full disk
-                    # as RuntimeError("unexpected pos ..."): name the cause from the free space.
-                    code = errno.ENOSPC
-                if rank() == 0:
-                    shutil.rmtree(path, ignore_errors=True)
-                for p in linked:  # this step never completes: its rows need not stay
-                    p.emb.linkable_store(p.t).unpin_snapshot(step)
-                raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {first_line(e)}; "
-                                    f"the latest complete checkpoint is still {previous}") from e
-        if rank() == 0:
-            fault_point("checkpoint.latest")
-            chain_dir.write_atomic(os.path.join(self.directory, "latest"), name)
-            fault_point("checkpoint.cleanup")
-            chain_dir.remove_leftovers(self.directory, self.keep_chains)
-        barrier()
-        release_pins(model, self.directory)
-        clear_dirty(model)
-        clear_fused_dirty(model)
-        if kind == FULL:
-            self._chain = _Chain(step, step, 1, tiered + fused_bytes, 0, layout)
-        else:
-            self._chain = dataclasses.replace(self._chain, last=step, steps=self._chain.steps + 1,
-                                              delta_bytes=self._chain.delta_bytes + tiered)
-        return dataclasses.replace(record, seconds=time.perf_counter() - t0)
+            if staged:
+                state = stage(state)
+        snapshots = snapshots_of(copied, fused, full=kind == FULL)
+        linked_marks = [(p.emb.dirty_rows(p.t), taken_marks(p.emb.dirty_rows(p.t))) for p in linked]
+        links, link_error = self._link(linked, path, step)
+        job = _SaveJob(self, model, step, path, previous, kind, layout, snapshots, linked, linked_marks, links,
+                       link_error, state, json.loads(json.dumps(trainer or {})), t0)
+        job.blocking_seconds = time.perf_counter() - t0
+        return job
 
     def _finish(self, path: str, step: int, kind: str, base: int, parent: Optional[int], copied: List[LocalPiece],
-                fused: List[LocalPiece], chunks: List[PlannedChunk], linked: List[LocalPiece],
-                writer: RowChunkWriter, trainer: Optional[Dict[str, Any]]) -> Tuple[CheckpointRecord, int, int]:
-        """Once DCP wrote the step's data: links the SSD tables, writes this rank's manifest
-        and (rank 0) trainer.json. Returns the step's record, its copied rows' bytes and the
-        bytes of the FUSED shards it holds whole (every rank's)."""
-        links, error = self._link(linked, path, step)
+                fused: List[LocalPiece], chunks: List[PlannedChunk], links: List[PieceRecord],
+                error: Optional[str], writer: RowChunkWriter,
+                trainer: Optional[Dict[str, Any]]) -> Tuple[CheckpointRecord, int, int]:
+        """Once DCP wrote the step's data: writes this rank's manifest (unless linking the
+        SSD tables failed: ``error``) and (rank 0) trainer.json. Returns the step's record,
+        its copied rows' bytes and the bytes of the FUSED shards it holds whole (every rank's)."""
         if error is None:
             error = self._write_manifest(path, step, kind, base, parent, copied, fused, chunks, links,
                                          writer.state_files, trainer or {})
@@ -283,29 +332,23 @@ class DifferentialCheckpointer:
         except (OSError, ValueError) as e:
             return [], f"rank {rank()}: {e}"
 
-    def _kind_and_chunks(self, layout: Tuple, pieces: List[LocalPiece],
-                         fused: List[LocalPiece]) -> Tuple[str, List[PlannedChunk]]:
-        """The step's kind and its chunks. FULL without a chain of this layout, after
-        ``full_every`` steps, or when the chain's rows would outgrow their fraction of the
-        full step's (tiered rows and FUSED shards; the rest of the dense state, written whole
-        by every step, does not count); the same answer on every rank. A delta's chunks,
-        planned to count its rows, serve. A full step leaves FUSED shards in the dense state."""
+    def _kind(self, layout: Tuple, pieces: List[LocalPiece]) -> str:
+        """FULL without a chain of this layout, after ``full_every`` steps, or when the
+        chain's rows would outgrow their fraction of the full step's (tiered rows and FUSED
+        shards; the rest of the dense state, written whole by every step, does not count);
+        the same answer on every rank."""
         c = self._chain
         if c is None or c.layout != layout or c.steps >= self.full_every:
-            return FULL, self._plan(FULL, pieces)
-        chunks = self._plan(DELTA, pieces + fused)
-        dirty = all_sum([sum(ch.count * ch.piece.spec.row_bytes for ch in chunks)])[0]
-        if c.delta_bytes + dirty > self.max_chain_fraction * c.base_bytes:
-            return FULL, self._plan(FULL, pieces)
-        return DELTA, chunks
+            return FULL
+        dirty = all_sum([sum(p.emb.dirty_rows(p.t).count() * p.spec.row_bytes for p in pieces)])[0]
+        return FULL if c.delta_bytes + dirty > self.max_chain_fraction * c.base_bytes else DELTA
 
-    def _plan(self, kind: str, pieces: List[LocalPiece]) -> List[PlannedChunk]:
+    def _plan(self, snapshots: List[PieceSnapshot], kind: str) -> List[PlannedChunk]:
+        """The chunks of the rows each snapshot selected (none for a FUSED shard in a full step)."""
         chunks: List[PlannedChunk] = []
-        for p in pieces:
-            if kind == FULL:
-                select = (lambda lo, hi, p=p: p.emb.written_ids(p.t, lo, hi))
-            else:
-                select = (lambda lo, hi, p=p: p.emb.dirty_rows(p.t).ids(lo, hi))
+        for s in snapshots:
+            p = s.piece
+            select = (lambda lo, hi, s=s: s.selected.ids(lo, hi))
             chunks += plan_chunks(p, select, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0])
         return chunks
 
@@ -396,6 +439,94 @@ class DifferentialCheckpointer:
         clear_fused_dirty(model)
         self._chain = _chain_of(chain, shards)
         return dict(chain[-1].manifests[0].trainer)
+
+
+class PendingSave:
+    """A save running in the background (``DifferentialCheckpointer.async_save``)."""
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: Optional[float] = None) -> CheckpointRecord:
+        """Waits for the save; its record, or its OSError raised."""
+        return self._future.result(timeout)
+
+
+class _SaveJob:
+    """The write of one snapshotted step: DCP's files, manifests, ``latest``."""
+
+    def __init__(self, ckpt: "DifferentialCheckpointer", model: nn.Module, step: int, path: str,
+                 previous: Optional[str], kind: str, layout: Tuple, snapshots: List[PieceSnapshot],
+                 linked: List[LocalPiece], linked_marks: List[Tuple[DirtyRows, DirtyRows]],
+                 links: List[PieceRecord], link_error: Optional[str], state: Dict[str, Any],
+                 trainer: Dict[str, Any], started: float) -> None:
+        self.ckpt, self.model, self.step, self.path, self.previous = ckpt, model, step, path, previous
+        self.kind, self.layout, self.snapshots = kind, layout, snapshots
+        self.linked, self.linked_marks, self.links, self.link_error = linked, linked_marks, links, link_error
+        self.state, self.trainer, self.started = state, trainer, started
+        self.blocking_seconds = 0.0  # of the snapshot
+        self.background = False  # written by the checkpointer's thread
+
+    def write_on(self, group: Optional[Any]) -> CheckpointRecord:
+        with on_group(group):
+            return self.write()
+
+    def write(self) -> CheckpointRecord:
+        ck, step, path, kind = self.ckpt, self.step, self.path, self.kind
+        base = step if kind == FULL else ck._chain.base
+        parent = None if kind == FULL else ck._chain.last
+        copied = [s.piece for s in self.snapshots if not s.fused]
+        fused = [s.piece for s in self.snapshots if s.fused]
+        try:
+            try:
+                chunks = ck._plan(self.snapshots, kind)
+                planner = RowChunkPlanner(chunks)
+                writer = RowChunkWriter(path, planner.chunk_keys(), file_bytes=2 * ck.chunk_bytes)
+                dcp.save(self.state, storage_writer=writer, planner=planner, process_group=current_group())
+                record, tiered, fused_bytes = ck._finish(path, step, kind, base, parent, copied, fused, chunks,
+                                                         self.links, self.link_error, writer, self.trainer)
+            except (CheckpointException, OSError) as e:
+                self._failed(e)
+            if rank() == 0:
+                fault_point("checkpoint.latest")
+                chain_dir.write_atomic(os.path.join(ck.directory, "latest"), chain_dir.step_name(step))
+                fault_point("checkpoint.cleanup")
+                chain_dir.remove_leftovers(ck.directory, ck.keep_chains)
+            barrier()
+            release_pins(self.model, ck.directory)
+        finally:
+            for s in self.snapshots:
+                s.release()
+        if kind == FULL:
+            ck._chain = _Chain(step, step, 1, tiered + fused_bytes, 0, self.layout)
+        else:
+            ck._chain = dataclasses.replace(ck._chain, last=step, steps=ck._chain.steps + 1,
+                                            delta_bytes=ck._chain.delta_bytes + tiered)
+        seconds = time.perf_counter() - self.started
+        blocking = self.blocking_seconds if self.background else seconds
+        return dataclasses.replace(record, seconds=seconds, blocking_seconds=blocking)
+
+    def _failed(self, e: BaseException) -> None:
+        """Undoes what the step left and raises the OSError that names it."""
+        ck, path, step = self.ckpt, self.path, self.step
+        code = errno_of(e)
+        if code == errno.EIO and shutil.disk_usage(ck.directory).free < _FULL_BYTES:
+            # DCP writes tensors through torch.save's zip writer, which reports a full disk
+            # as RuntimeError("unexpected pos ..."): name the cause from the free space.
+            code = errno.ENOSPC
+        if rank() == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        for p in self.linked:  # this step never completes: its rows need not stay
+            p.emb.linkable_store(p.t).unpin_snapshot(step)
+        for s in self.snapshots:
+            s.give_back_marks()
+        for live, marks in self.linked_marks:
+            live.bits.bitwise_or_(marks.bits)
+        raise OSError(code, f"checkpoint {path} could not be written ({os.strerror(code)}): {first_line(e)}; "
+                            f"the latest complete checkpoint is still {self.previous}") from e
 
 
 def _earlier_sources(chain: List[ChainStep], tables) -> Dict[str, set]:

@@ -69,8 +69,8 @@ def join_rows(weights: torch.Tensor, state: Optional[torch.Tensor]) -> torch.Ten
     (``[n]`` row-wise or ``[n, values]``) as more elements of the weights' dtype."""
     if state is None:
         return weights
-    n = weights.shape[0]
-    return torch.cat([weights, state.reshape(n, -1).to(torch.float32).contiguous().view(weights.dtype)], dim=1)
+    state = state.unsqueeze(1) if state.dim() == 1 else state
+    return torch.cat([weights, state.to(torch.float32).contiguous().view(weights.dtype)], dim=1)
 
 
 def init_rows(spec: PieceSpec, ids: torch.Tensor) -> torch.Tensor:

@@ -72,12 +72,13 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
     return sorted(out, key=lambda p: p.spec.key)
 
 
-def flush_tiers(model: nn.Module, steps_done: bool = True) -> None:
-    """Writes every tiered table's dirty cached rows to its tier (and makes them durable);
-    ``steps_done``: called between training steps (see ``TieredEmbeddingBags.flush``)."""
+def flush_tiers(model: nn.Module, steps_done: bool = True, durable: bool = True) -> None:
+    """Writes every tiered table's dirty cached rows to its tier (and, ``durable``, makes
+    them durable); ``steps_done``: called between training steps (see
+    ``TieredEmbeddingBags.flush``)."""
     for _, collection in _collections(model):
         for kernel in collection.tiered_kernels():
-            kernel.flush(steps_done=steps_done)
+            kernel.flush(steps_done=steps_done, durable=durable)
 
 
 def clear_dirty(model: nn.Module) -> None:

@@ -238,6 +238,7 @@ class CheckpointRecord:
     rows_linked: int = 0  # rows of SSD tables saved by linking their store file, every rank's
     linked_row_bytes: int = 0  # bytes of those rows (kept in the store files, not copied)
     map_bytes: int = 0  # bytes of the location maps that name them
+    blocking_seconds: float = 0.0  # of ``seconds``, those training was stopped (async: the snapshot)
 
     # The fields that trainer.json holds too, by these names (``counts``, ``from_trainer``).
     COUNTS = ("bytes", "rows_written", "row_bytes", "dense_bytes", "rows_linked", "linked_row_bytes", "map_bytes")

@@ -11,6 +11,7 @@ import torch
 
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.kernels.row_cache import RowCache
+from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
 from torchrec_mtrains.kernels.steps import StepPath
 from torchrec_mtrains.kernels.table_rows import TableRows
 from torchrec_mtrains.storage import BlockStore
@@ -52,6 +53,31 @@ class CheckpointRows:
         out = self.cache.stores[table].read(ids)
         self._rows.overlay_cached(table, ids, out)
         return out
+
+    def snapshot_rows(self, table: int, selected: DirtyRows, add_cached: bool = False) -> RowSnapshot:
+        cache = self.cache
+        cache.check_usable()
+        self._steps.drain()
+        if table in cache.snapshots:
+            raise RuntimeError(f"table {cache.names[table]}: a checkpoint is saving it already")
+        codec = cache.codecs[table]
+        # The cached copy of a row is its newest value (the tier's may be older): the
+        # selected rows the cache holds are copied now, the others read from the tier.
+        cached, slots = cache.cached(table)
+        if add_cached:
+            selected.mark(cached)
+        keep = selected.test(cached)
+        cached, slots = cached[keep], slots[keep]
+        order = torch.argsort(cached)
+        held = (cached[order], cache.slots.gather(table, slots[order]))
+        snapshot = RowSnapshot(cache.stores[table], selected, codec.layout.row_width, codec.dtype, held)
+        cache.snapshots[table] = snapshot
+        return snapshot
+
+    def release_snapshot(self, table: int) -> None:
+        snapshot = self.cache.snapshots.pop(table, None)
+        if snapshot is not None:
+            snapshot.release()
 
     def set_store_rows(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
         cache = self.cache

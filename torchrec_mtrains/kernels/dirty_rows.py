@@ -46,6 +46,29 @@ class DirtyRows:
         load_extension()
         torch.ops.mtrains.mark_row_bits([self._bits], ids, [0, ids.numel()])
 
+    def test(self, ids: torch.Tensor) -> torch.Tensor:
+        """Whether each of rows ``ids`` (int64, in range) is marked: a bool tensor.
+
+        Raises:
+            IndexError: an id outside the bitmap.
+        """
+        self._check(ids)
+        return ((self._bits[ids >> 3] >> (ids & 7).to(torch.uint8)) & 1).bool()
+
+    def unmark(self, ids: torch.Tensor) -> None:
+        """Clears rows ``ids`` (int64, in range; repeats allowed)."""
+        self._check(ids)
+        if ids.numel() == 0:
+            return
+        ids = torch.unique(ids)
+        at, where = torch.unique(ids >> 3, return_inverse=True)
+        masks = torch.zeros(at.numel(), dtype=torch.int32).index_add_(0, where, (1 << (ids & 7)).to(torch.int32))
+        self._bits[at] &= ~masks.to(torch.uint8)
+
+    def _check(self, ids: torch.Tensor) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
+            raise IndexError(f"row ids must be in [0, {self.num_rows})")
+
     def clear(self) -> None:
         self._bits.zero_()
 

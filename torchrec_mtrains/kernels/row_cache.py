@@ -16,6 +16,7 @@ import torch
 
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.kernels.row_codec import RowCodec
+from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
 from torchrec_mtrains.kernels.slots import CacheSlots
 from torchrec_mtrains.storage import RowStore
 from torchrec_mtrains.types import Tier
@@ -73,6 +74,9 @@ class RowCache:
         self.counters = [TableCounters() for _ in specs]
         self.dirty = [DirtyRows(rows) for rows, _ in specs]
         self.dirty_bits = [d.bits for d in self.dirty]  # the per-step marking call's argument
+        # Tables a checkpoint is saving in the background: every write to their tier first
+        # calls the snapshot's before_write (copy-on-write, row_snapshot.py).
+        self.snapshots: Dict[int, RowSnapshot] = {}
         self.broken: Optional[str] = None
         self.closed = False
 

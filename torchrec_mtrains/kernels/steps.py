@@ -183,6 +183,10 @@ class StepPath:
         t0 = time.perf_counter()
         if any(m.evict_rows.numel() for m in moves):
             cache.run.unflushed = True
+            for m in moves:  # a checkpoint saving in the background keeps the old rows first
+                snapshot = cache.snapshots.get(m.table)
+                if snapshot is not None:
+                    snapshot.before_write(m.evict_rows)
         failed, status, overflow_at, overflow_rows, lazy = cache.mover.move(
             [m.table for m in moves], [slots.weights[m.table] for m in moves],
             [slots.move_states[m.table] for m in moves], [m.evict_rows for m in moves],

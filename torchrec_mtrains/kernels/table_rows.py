@@ -4,7 +4,7 @@ tier overlaid with the cache's newer copies."""
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,7 +31,7 @@ class TableRows:
     def __init__(self, cache: RowCache, drain: Callable[[], None]) -> None:
         self.cache, self._drain = cache, drain
 
-    def flush(self, steps_done: bool) -> None:
+    def flush(self, steps_done: bool, durable: bool = True, tables: Optional[Sequence[int]] = None) -> None:
         cache = self.cache
         cache.check_usable()
         self._drain()
@@ -39,7 +39,7 @@ class TableRows:
         if not run.unflushed:
             return  # nothing changed since a flush that left every row on the tier
         live = max(0, run.last_forward_step + (1 if steps_done else 0))
-        for t in range(len(cache.specs)):
+        for t in range(len(cache.specs)) if tables is None else tables:
             rows, slots = cache.index.take_dirty(t, live)
             ready = cache.slots.in_tbe(t, slots)
             rows, slots = rows[ready], slots[ready]
@@ -48,11 +48,16 @@ class TableRows:
                 # whole (and queued whole in the store) at once.
                 for start in range(0, rows.numel(), _FLUSH_CHUNK_ROWS):
                     chunk = slice(start, start + _FLUSH_CHUNK_ROWS)
+                    if t in cache.snapshots:
+                        cache.snapshots[t].before_write(rows[chunk])
                     cache.stores[t].write(rows[chunk], cache.slots.gather(t, slots[chunk]))
                     cache.counters[t].rows_written_back += rows[chunk].numel()
-                cache.stores[t].flush()
+                if durable:
+                    cache.stores[t].flush()
             fault_point("flush.table")
-        run.unflushed = not steps_done  # else rows of a step still running stay dirty
+        # Else rows of a step still running stay dirty; and a flush that left durability to
+        # the tiers leaves it to the next durable one.
+        run.unflushed = not (steps_done and durable and tables is None)
 
     def set_rows(self, table: int, ids: torch.Tensor, weights: torch.Tensor,
                  optimizer_state: Optional[torch.Tensor]) -> None:
@@ -86,6 +91,8 @@ class TableRows:
         cache = self.cache
         self._drain()
         cache.run.unflushed = True
+        if table in cache.snapshots:
+            cache.snapshots[table].before_write(ids)
         cache.stores[table].write(ids, rows)
         cache.dirty[table].mark(ids)
         # The new row of each given id, the last occurrence winning as in the store.

@@ -34,6 +34,7 @@ from torchrec_mtrains.kernels.lifetime import KernelResources
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_cache import RowCache
 from torchrec_mtrains.kernels.row_codec import RowCodec
+from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
 from torchrec_mtrains.kernels.slots import CacheSlots
 from torchrec_mtrains.kernels.steps import StepPath
 from torchrec_mtrains.kernels.table_rows import TableRows
@@ -261,7 +262,8 @@ class TieredEmbeddingBags(torch.nn.Module):
         return tbe(job.remapped, job.batch.offsets, per_sample_weights)
 
     # ------------------------------------------------------- whole-table access ----
-    def flush(self, *, steps_done: bool = False) -> None:
+    def flush(self, *, steps_done: bool = False, durable: bool = True,
+              tables: Optional[Sequence[int]] = None) -> None:
         """Writes every dirty cached row (weights + optimizer state) to its tier and makes
         the tier durable (fsync / msync).
 
@@ -269,8 +271,12 @@ class TieredEmbeddingBags(torch.nn.Module):
             steps_done: the backward of every step computed so far has run (the caller is
                 between training steps), so the rows of the last one are clean once
                 written; otherwise they stay dirty, as its update may still come.
+            durable: make the tiers durable too; False leaves that to the tiers (a
+                checkpoint that copies the rows, or pins an SSD store's, needs only them
+                written to the tier).
+            tables: only these tables (default: every one).
         """
-        self._rows.flush(steps_done)
+        self._rows.flush(steps_done, durable, tables)
 
     def set_rows(
         self,
@@ -336,6 +342,18 @@ class TieredEmbeddingBags(torch.nn.Module):
         """Rows ``ids`` of ``table`` as the tier stores them (``[n, row_width]``: weights,
         then the optimizer state's bytes), read through the tier and the cache."""
         return self._checkpoint.store_rows(table, ids)
+
+    def snapshot_rows(self, table: int, selected: DirtyRows, add_cached: bool = False) -> RowSnapshot:
+        """Rows ``selected`` of ``table`` as they are now (between steps; ``add_cached``:
+        the rows the cache holds are selected too), readable through the returned snapshot
+        while training goes on: the cached ones are copied now, and every write to the tier
+        keeps the old value of a selected row the snapshot has not read yet (copy-on-write)
+        until ``release_snapshot(table)``. No flush is needed. For checkpoints."""
+        return self._checkpoint.snapshot_rows(table, selected, add_cached)
+
+    def release_snapshot(self, table: int) -> None:
+        """Ends ``table``'s snapshot (and drops the rows it kept); no-op without one."""
+        self._checkpoint.release_snapshot(table)
 
     def set_store_rows(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Overwrites rows ``ids`` of ``table`` with rows as ``store_rows`` returns them."""

@@ -207,8 +207,12 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         """Starts loading the rows of ``features`` (the next batch this kernel computes)."""
         self._emb.prefetch(features.values(), features.offsets())
 
-    def flush(self, *, steps_done: bool = False) -> None:
-        self._emb.flush(steps_done=steps_done)
+    def flush(self, *, steps_done: bool = False, durable: bool = True) -> None:
+        if self.state_excluded:
+            # TorchRec's state_dict() flushes every lookup first; a differential checkpoint
+            # asks for a state_dict without the tiered rows, having flushed them itself.
+            return
+        self._emb.flush(steps_done=steps_done, durable=durable)
 
     def purge(self) -> None:
         pass
