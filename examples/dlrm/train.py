@@ -148,6 +148,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--async-checkpoint", action="store_true",
                    help="save in the background: training stops only for the save's snapshot, and the rows are "
                         "written while it goes on (latest moves once a save is complete)")
+    p.add_argument("--checkpoint-quantize", choices=["fp16", "int8"], default=None,
+                   help="deltas store their rows' weights in this lossy encoding (full steps and optimizer state "
+                        "stay exact; default: exact)")
     p.add_argument("--copy-ssd-tables", action="store_true",
                    help="checkpoints copy the rows of SSD tables (default: link the block-store file and save "
                         "its location map)")

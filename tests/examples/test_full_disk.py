@@ -137,11 +137,12 @@ def test_tier_files_filling_up_while_training(tmp_path, small_fs) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_checkpoint_dir_filling_up(tmp_path, small_fs) -> None:
-    # Each step of this model's chain is about 7 MB (mostly the dense state, whose FUSED tables
-    # are written whole; a delta's rows are 0.35 MB): the first fits, the second does not.
+    # Each full step of this model is about 7 MB (mostly the FUSED tables, whole in the dense
+    # state; a delta holds their changed rows): every save full, the first fits, the second
+    # does not.
     fs = small_fs("ckpt", "10M")
     ckpt = os.path.join(fs, "ckpt")
-    proc = run(train_cmd(str(tmp_path / "st"), ckpt, str(tmp_path / "out")), env())
+    proc = run(train_cmd(str(tmp_path / "st"), ckpt, str(tmp_path / "out"), "--full-every", "1"), env())
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     error = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error")]

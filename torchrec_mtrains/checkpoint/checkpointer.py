@@ -55,6 +55,7 @@ from torchrec_mtrains.checkpoint.kind_change import (
 )
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.restore import apply_rows, chain_specs, check_rows
+from torchrec_mtrains.checkpoint.quantize import QUANTIZE_KINDS
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
 from torchrec_mtrains.checkpoint.save_snapshot import PieceSnapshot, snapshots_of, stage, taken_marks
 from torchrec_mtrains.checkpoint.store_links import adopt, link_pieces, linked_store, plan_adoption, release_pins
@@ -110,6 +111,9 @@ class DifferentialCheckpointer:
             filesystem) by hard-linking the store's file and writing its location map, the
             store keeping the saved rows' log segments until the step is gone
             (``store_links.py``); False copies their rows like any other tier's.
+        quantize: ``"fp16"`` or ``"int8"``: deltas store the weights of their rows in that
+            lossy encoding (``quantize.py``; optimizer state and full steps stay exact);
+            None (default): exact.
 
     One job owns ``directory``: the first save or restore (or ``claim_directory``) locks it
     for as long as this checkpointer lives, and a checkpointer of another job on it is
@@ -117,7 +121,8 @@ class DifferentialCheckpointer:
     """
 
     def __init__(self, directory: str, full_every: int = 4, max_chain_fraction: float = 1.0,
-                 keep_chains: int = 1, chunk_mb: float = 32.0, link_ssd_tables: bool = True) -> None:
+                 keep_chains: int = 1, chunk_mb: float = 32.0, link_ssd_tables: bool = True,
+                 quantize: Optional[str] = None) -> None:
         if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every={full_every!r} must be an integer >= 1")
         if not max_chain_fraction > 0:
@@ -126,6 +131,9 @@ class DifferentialCheckpointer:
             raise ValueError(f"keep_chains={keep_chains!r} must be an integer >= 1")
         if not 0 < chunk_mb <= 1024:
             raise ValueError(f"chunk_mb={chunk_mb!r} must be in (0, 1024]")
+        if quantize not in (None,) + QUANTIZE_KINDS:
+            raise ValueError(f"quantize={quantize!r} must be None or one of {QUANTIZE_KINDS}")
+        self.quantize = quantize or ""
         self.directory = directory
         self.full_every, self.max_chain_fraction, self.keep_chains = full_every, max_chain_fraction, keep_chains
         self.chunk_bytes = int(chunk_mb * 2**20)
@@ -349,7 +357,8 @@ class DifferentialCheckpointer:
         for s in snapshots:
             p = s.piece
             select = (lambda lo, hi, s=s: s.selected.ids(lo, hi))
-            chunks += plan_chunks(p, select, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0])
+            quantize = self.quantize if kind == DELTA else ""  # full steps stay exact
+            chunks += plan_chunks(p, select, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0], quantize)
         return chunks
 
     def _write_manifest(self, path: str, step: int, kind: str, base: int, parent: Optional[int],

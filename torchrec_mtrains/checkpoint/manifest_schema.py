@@ -104,6 +104,8 @@ def _check_piece(p: Any, where: str) -> None:
         raise ValueError(f"{where}.spec.init_range={s.init_range!r} must be [low, high]")
     for j, c in enumerate(p.chunks):
         _non_negative(c, ("row_lo", "count", "crc32"), f"{where}.chunks[{j}]")
+        if c.quantize not in ("", "fp16", "int8"):
+            raise ValueError(f"{where}.chunks[{j}].quantize={c.quantize!r} must be '', 'fp16' or 'int8'")
         if not c.row_lo <= c.row_hi <= s.rows or c.count > c.row_hi - c.row_lo:
             raise ValueError(f"{where}.chunks[{j}]: {c.count} rows of [{c.row_lo}, {c.row_hi}) do not fit the "
                              f"piece's {s.rows} rows")

@@ -14,6 +14,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import torch
 
+from torchrec_mtrains.checkpoint.quantize import dequantize_rows
 from torchrec_mtrains.checkpoint.row_io import chunk_crc32
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
@@ -43,9 +44,10 @@ def read_chunk(step: ChainStep, record: PieceRecord, chunk: ChunkSpec) -> Tuple[
     ids = torch.arange(chunk.row_lo, chunk.row_hi) if chunk.dense else data[f"{chunk.key}/ids"]
     crc = chunk_crc32(spec, None if chunk.dense else ids, rows)
     bad = None
-    if tuple(rows.shape) != (chunk.count, spec.row_width) or ids.numel() != chunk.count:
+    width = spec.quantized_row_bytes(chunk.quantize) if chunk.quantize else spec.row_width
+    if tuple(rows.shape) != (chunk.count, width) or ids.numel() != chunk.count:
         bad = (f"holds {ids.numel()} ids and rows of shape {tuple(rows.shape)}, "
-               f"expected {chunk.count} x {spec.row_width}")
+               f"expected {chunk.count} x {width}")
     elif crc != chunk.crc32:
         bad = f"fails its checksum (CRC-32 {crc:#010x}, recorded {chunk.crc32:#010x})"
     elif chunk.count and (int(ids[0]) < chunk.row_lo or int(ids[-1]) >= chunk.row_hi):
@@ -53,6 +55,8 @@ def read_chunk(step: ChainStep, record: PieceRecord, chunk: ChunkSpec) -> Tuple[
     if bad is not None:
         where = step.reader.file_of(chunk.key)
         raise ChainError(f"checkpoint file {where} (step {step.step}): chunk {chunk.key} {bad}", where, step.step)
+    if chunk.quantize:
+        rows = dequantize_rows(spec, rows, chunk.quantize)
     return ids.to(torch.int64), rows
 
 

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from torchrec_mtrains.checkpoint.quantize import quantize_rows
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceSpec
 from torchrec_mtrains.storage.fsync import fsync_path
@@ -62,6 +63,7 @@ class PlannedChunk:
     count: int
     select: IdSelector
     crc32: int = 0
+    quantize: str = ""  # the rows' lossy encoding (quantize.py); "": as the tier stores them
 
     @property
     def dense(self) -> bool:
@@ -70,21 +72,23 @@ class PlannedChunk:
     @property
     def nbytes(self) -> int:
         """Bytes of the chunk's rows and ids."""
-        return self.piece.spec.chunk_bytes(self.count, self.dense)
+        return self.piece.spec.chunk_bytes(self.count, self.dense, self.quantize)
 
     def spec(self) -> ChunkSpec:
-        return ChunkSpec(self.key, self.row_lo, self.row_hi, self.count, self.crc32)
+        return ChunkSpec(self.key, self.row_lo, self.row_hi, self.count, self.crc32, self.quantize)
 
 
-def plan_chunks(piece: LocalPiece, select: IdSelector, max_rows: int, prefix: str) -> List[PlannedChunk]:
+def plan_chunks(piece: LocalPiece, select: IdSelector, max_rows: int, prefix: str,
+                quantize: str = "") -> List[PlannedChunk]:
     """Splits the rows ``select`` lists of a piece into chunks of at most ``max_rows``,
-    each a row range ``[row_lo, row_hi)`` whose listed rows are exactly the chunk's."""
+    each a row range ``[row_lo, row_hi)`` whose listed rows are exactly the chunk's
+    (``quantize``: their lossy encoding, ``quantize.py``)."""
     chunks: List[PlannedChunk] = []
     lo, count, last = -1, 0, -1
 
     def emit() -> None:
         key = f"{piece.spec.key}/{prefix}{len(chunks)}"
-        chunks.append(PlannedChunk(piece, key, lo, last + 1, count, select))
+        chunks.append(PlannedChunk(piece, key, lo, last + 1, count, select, quantize=quantize))
 
     for start in range(0, piece.spec.rows, _SCAN_ROWS):
         ids = select(start, min(piece.spec.rows, start + _SCAN_ROWS))
@@ -135,7 +139,10 @@ class RowChunkPlanner(DefaultSavePlanner):
             spec = c.piece.spec
             if not c.dense:
                 items.append(_write_item(f"{c.key}/ids", (c.count,), spec.ids_dtype))
-            items.append(_write_item(c.key, (c.count, spec.row_width), spec.torch_dtype))
+            if c.quantize:
+                items.append(_write_item(c.key, (c.count, spec.quantized_row_bytes(c.quantize)), torch.uint8))
+            else:
+                items.append(_write_item(c.key, (c.count, spec.row_width), spec.torch_dtype))
         self.plan = dataclasses.replace(plan, items=items)
         return self.plan
 
@@ -164,6 +171,8 @@ class RowChunkPlanner(DefaultSavePlanner):
             return super().resolve_data(write_item)
         ids = self._chunk_ids(c)
         rows = c.piece.emb.store_rows(c.piece.t, ids)
+        if c.quantize:
+            rows = quantize_rows(c.piece.spec, rows, c.quantize)
         c.crc32 = chunk_crc32(c.piece.spec, None if c.dense else ids, rows)
         self._last = None
         return rows

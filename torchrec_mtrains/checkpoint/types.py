@@ -88,10 +88,19 @@ class PieceSpec:
         """The dtype of the shard's saved row ids (shard-local)."""
         return torch.int32 if self.rows < 2**31 else torch.int64
 
-    def chunk_bytes(self, count: int, dense: bool) -> int:
-        """Bytes of a chunk of ``count`` rows, and of their ids unless ``dense``."""
+    def chunk_bytes(self, count: int, dense: bool, quantize: str = "") -> int:
+        """Bytes of a chunk of ``count`` rows (quantized as ``quantize``: ``quantize.py``),
+        and of their ids unless ``dense``."""
         ids = 0 if dense else torch.empty(0, dtype=self.ids_dtype).element_size()
-        return count * (self.row_bytes + ids)
+        return count * ((self.quantized_row_bytes(quantize) if quantize else self.row_bytes) + ids)
+
+    def quantized_row_bytes(self, quantize: str) -> int:
+        """Bytes of a row quantized as ``"fp16"`` or ``"int8"`` (``quantize.py``): the
+        weights encoded, the optimizer state's fp32 values as they are."""
+        weights = {"fp16": 2 * self.cols, "int8": 8 + self.cols}.get(quantize)
+        if weights is None:
+            raise ValueError(f"quantize={quantize!r} must be 'fp16' or 'int8'")
+        return weights + 4 * self.state_values
 
     @property
     def key(self) -> str:
@@ -102,13 +111,15 @@ class PieceSpec:
 class ChunkSpec:
     """Rows of one piece saved as one DCP tensor ``key`` (``[count, row_width]``) with the
     shard-local ids at ``key + "/ids"`` (absent when the chunk is every row of
-    ``[row_lo, row_hi)``); ``crc32`` covers the ids' bytes, then the rows'."""
+    ``[row_lo, row_hi)``); ``crc32`` covers the ids' bytes, then the rows'. A ``quantize``d
+    chunk (a lossy delta, ``quantize.py``) holds ``uint8`` rows of that encoding."""
 
     key: str
     row_lo: int
     row_hi: int
     count: int
     crc32: int
+    quantize: str = ""
 
     @property
     def dense(self) -> bool:
@@ -165,7 +176,8 @@ class StepManifest:
     @property
     def tiered_bytes(self) -> int:
         """Bytes of the rows (and ids) this rank copied (linked pieces: see ``map_bytes``)."""
-        return sum(p.spec.chunk_bytes(c.count, c.dense) for p in self.pieces if p.snapshot is None for c in p.chunks)
+        return sum(p.spec.chunk_bytes(c.count, c.dense, c.quantize) for p in self.pieces if p.snapshot is None
+                   for c in p.chunks)
 
     @property
     def fused_bytes(self) -> int:
