@@ -4,6 +4,13 @@
 
 - the baseline, ``--full-every 1``: every save a full checkpoint;
 - the measured run, ``--full-every K``: chains of a full save and deltas;
+- the async run: the measured one saving in the background (``--async-checkpoint``);
+- one run per ``--quantize`` kind: the measured one with lossy deltas
+  (``--checkpoint-quantize``);
+
+then, from the last step of the measured run and of each quantized one, a resume that
+trains ``--resume-steps`` more steps: the restore's seconds and the AUC after it
+(quantized deltas against exact ones);
 
 with the sequential write and read bandwidth of the checkpoint directory's filesystem
 measured first, in the same run (fio, or a Python loop without it). The checkpoint
@@ -26,7 +33,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from benchmarks.lib.process_monitor import run_monitored
 
@@ -35,7 +42,7 @@ __all__ = ["RUNS", "main", "parse_args", "run_example", "saved_steps"]
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "dlrm" / "train.py"
 KEEP_CHAINS = 1  # both runs: the disk-use figures compare one kept chain against one kept full save
-RUNS = ("baseline", "measured")  # --full-every 1, --full-every K
+RUNS = ("baseline", "measured", "async")  # --full-every 1, --full-every K, K in the background
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -47,6 +54,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    help="save SSD tables by linking their store files (the example's default); without it both "
                         "runs copy their rows (--copy-ssd-tables), which is what the targets compare")
     p.add_argument("--nproc", type=int, default=2, help="ranks")
+    p.add_argument("--quantize", default="int8,fp16",
+                   help="comma-separated lossy delta kinds to run too (fp16, int8; empty: none)")
+    p.add_argument("--resume-steps", type=int, default=50,
+                   help="steps each resume trains after restoring (its AUC compares quantized deltas with exact)")
     p.add_argument("--workdir", default=None,
                    help="checkpoints, tier files and the runs' outputs (default: a temp dir); its checkpoint "
                         "and storage directories are removed after the run unless --keep")
@@ -72,8 +83,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     if not args.fio_seconds > 0 or not args.interval > 0:
         p.error("--fio-seconds and --interval must be > 0")
     banned = {"--checkpoint-dir", "--checkpoint-every", "--full-every", "--keep-chains", "--steps", "--out",
-              "--storage-dir", "--resume"}
+              "--storage-dir", "--resume", "--async-checkpoint", "--checkpoint-quantize"}
     args.example = shlex.split(args.example_args)
+    args.quantize_kinds = [k for k in args.quantize.split(",") if k]
+    if any(k not in ("fp16", "int8") for k in args.quantize_kinds):
+        p.error(f"--quantize {args.quantize!r}: kinds are fp16 and int8")
     clash = sorted(banned & {a.split("=")[0] for a in args.example})
     if clash:
         p.error(f"--example-args must not set {', '.join(clash)}: the bench sets them")
@@ -94,28 +108,40 @@ def saved_steps(directory: Path) -> Dict[int, int]:
     return out
 
 
-def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path, outputs: Path) -> Dict:
+def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path, outputs: Path,
+                extra: Sequence[str] = (), resume: bool = False) -> Dict:
     """Trains one run under torchrun while sampling its checkpoint directory; its raw figures:
-    the saves, wall seconds, losses, sampled disk use and the steps left on disk."""
-    ckpt, store, out = work / name / "ckpt", work / name / "store", outputs / name
-    for d in (ckpt, store):
+    the saves, wall seconds, losses, step times, sampled disk use and the steps left on disk.
+    ``resume``: continues from the run ``name``'s last checkpoint for ``--resume-steps`` (no
+    saves; its own tier files), for the restore's time and the AUC after it."""
+    ckpt, store, out = work / name / "ckpt", work / name / ("store_resumed" if resume else "store"), outputs / name
+    if resume:
+        out = outputs / f"{name}_resumed"
+    for d in (store,) if resume else (ckpt, store):
         shutil.rmtree(d, ignore_errors=True)
-    ckpt.mkdir(parents=True)
+    ckpt.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    steps = args.steps + args.resume_steps if resume else args.steps
+    saves = ["--resume", "--checkpoint-every", "0"] if resume else ["--checkpoint-every", str(args.checkpoint_every)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-           str(TRAIN), *args.example, "--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every),
+           str(TRAIN), *args.example, "--steps", str(steps), *saves,
            "--checkpoint-dir", str(ckpt), "--full-every", str(full_every), "--keep-chains", str(KEEP_CHAINS),
-           "--storage-dir", str(store), "--out", str(out), *([] if args.link_ssd_tables else ["--copy-ssd-tables"])]
+           "--storage-dir", str(store), "--out", str(out), *([] if args.link_ssd_tables else ["--copy-ssd-tables"]),
+           *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     print(f"bench_checkpoint: {name} run: {shlex.join(cmd)}", flush=True)
     monitor = run_monitored(cmd, outputs / f"{name}.log", str(ckpt), args.interval, args.timeout,
                             f"bench_checkpoint: the {name} run", cwd=ROOT, env=env)
     metrics = json.loads((out / "metrics.json").read_text())
     samples = monitor.samples
+    if resume:
+        return {"command": shlex.join(cmd), "restore_seconds": metrics["restore_seconds"], "auc": metrics["auc"],
+                "resumed_from": metrics["resumed_from"], "losses": metrics["losses"]}
     return {
         "full_every": full_every, "keep_chains": KEEP_CHAINS, "command": shlex.join(cmd),
         "checkpoints": metrics["checkpoints"], "wall_seconds": metrics["wall_seconds"],
-        "losses": metrics["losses"], "placement": metrics["placement"],
+        "losses": metrics["losses"], "placement": metrics["placement"], "step_times": metrics["step_times"],
+        "auc": metrics["auc"],
         "peak_sampled_disk_bytes": max((s.disk_bytes for s in samples), default=0),
         "disk_samples": len(samples),
         "on_disk_at_end": {str(k): v for k, v in saved_steps(ckpt).items()},
@@ -138,11 +164,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                  "checkpoint_fs": str(work)}
     try:
         raw["disk"] = measure(work, args.disk_method, args.disk_mb, args.fio_seconds).as_dict()
-        raw["runs"] = {name: run_example(args, name, k, work, work / "outputs")
-                       for name, k in zip(RUNS, (1, args.full_every))}
+        outputs = work / "outputs"
+        extras = {"baseline": [], "measured": [], "async": ["--async-checkpoint"],
+                  **{kind: ["--checkpoint-quantize", kind] for kind in args.quantize_kinds}}
+        raw["runs"] = {name: run_example(args, name, 1 if name == "baseline" else args.full_every, work, outputs,
+                                         extra) for name, extra in extras.items()}
+        raw["resumed"] = {name: run_example(args, name, args.full_every, work, outputs, resume=True)
+                          for name in ["measured", *args.quantize_kinds] if args.resume_steps}
     finally:
-        for name in RUNS if not args.keep else ():
-            for sub in ("ckpt", "store"):
+        for name in [*RUNS, *args.quantize_kinds] if not args.keep else ():
+            for sub in ("ckpt", "store", "store_resumed"):
                 shutil.rmtree(work / name / sub, ignore_errors=True)
         if not args.workdir and not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -11,7 +11,14 @@ files: everything not tiered, FUSED tables included), ``seconds`` (flush of the 
 - a full save's time <= 1.5 x its tiered rows' bytes / min(sequential read, write bandwidth);
 - write bandwidth and capacity reduced against saving a full checkpoint every time, next to
   Check-N-Run's 6-17x and 2.5-8x (NSDI'22; its figures include quantizing the rows, which
-  differential saves alone do not do).
+  differential saves alone do not do), and >= 4x for the bytes written;
+- a delta on disk <= 0.3 x a full step on disk (medians of the measured run);
+- the save throughput (bytes / seconds of a save that stops training) >= 0.5 x the
+  sequential write bandwidth;
+- the async run's training stall per save (``blocking_seconds`` / the run's median step)
+  <= 2 steps;
+- the restore's seconds and the AUC after resuming from quantized deltas vs exact ones
+  (reported).
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ GOALS = {
     "full_seconds_x_disk": 1.5,  # seconds / (row_bytes / min(read, write bandwidth))
     "write_reduction": 6.0,  # Check-N-Run: 6-17x
     "capacity_reduction": 2.5,  # Check-N-Run: 2.5-8x
+    "bytes_reduction": 4.0,  # bytes written vs a full at every save
+    "delta_over_full": 0.3,  # median delta bytes / median full bytes
+    "throughput_x_write": 0.5,  # (bytes / seconds) / sequential write bandwidth
+    "stall_steps": 2.0,  # async: blocking seconds / median step seconds
 }
 CHECK_N_RUN = {"write_reduction": "6-17x", "capacity_reduction": "2.5-8x"}
 MB = 1e6
@@ -120,11 +131,32 @@ def run_figures(run: Dict, disk: Dict, config: Dict) -> Dict:
     }
 
 
+def _median_step(run: Dict) -> float:
+    times = run.get("step_times") or []
+    steps = [b - a for a, b in zip(times, times[1:])]
+    return statistics.median(steps) if steps else float("nan")
+
+
+def _stalls(run: Dict, figures: Dict) -> List[Tuple[int, float]]:
+    """(step, training stopped for the save in steps) of each save of a run."""
+    step = _median_step(run)
+    return [(s["step"], _div(s.get("blocking_seconds", s["seconds"]), step)) for s in figures["saves"]]
+
+
 def evaluate(raw: Dict) -> Tuple[Dict, List[Target]]:
     """The figures of a results file's raw part, and the targets checked on them."""
     runs = {name: run_figures(r, raw["disk"], raw["config"]) for name, r in raw["runs"].items()}
     base, meas = runs["baseline"], runs["measured"]
+    deltas = [s["bytes"] for s in meas["saves"] if s["kind"] == "delta"]
+    fulls = [s["bytes"] for s in meas["saves"] if s["kind"] == "full"]
+    write_bw = raw["disk"]["write_bytes_per_s"]
     f = {
+        "delta_over_full": _div(statistics.median(deltas), statistics.median(fulls)) if deltas and fulls
+        else float("nan"),
+        "throughput_x_write": [(s["step"], _div(_div(s["bytes"], s["seconds"]), write_bw)) for s in meas["saves"]],
+        "stall_steps": {name: _stalls(raw["runs"][name], runs[name]) for name in runs},
+        "median_step_seconds": {name: _median_step(r) for name, r in raw["runs"].items()},
+        "resumed": raw.get("resumed", {}),
         "runs": runs,
         "write_reduction": _div(base["total_bytes"], meas["total_bytes"]),
         "write_reduction_tiered": _div(base["total_tiered_file_bytes"], meas["total_tiered_file_bytes"]),
@@ -132,7 +164,7 @@ def evaluate(raw: Dict) -> Tuple[Dict, List[Target]]:
         "capacity_reduction_every_save": _div(base["total_bytes"], meas["total_bytes"]),
         "capacity_reduction_peak_by_rule": _div(base["peak_disk_bytes_by_rule"], meas["peak_disk_bytes_by_rule"]),
         "capacity_reduction_peak_sampled": _div(base["peak_disk_bytes_sampled"], meas["peak_disk_bytes_sampled"]),
-        "same_training": raw["runs"]["baseline"]["losses"] == raw["runs"]["measured"]["losses"],
+        "same_training": all(r["losses"] == raw["runs"]["baseline"]["losses"] for r in raw["runs"].values()),
     }
     return f, targets(f, raw["config"]["interval"])
 
@@ -162,6 +194,24 @@ def targets(f: Dict, interval: float) -> List[Target]:
     fulls = [s for r in runs.values() for s in r["saves"] if s["kind"] == "full"]
     base, meas = runs["baseline"], runs["measured"]
     t = [
+        _worst(f"delta on disk / full on disk <= {GOALS['delta_over_full']:g} (medians, measured run)",
+               [(0, f["delta_over_full"])], GOALS["delta_over_full"], "runs"),
+        _at_least(f"bytes written vs a full at every save >= {GOALS['bytes_reduction']:g}x", f["write_reduction"],
+                  GOALS["bytes_reduction"], f"{base['total_bytes'] / MB:,.1f} vs {meas['total_bytes'] / MB:,.1f} MB"),
+        _at_least(f"save throughput vs sequential write >= {GOALS['throughput_x_write']:g}x (slowest save, measured)",
+                  min((v for _, v in f["throughput_x_write"]), default=float("nan")), GOALS["throughput_x_write"],
+                  "bytes / seconds of each save that stops training, against the disk's sequential write"),
+    ]
+    if "async" in runs:
+        t.append(_worst(f"training stall per save <= {GOALS['stall_steps']:g} steps (async run)",
+                        f["stall_steps"]["async"], GOALS["stall_steps"], "saves"))
+        t.append(Target("training stall per save of the stopped saves (measured run)", "INFO",
+                        ", ".join(f"{step}: {v:.1f}" for step, v in f["stall_steps"]["measured"]) + " steps"))
+    for name, r in f["resumed"].items():
+        t.append(Target(f"resume from the {name} chain", "INFO",
+                        f"restore {r['restore_seconds']:.2f} s (step {r['resumed_from']}), AUC after "
+                        f"the resumed run's end {r['auc']:.4f}"))
+    t += [
         _worst("delta bytes <= 1.2 x rows' bytes: (bytes - dense_bytes) / row_bytes",
                [(s["step"], s["bytes_x_rows"]) for s in deltas], GOALS["delta_bytes_x_rows"], "deltas"),
         _worst("  delta bytes / (1.2 x row_bytes + dense_bytes)",

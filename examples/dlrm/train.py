@@ -562,9 +562,11 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         # when sharded): a second job on the same checkpoint directory stops here, before
         # it trains or writes anything.
         trainer.checkpointer.claim_directory()
-    start = 0
+    start, restore_seconds = 0, None
     if args.resume:
+        t0 = time.perf_counter()
         trainer.state = trainer.checkpointer.restore(dmp, dense_opt, path=args.resume_from)
+        restore_seconds = time.perf_counter() - t0
         start = trainer.state.pop("step")
         if trainer.state.get("seed") != args.seed:
             print(f"train.py: warning: checkpoint seed {trainer.state.get('seed')} != --seed {args.seed}",
@@ -597,6 +599,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "hit_rate": per_table, "hit_rate_per_tier": per_tier, "placement": placement,
         "hit_rate_warm": warm_table, "hit_rate_warm_per_tier": warm_tier, "hit_rate_warm_from_step": trainer.warm_from_step,
         "auc_curve": trainer.state["auc_curve"], "steps": args.steps, "resumed_from": start,
+        "restore_seconds": restore_seconds,
         "world_size": world, "nodes": nodes, "ranks_per_node": local_world, "weights_sha256": checksum,
         "batch_size_per_rank": args.batch_size, "hardware": hardware.name,
         "dram_budget_bytes_per_rank": args.dram_budget_bytes, "scm_budget_bytes_per_rank": args.scm_budget_bytes,

@@ -39,7 +39,8 @@ def test_bench_checkpoint_accounts_for_every_save(tmp_path):
     out = tmp_path / "results.json"
     cmd = [sys.executable, BENCH, "--steps", str(STEPS),
            "--checkpoint-every", str(EVERY), "--full-every", "3", "--example-args", TINY, "--disk-method", "python",
-           "--disk-mb", "8", "--nproc", "1", "--workdir", str(tmp_path / "work"), "--out", str(out)]
+           "--disk-mb", "8", "--nproc", "1", "--workdir", str(tmp_path / "work"), "--out", str(out),
+           "--quantize", "int8", "--resume-steps", "2"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MTRAINS_FAULT", "TORCHELASTIC"))}
     env["OMP_NUM_THREADS"] = "1"
     proc = run_watched(cmd, stall_s=300, env=env)
@@ -48,7 +49,7 @@ def test_bench_checkpoint_accounts_for_every_save(tmp_path):
     raw, f = doc["raw"], doc["figures"]
     assert raw["disk"]["write_bytes_per_s"] > 0 and raw["disk"]["read_bytes_per_s"] > 0
     assert raw["disk"]["method"].startswith("python loop")
-    for name in ("baseline", "measured"):
+    for name in ("baseline", "measured", "async", "int8"):
         run = f["runs"][name]
         steps = [s["step"] for s in run["saves"]]
         assert steps == list(range(EVERY, STEPS + 1, EVERY))
@@ -66,6 +67,11 @@ def test_bench_checkpoint_accounts_for_every_save(tmp_path):
     delta = next(s for s in meas["saves"] if s["kind"] == "delta")
     assert delta["row_bytes"] > 0
     assert delta["bytes_x_rows"] == pytest.approx((delta["bytes"] - delta["dense_bytes"]) / delta["row_bytes"])
+    # Saves in the background stop training for their snapshot only; the resumes restored.
+    stalls = f["stall_steps"]["async"]
+    assert [s for s, _ in stalls] == list(range(EVERY, STEPS + 1, EVERY)) and all(v > 0 for _, v in stalls)
+    for name in ("measured", "int8"):
+        assert f["resumed"][name]["resumed_from"] == STEPS and f["resumed"][name]["restore_seconds"] > 0
     statuses = {t["name"]: t["status"] for t in doc["targets"]}
     assert statuses["every save accounted for, same training in both runs"] == "PASS"
     assert all(s in ("PASS", "MISS", "SKIP", "INFO") for s in statuses.values())
