@@ -26,6 +26,7 @@ __all__ = ["checkpointer_of", "flush_tiers", "latest_checkpoint"]
 
 def checkpointer_of(args) -> DifferentialCheckpointer:
     """The run's checkpointer, from --checkpoint-dir, --full-every, --keep-chains,
-    --copy-ssd-tables and --checkpoint-quantize."""
+    --max-chain-fraction, --copy-ssd-tables and --checkpoint-quantize."""
     return DifferentialCheckpointer(args.checkpoint_dir, full_every=args.full_every, keep_chains=args.keep_chains,
-                                    link_ssd_tables=not args.copy_ssd_tables, quantize=args.checkpoint_quantize)
+                                    link_ssd_tables=not args.copy_ssd_tables, quantize=args.checkpoint_quantize,
+                                    max_chain_fraction=args.max_chain_fraction)

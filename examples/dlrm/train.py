@@ -141,6 +141,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--full-every", type=int, default=4,
                    help="every K-th save is a full one (all tiered rows that left their initial value)")
     p.add_argument("--keep-chains", type=int, default=1, help="keep the N newest checkpoint chains")
+    p.add_argument("--max-chain-fraction", type=float, default=1.0,
+                   help="a full save comes sooner once a chain's deltas would hold more rows than this fraction of "
+                        "its full save's (what a restore reads beyond the full save)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--resume-from", default=None, metavar="STEP_DIR",
                    help="continue from this checkpoint step (a step_* directory; --checkpoint-dir defaults to "
@@ -183,6 +186,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--checkpoint-every and --eval-batches must be >= 0")
     if args.full_every < 1 or args.keep_chains < 1:
         p.error("--full-every and --keep-chains must be >= 1")
+    if not args.max_chain_fraction > 0:
+        p.error(f"--max-chain-fraction must be > 0, got {args.max_chain_fraction}")
     if not 0 <= args.drift < 1:
         p.error(f"--drift must be in [0, 1), got {args.drift}")
     if not 0 < args.table_scale <= 1:

@@ -125,6 +125,8 @@ def _copy_leaves(tree: Any) -> Any:
         return {k: _copy_leaves(v) for k, v in tree.items()}
     if isinstance(tree, list):
         return [_copy_leaves(v) for v in tree]
+    if type(tree) is tuple:  # noqa: E721 (a named tuple is a leaf: deep-copied whole)
+        return tuple(_copy_leaves(v) for v in tree)
     if isinstance(tree, torch.Tensor) or type(tree).__name__ == "ShardedTensor":
         return tree
     return copy.deepcopy(tree)

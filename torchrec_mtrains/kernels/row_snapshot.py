@@ -45,7 +45,9 @@ class RowSnapshot:
         self.rows_stashed = 0
         if held is not None and held[0].numel():  # selected rows copied already (ascending ids)
             self._stash.append(held)
-            self._unread.unmark(held[0])
+            copied = DirtyRows(selected.num_rows)  # many rows: one pass over the bitmap
+            copied.mark(held[0])
+            self._unread.bits.bitwise_and_(copied.bits.bitwise_not())
 
     def before_write(self, ids: torch.Tensor) -> None:
         """Keeps the old value of the rows among ``ids`` (int64) the save still has to read."""
