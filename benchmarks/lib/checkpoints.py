@@ -7,6 +7,7 @@
 - the async run: the measured one saving in the background (``--async-checkpoint``);
 - one run per ``--quantize`` kind: the measured one with lossy deltas
   (``--checkpoint-quantize``);
+- the same training without saves (what each run's saves cost in wall time);
 
 then, from the last step of the measured run and of each quantized one, a resume that
 trains ``--resume-steps`` more steps: the restore's seconds and the AUC after it
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "dlrm" / "train.py"
 KEEP_CHAINS = 1  # both runs: the disk-use figures compare one kept chain against one kept full save
 RUNS = ("baseline", "measured", "async")  # --full-every 1, --full-every K, K in the background
+NO_SAVES = "no_saves"  # the same training without checkpoints: the time the saves cost
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -122,7 +124,8 @@ def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path
     ckpt.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     steps = args.steps + args.resume_steps if resume else args.steps
-    saves = ["--resume", "--checkpoint-every", "0"] if resume else ["--checkpoint-every", str(args.checkpoint_every)]
+    every = 0 if name == NO_SAVES else args.checkpoint_every
+    saves = ["--resume", "--checkpoint-every", "0"] if resume else ["--checkpoint-every", str(every)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
            str(TRAIN), *args.example, "--steps", str(steps), *saves,
            "--checkpoint-dir", str(ckpt), "--full-every", str(full_every), "--keep-chains", str(KEEP_CHAINS),
@@ -137,6 +140,9 @@ def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path
     if resume:
         return {"command": shlex.join(cmd), "restore_seconds": metrics["restore_seconds"], "auc": metrics["auc"],
                 "resumed_from": metrics["resumed_from"], "losses": metrics["losses"]}
+    if name == NO_SAVES:
+        return {"command": shlex.join(cmd), "wall_seconds": metrics["wall_seconds"], "step_times": metrics["step_times"],
+                "losses": metrics["losses"]}
     return {
         "full_every": full_every, "keep_chains": KEEP_CHAINS, "command": shlex.join(cmd),
         "checkpoints": metrics["checkpoints"], "wall_seconds": metrics["wall_seconds"],
@@ -169,10 +175,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                   **{kind: ["--checkpoint-quantize", kind] for kind in args.quantize_kinds}}
         raw["runs"] = {name: run_example(args, name, 1 if name == "baseline" else args.full_every, work, outputs,
                                          extra) for name, extra in extras.items()}
+        raw["no_saves"] = run_example(args, NO_SAVES, 1, work, outputs)
         raw["resumed"] = {name: run_example(args, name, args.full_every, work, outputs, resume=True)
                           for name in ["measured", *args.quantize_kinds] if args.resume_steps}
     finally:
-        for name in [*RUNS, *args.quantize_kinds] if not args.keep else ():
+        for name in [*RUNS, *args.quantize_kinds, NO_SAVES] if not args.keep else ():
             for sub in ("ckpt", "store", "store_resumed"):
                 shutil.rmtree(work / name / sub, ignore_errors=True)
         if not args.workdir and not args.keep:

@@ -157,6 +157,11 @@ def evaluate(raw: Dict) -> Tuple[Dict, List[Target]]:
         "stall_steps": {name: _stalls(raw["runs"][name], runs[name]) for name in runs},
         "median_step_seconds": {name: _median_step(r) for name, r in raw["runs"].items()},
         "resumed": raw.get("resumed", {}),
+        # Wall time each run lost per save against the training without saves, in its steps.
+        "lost_steps_per_save": {
+            name: _div(_div(r["wall_seconds"] - raw["no_saves"]["wall_seconds"], len(r["checkpoints"])),
+                       _median_step(raw["no_saves"]))
+            for name, r in raw["runs"].items()} if "no_saves" in raw else {},
         "runs": runs,
         "write_reduction": _div(base["total_bytes"], meas["total_bytes"]),
         "write_reduction_tiered": _div(base["total_tiered_file_bytes"], meas["total_tiered_file_bytes"]),
@@ -207,6 +212,9 @@ def targets(f: Dict, interval: float) -> List[Target]:
                         f["stall_steps"]["async"], GOALS["stall_steps"], "saves"))
         t.append(Target("training stall per save of the stopped saves (measured run)", "INFO",
                         ", ".join(f"{step}: {v:.1f}" for step, v in f["stall_steps"]["measured"]) + " steps"))
+    if f["lost_steps_per_save"]:
+        t.append(Target("wall time lost per save vs the training without saves, in its median steps", "INFO",
+                        ", ".join(f"{n} {v:.1f}" for n, v in f["lost_steps_per_save"].items())))
     for name, r in f["resumed"].items():
         t.append(Target(f"resume from the {name} chain", "INFO",
                         f"restore {r['restore_seconds']:.2f} s (step {r['resumed_from']}), AUC after "

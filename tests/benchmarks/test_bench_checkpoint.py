@@ -72,6 +72,8 @@ def test_bench_checkpoint_accounts_for_every_save(tmp_path):
     assert [s for s, _ in stalls] == list(range(EVERY, STEPS + 1, EVERY)) and all(v > 0 for _, v in stalls)
     for name in ("measured", "int8"):
         assert f["resumed"][name]["resumed_from"] == STEPS and f["resumed"][name]["restore_seconds"] > 0
+    assert raw["no_saves"]["losses"] == raw["runs"]["baseline"]["losses"]
+    assert set(f["lost_steps_per_save"]) == {"baseline", "measured", "async", "int8"}
     statuses = {t["name"]: t["status"] for t in doc["targets"]}
     assert statuses["every save accounted for, same training in both runs"] == "PASS"
     assert all(s in ("PASS", "MISS", "SKIP", "INFO") for s in statuses.values())

@@ -399,7 +399,10 @@ class DifferentialCheckpointer:
         Raises:
             FileNotFoundError: there is no complete checkpoint.
             ChainError: a step of the chain is missing or damaged; nothing was restored.
+            OSError: the save running in the background failed (waited for first; a
+                second call restores).
         """
+        self.wait()
         self._start(path)
         path = path or self.latest()
         if path is None:
