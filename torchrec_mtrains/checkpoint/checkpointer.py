@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch import nn
 
 from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.collectives import (
@@ -500,7 +500,8 @@ class _SaveJob:
                 dcp.save(self.state, storage_writer=writer, planner=planner, process_group=current_group())
                 record, tiered, fused_bytes = ck._finish(path, step, kind, base, parent, copied, fused, chunks,
                                                          self.links, self.link_error, writer, self.trainer)
-            except (CheckpointException, OSError) as e:
+            except (CheckpointException, Exception) as e:  # any failure (DCP's is a BaseException): the
+                # step goes, its rows go into the next save
                 self._failed(e)
             if rank() == 0:
                 fault_point("checkpoint.latest")
