@@ -213,8 +213,8 @@ class DifferentialCheckpointer:
     def async_save(self, step: int, model: nn.Module, dense_optimizer: Any = None,
                    trainer: Optional[Dict[str, Any]] = None) -> "PendingSave":
         """As ``save``, but only the snapshot of the step is taken now (collective; the
-        tiers flushed, the dense state copied, the rows to save fixed with copy-on-write
-        for tiered rows training rewrites before the save read them), and the rows are
+        dense state copied, the rows to save fixed, with copy-on-write for tiered rows
+        training rewrites before the save read them: ``save_snapshot.py``), and the rows are
         written by a thread of this checkpointer, on a process group of its own, while
         training goes on. ``latest`` moves once the step is complete. The next ``save``,
         ``async_save`` or ``restore`` waits for it, as does ``wait()``.
@@ -260,6 +260,7 @@ class DifferentialCheckpointer:
         """Takes what step ``step`` holds (``save_snapshot.py``), between training steps;
         the complete record when that step is already the latest."""
         t0 = time.perf_counter()
+        trainer = json.loads(json.dumps(trainer or {}))  # as trainer.json will hold it, fixed now
         self._start()
         name = chain_dir.step_name(step)
         path = os.path.join(self.directory, name)
@@ -293,7 +294,7 @@ class DifferentialCheckpointer:
         linked_marks = [(p.emb.dirty_rows(p.t), taken_marks(p.emb.dirty_rows(p.t))) for p in linked]
         links, link_error = self._link(linked, path, step)
         job = _SaveJob(self, model, step, path, previous, kind, layout, snapshots, linked, linked_marks, links,
-                       link_error, state, json.loads(json.dumps(trainer or {})), t0)
+                       link_error, state, trainer, t0)
         job.blocking_seconds = time.perf_counter() - t0
         return job
 
