@@ -45,7 +45,6 @@ from torchrec_mtrains.checkpoint.failures import errno_of, first_line
 from torchrec_mtrains.checkpoint.integrity import check_files, file_crc
 from torchrec_mtrains.checkpoint.kind_change import (
     changed_tables,
-    check_dense_sources,
     dense_sources,
     fused_pieces,
     pop_tables,
@@ -301,13 +300,13 @@ class DifferentialCheckpointer:
     def _finish(self, path: str, step: int, kind: str, base: int, parent: Optional[int], copied: List[LocalPiece],
                 fused: List[LocalPiece], chunks: List[PlannedChunk], links: List[PieceRecord],
                 error: Optional[str], writer: RowChunkWriter,
-                trainer: Optional[Dict[str, Any]]) -> Tuple[CheckpointRecord, int, int]:
+                trainer: Dict[str, Any]) -> Tuple[CheckpointRecord, int, int]:
         """Once DCP wrote the step's data: writes this rank's manifest (unless linking the
         SSD tables failed: ``error``) and (rank 0) trainer.json. Returns the step's record,
         its copied rows' bytes and the bytes of the FUSED shards it holds whole (every rank's)."""
         if error is None:
             error = self._write_manifest(path, step, kind, base, parent, copied, fused, chunks, links,
-                                         writer.state_files, trainer or {})
+                                         writer.state_files, trainer)
         errors = gather_errors(error)
         if errors:
             raise OSError(errno.EIO, "; ".join(errors))
@@ -327,7 +326,7 @@ class DifferentialCheckpointer:
         if rank() == 0:
             nbytes = chain_dir.dir_bytes(path)
             chain_dir.write_atomic(os.path.join(path, "trainer.json"), json.dumps({
-                **(trainer or {}), "step": step, "kind": kind, "base": base, "parent": parent,
+                **trainer, "step": step, "kind": kind, "base": base, "parent": parent,
                 "world_size": world_size(), "tiered_bytes": tiered,
                 **dataclasses.replace(record, bytes=nbytes).counts(),
             }))
@@ -434,7 +433,7 @@ class DifferentialCheckpointer:
                     fused_pieces(state, changed.to_fused | fused_now)
                 check_files(chain)
                 check_rows(targets, chain)
-                check_dense_sources(changed.to_tiered, chain)
+                dense_sources(chain, changed.to_tiered)  # raises unless a step holds them
             except ChainError as e:
                 failure = e
             errors = gather_errors(None if failure is None else str(failure))

@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.integrity import check_files
 from torchrec_mtrains.checkpoint.steps import ChainStep
-from torchrec_mtrains.checkpoint.kind_change import dense_sources
+from torchrec_mtrains.checkpoint.kind_change import dense_sources, read_dense_rows
 from torchrec_mtrains.checkpoint.restore import init_rows, join_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
@@ -270,17 +270,10 @@ class _BlockSource:
         return out
 
     def _dense_rows(self, piece: _ExportPiece, lo: int, hi: int) -> torch.Tensor:
-        """Rows ``[lo, hi)`` of a FUSED shard as its dense-state step saved them."""
-        spec, read = piece.spec, self.chain[piece.source].reader.read_block
-        weights = read(piece.weight_fqn, [spec.row_offset + lo, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
-        state = None
-        if piece.state_fqn is not None:
-            if piece.rowwise:
-                state = read(piece.state_fqn, [piece.state_offsets[0] + lo], (hi - lo,), torch.float32)
-            else:
-                state = read(piece.state_fqn, [spec.row_offset + lo, spec.col_offset], (hi - lo, spec.cols),
-                             torch.float32)
-        return join_rows(weights, state)
+        """Rows ``[lo, hi)`` of a FUSED shard as its dense-state step saved them (a row-wise
+        state at the shard's own place in the stacked tensor)."""
+        state_row = piece.state_offsets[0] + lo
+        return join_rows(*read_dense_rows(self.chain[piece.source], piece.spec, lo, hi, state_row))
 
     def _chunk(self, n: int, record: PieceRecord, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
         cached = self._cached.get(n)

@@ -27,8 +27,8 @@ from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
 
 __all__ = [
-    "ChangedTables", "FusedRows", "changed_tables", "check_dense_sources", "dense_sources", "fused_pieces",
-    "pop_tables", "restore_from_dense", "table_state", "tiered_tables",
+    "ChangedTables", "FusedRows", "changed_tables", "dense_sources", "fused_pieces", "pop_tables",
+    "read_dense_rows", "restore_from_dense", "table_state", "tiered_tables",
 ]
 
 Table = Tuple[str, str]  # (state_dict prefix of the collection, table name)
@@ -153,10 +153,22 @@ def _is_weight(md: Any) -> bool:
     return isinstance(md, TensorStorageMetadata) and len(md.size) == 2
 
 
-def check_dense_sources(tables: Set[Table], chain: List[ChainStep]) -> None:
-    """Raises ChainError unless a step of the chain holds the saved weights of every table
-    in ``tables`` (tiered now, so they must have been FUSED when saved)."""
-    dense_sources(chain, tables)
+def read_dense_rows(step: ChainStep, spec: PieceSpec, lo: int, hi: int,
+                    state_row: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(weights, fp32 optimizer state or None) of the FUSED shard ``spec``'s rows ``[lo, hi)``
+    as step ``step`` saved them in its dense state (ShardedTensors, read through DCP's
+    resharding reads). A row-wise state is read at row ``state_row`` of its tensor (TorchRec
+    stacks one per column shard)."""
+    table = (spec.module, spec.table)
+    read = step.reader.read_block
+    r0 = spec.row_offset + lo
+    weights = read(f"model.{weight_key(table)}", [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
+    skey = f"optim.state.{weight_key(table)}.{state_key(table)}"
+    if spec.state_values == 1:
+        return weights, read(skey, [state_row], (hi - lo,), torch.float32)
+    if spec.state_values > 1:
+        return weights, read(skey, [r0, spec.col_offset], (hi - lo, spec.cols), torch.float32)
+    return weights, None
 
 
 def table_state(state: Dict[str, Any], tables: Set[Table]) -> Dict[str, Any]:
@@ -185,17 +197,9 @@ def restore_from_dense(
         table = (spec.module, spec.table)
         if table not in tables:
             continue
-        wkey = f"model.{weight_key(table)}"
-        skey = f"optim.state.{weight_key(table)}.{state_key(table)}"
-        read = chain[sources[table]].reader.read_block
         for lo, hi in _blocks(spec.rows, block_rows):
-            r0 = spec.row_offset + lo
-            weights = read(wkey, [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
-            state = None
-            if spec.state_values == 1:  # row-wise: the first column shard's values (TorchRec stacks shards)
-                state = read(skey, [r0], (hi - lo,), torch.float32)
-            elif spec.state_values > 1:
-                state = read(skey, [r0, spec.col_offset], (hi - lo, spec.cols), torch.float32)
+            # Row-wise: the first column shard's values, at the rows' own offset.
+            weights, state = read_dense_rows(chain[sources[table]], spec, lo, hi, spec.row_offset + lo)
             piece.emb.set_rows(piece.t, torch.arange(lo, hi), weights, state)
 
 
