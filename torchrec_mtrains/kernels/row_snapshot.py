@@ -1,12 +1,13 @@
 """RowSnapshot: a table's rows as of one moment, read while training goes on writing them.
 
-A checkpoint saved in the background selects the rows it holds when training stops for
-it (the tier flushed, so the tier holds every row as of that step), then reads them on
-another thread. Training writes rows to the tier meanwhile: evicted cache rows, a flush.
-Copy-on-write keeps the save exact: every writer calls ``before_write(ids)`` first, which
-copies the old value of each selected row not read yet into a stash; the save reads each
-selected row once, from the tier if no writer came first, else from the stash. Memory:
-two bits per row of the table, plus the rows written before the save read them.
+A checkpoint selects the rows it holds when training stops for it, between steps: those
+the kernel's cache holds are copied then (the cache has their newest value), the others
+are read later from the tier, on another thread if the save runs in the background.
+Training writes rows to the tier meanwhile: evicted cache rows, a flush. Copy-on-write
+keeps the save exact: every writer calls ``before_write(ids)`` first, which copies the old
+value of each selected row not read yet into a stash; the save reads each selected row
+once, from the tier if no writer came first, else from the stash. Memory: two bits per
+row of the table, the cached rows copied, and the rows written before the save read them.
 """
 
 from __future__ import annotations
