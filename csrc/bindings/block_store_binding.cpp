@@ -210,6 +210,18 @@ class BlockStoreHandle : public torch::CustomClassHolder {
     return ToTuple(st);
   }
 
+  // The permutation of `ids` that reads fastest (BlockStore::StorageOrder) into `order`
+  // (int64, as many entries as ids).
+  StatusTuple storage_order_into(const at::Tensor& ids, const at::Tensor& order) {
+    Status st = CheckIds(ids);
+    if (st.ok() && (order.scalar_type() != at::kLong || !order.is_contiguous() || order.dim() != 1 ||
+                    order.numel() != ids.numel()))
+      st = Status::InvalidArgument("order must be a contiguous 1-D int64 tensor of " +
+                                   std::to_string(ids.numel()) + " entries");
+    if (st.ok()) st = store().StorageOrder(ids.data_ptr<int64_t>(), ids.numel(), order.data_ptr<int64_t>());
+    return ToTuple(st);
+  }
+
   StatusTuple write(const at::Tensor& ids, const at::Tensor& rows) {
     Status st = CheckIds(ids);
     if (st.ok()) st = CheckRows(rows, ids.numel(), "rows");
@@ -471,6 +483,9 @@ TORCH_LIBRARY(mtrains, m) {
            "Reads the row versions at map values into out: (ids, locations, out) -> status.")
       .def("read_into", &BlockStoreHandle::read_into,
            "Reads rows `ids` into `out` [n, dim + state_dim] -> status.")
+      .def("storage_order_into", &BlockStoreHandle::storage_order_into,
+           "The order in which rows `ids` read fastest (in memory first, then by their place "
+           "in the log): (ids, order) -> status.")
       .def("write", &BlockStoreHandle::write, "Writes rows [n, dim + state_dim] -> status.")
       .def("exchange", &BlockStoreHandle::exchange,
            "Writes rows (write_ids, write_rows), then reads read_ids into out, the device "

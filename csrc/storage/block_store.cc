@@ -4,6 +4,7 @@
 #include "storage/block_store.h"
 
 #include <algorithm>
+#include <utility>
 #include <cstring>
 #include <iostream>
 #include <system_error>
@@ -63,6 +64,42 @@ Status BlockStore::Read(const int64_t* ids, size_t n, uint8_t* out) {
   // takes them. If it does not (a full disk), they stay in memory and the next Write or
   // Flush reports the error: a read that has its rows does not fail for them.
   (void)seg_log_->FlushQueue();
+  return Status::Ok();
+}
+
+Status BlockStore::StorageOrder(const int64_t* ids, size_t n, int64_t* order) {
+  std::vector<uint64_t> slot(n);  // map value (slot + 1); 0: in the cache or never written
+  {
+    FairMutexLock lock(&mu_);
+    MTRAINS_RETURN_IF_ERROR(CheckUsable());
+    MTRAINS_RETURN_IF_ERROR(CheckIds(ids, n));
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t row = static_cast<uint64_t>(ids[i]);
+      slot[i] = cache_->Contains(row) ? 0 : seg_log_->Location(row);
+    }
+  }
+  // Ordered outside the lock (training's reads and writes need not wait) by a stable LSD
+  // radix sort on the map value, 16 bits a pass: O(n) a pass, a few passes for any log.
+  uint64_t max_value = 0;
+  for (size_t i = 0; i < n; ++i) max_value = std::max(max_value, slot[i]);
+  std::vector<int64_t> from(n), to(n);
+  std::vector<uint64_t> key_to(n);
+  for (size_t i = 0; i < n; ++i) from[i] = static_cast<int64_t>(i);
+  std::vector<uint64_t> count(1 << 16);
+  for (uint32_t shift = 0; shift == 0 || (shift < 64 && (max_value >> shift) != 0); shift += 16) {
+    std::fill(count.begin(), count.end(), 0);
+    for (size_t i = 0; i < n; ++i) ++count[(slot[i] >> shift) & 0xffff];
+    uint64_t sum = 0;
+    for (uint64_t& c : count) sum += std::exchange(c, sum);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t at = count[(slot[i] >> shift) & 0xffff]++;
+      to[at] = from[i];
+      key_to[at] = slot[i];
+    }
+    from.swap(to);
+    slot.swap(key_to);  // the keys travel with their positions
+  }
+  std::copy(from.begin(), from.end(), order);
   return Status::Ok();
 }
 
@@ -172,39 +209,84 @@ Status BlockStore::ReadFromDisk(std::vector<std::pair<uint64_t, uint64_t>>* want
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return (*wanted)[a].first < (*wanted)[b].first; });
-  // One extent per distinct block; the rows it holds are order[first[k], first[k + 1]).
-  std::vector<uint64_t> offsets;
+  // The distinct first blocks of the wanted slots, ascending; the rows blocks[k] holds are
+  // order[first[k], first[k + 1]).
+  std::vector<uint64_t> blocks;
   std::vector<size_t> first;
   for (size_t i = 0; i < order.size(); ++i) {
     const uint64_t block = g.BlockOfSlot((*wanted)[order[i]].first);
-    if (offsets.empty() || offsets.back() != block * B) {
-      offsets.push_back(block * B);
+    if (blocks.empty() || blocks.back() != block) {
+      blocks.push_back(block);
       first.push_back(i);
     }
   }
   first.push_back(order.size());
+  // Verifies the blocks of blocks[k] (at `data`) and copies out its wanted rows.
+  auto extract = [&](size_t k, const uint8_t* data) {
+    auto where = [&](size_t i) {
+      const auto& [slot, row] = (*wanted)[order[i]];
+      return "row " + std::to_string(row) + " at location " + std::to_string(slot + 1);
+    };
+    for (uint32_t j = 0; j < bps; ++j) {
+      Status st = VerifyLogBlock(data + uint64_t(j) * B, B, h_.table_uuid, blocks[k] + j);
+      if (!st.ok()) return name_locations ? st.WithContext(where(first[k])) : st;
+    }
+    for (size_t i = first[k]; i < first[k + 1]; ++i) {
+      const auto& [slot, row] = (*wanted)[order[i]];
+      Status st = GetRow(g, data, slot, row, dest[order[i]]);
+      if (!st.ok()) return name_locations ? st.WithContext(where(i)) : st;
+    }
+    return Status::Ok();
+  };
+  const LogRuns runs = PlanLogRuns(blocks);
   // Verify and extract each extent as it arrives, while the device reads the next ones.
-  Status st = log_->ReadStream(
-      offsets.data(), offsets.size(), bps * B, read_window_, [&](size_t k, const uint8_t* data) {
-        const uint64_t block = offsets[k] / B;
-        auto where = [&](size_t i) {
-          const auto& [slot, row] = (*wanted)[order[i]];
-          return "row " + std::to_string(row) + " at location " + std::to_string(slot + 1);
-        };
-        for (uint32_t j = 0; j < bps; ++j) {
-          Status st = VerifyLogBlock(data + uint64_t(j) * B, B, h_.table_uuid, block + j);
-          if (!st.ok()) return name_locations ? st.WithContext(where(first[k])) : st;
-        }
-        for (size_t i = first[k]; i < first[k + 1]; ++i) {
-          const auto& [slot, row] = (*wanted)[order[i]];
-          Status st = GetRow(g, data, slot, row, dest[order[i]]);
-          if (!st.ok()) return name_locations ? st.WithContext(where(i)) : st;
-        }
-        return Status::Ok();
-      });
+  Status st;
+  if (!runs.offsets.empty()) {
+    const uint32_t run_bytes = runs.blocks * B;
+    st = log_->ReadStream(runs.offsets.data(), runs.offsets.size(), run_bytes,
+                          std::max<uint32_t>(4, read_window_ * bps / runs.blocks),
+                          [&](size_t r, const uint8_t* data) {
+                            for (size_t k = runs.members[r].first; k < runs.members[r].second; ++k)
+                              MTRAINS_RETURN_IF_ERROR(extract(k, data + (blocks[k] * B - runs.offsets[r])));
+                            return Status::Ok();
+                          });
+    run_reads_ += runs.offsets.size();
+  }
+  if (st.ok() && !runs.singles.empty()) {
+    std::vector<uint64_t> offsets(runs.singles.size());
+    for (size_t s = 0; s < offsets.size(); ++s) offsets[s] = blocks[runs.singles[s]] * B;
+    st = log_->ReadStream(offsets.data(), offsets.size(), bps * B, read_window_,
+                          [&](size_t s, const uint8_t* data) { return extract(runs.singles[s], data); });
+  }
   if (!st.ok()) return st.WithContext(path_);
   disk_rows_ += order.size();
   return Status::Ok();
+}
+
+BlockStore::LogRuns BlockStore::PlanLogRuns(const std::vector<uint64_t>& blocks) const {
+  const BlockGeometry& g = h_.geometry;
+  const uint32_t bps = g.blocks_per_row;
+  LogRuns runs;
+  runs.blocks = bps * std::max<uint32_t>(1, kRunBlocks / bps);
+  const uint64_t E = runs.blocks, device_blocks = log_->size() / h_.block_size;
+  for (size_t k = 0; k < blocks.size();) {
+    const uint64_t run = blocks[k] / E;
+    size_t end = k;
+    while (end < blocks.size() && blocks[end] / E == run) ++end;
+    const uint64_t lo = run * E;
+    // A quarter of a run's blocks wanted cost about as much, read one by one at random,
+    // as the whole run read sequentially. A run must lie inside one segment (a stripe).
+    const bool dense = E > bps && (end - k) * bps * 4 >= E && lo + E <= device_blocks &&
+                       lo / h_.segment_blocks == (lo + E - 1) / h_.segment_blocks;
+    if (dense) {
+      runs.members.emplace_back(k, end);
+      runs.offsets.push_back(lo * h_.block_size);
+    } else {
+      for (size_t j = k; j < end; ++j) runs.singles.push_back(j);
+    }
+    k = end;
+  }
+  return runs;
 }
 
 Status BlockStore::InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty) {
@@ -364,6 +446,7 @@ std::vector<std::pair<std::string, double>> BlockStore::Stats() {
   add("cache_misses", cache_misses_);
   add("lazy_init_rows", lazy_rows_);
   add("disk_rows_read", disk_rows_);
+  add("disk_run_reads", run_reads_);
   if (closed_) return s;
   const DeviceCounters lc = log_->counters(), mc = meta_->counters();
   if (read_only_) {  // no log state: the devices' counters

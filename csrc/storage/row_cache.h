@@ -20,6 +20,8 @@ class RowCache {
 
   // Returns the row's bytes and marks it recently used, or nullptr when absent.
   uint8_t* Lookup(uint64_t row);
+  // Whether the row is held (changes no state, not even its CLOCK bit).
+  bool Contains(uint64_t row) const { return capacity_ > 0 && FindIndex(row) != kNone; }
   // Lookup of many rows at once (ptrs[i] for rows[i]), with software prefetching of the
   // hash table and the rows: several times faster than a loop of Lookup on large caches.
   void LookupMany(const int64_t* rows, size_t n, uint8_t** ptrs);

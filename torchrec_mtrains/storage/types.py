@@ -69,6 +69,13 @@ class RowStore(abc.ABC):
         read never written: made from their initial value) to its ``stats()`` counters. A
         store that counts its own I/O, as the block store does, ignores this."""
 
+    def storage_order(self, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """The permutation of ``ids`` in which this store reads them fastest (int64
+        positions), or None where ascending ids are as fast as any order: this default,
+        right for stores that keep row ``i`` at its own place (DRAM, SCM). The block store
+        orders them by their place in its log."""
+        return None
+
     def written_ids(self, start: int, stop: int) -> torch.Tensor:
         """The ids in ``[start, stop)`` of rows that may differ from their initial value
         (rows written since the table was created); every row not listed reads as its lazy
