@@ -358,7 +358,9 @@ class DifferentialCheckpointer:
             p = s.piece
             select = (lambda lo, hi, s=s: s.selected.ids(lo, hi))
             quantize = self.quantize if kind == DELTA else ""  # full steps stay exact
-            chunks += plan_chunks(p, select, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0], quantize)
+            order = getattr(p.emb, "storage_order", None)  # the block store's: chunks in log order
+            chunks += plan_chunks(p, select, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0], quantize,
+                                  order=order)
         return chunks
 
     def _write_manifest(self, path: str, step: int, kind: str, base: int, parent: Optional[int],

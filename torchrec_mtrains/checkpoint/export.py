@@ -17,6 +17,11 @@ Each saved shard is written as chunks of at most ``block_rows`` rows, each built
 writer asks for it: the initial rows a sparse full step implies, then the full step's rows,
 then each delta's rows. A file holds whole blocks, up to the bytes of ``block_rows`` rows of
 the widest table, since DCP's writer keeps a file's tensors until the file is closed.
+
+A step whose chunks of a shard overlap (saved in the block store's log order: each chunk's
+ids span the shard) is read once into a file-backed array in id order beside the
+destination (the shard's saved rows' bytes, removed when the shard is done), and its
+blocks are cut from there: otherwise every block would read every chunk.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.metadata import ShardMetadata
@@ -56,6 +62,7 @@ from torchrec_mtrains.sharding.checkpoint import rowwise_metadata
 __all__ = ["export_full_checkpoint"]
 
 _PARTIAL = ".export-partial"  # suffix of the directory an export is written to, then renamed
+_SPILL = ".export-spill"  # beside it: steps saved in storage order, put in id order (removed after)
 Offsets = Tuple[int, ...]
 _UNREAD = object()  # a non-tensor item DCP has not loaded yet
 
@@ -92,8 +99,10 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
     dense, mappings = _read_dense(last, pieces)
     partial = os.path.abspath(destination) + _PARTIAL
     shutil.rmtree(partial, ignore_errors=True)  # what an export killed half-way left
+    spill = os.path.abspath(destination) + _SPILL
+    shutil.rmtree(spill, ignore_errors=True)
     try:
-        planner = _ExportPlanner(chain, pieces, block_rows, mappings)
+        planner = _ExportPlanner(chain, pieces, block_rows, mappings, spill)
         writer = GroupedFileWriter(partial, planner.file_group, _file_bytes(pieces, block_rows))
         try:
             dcp.save(dense, storage_writer=writer, planner=planner, no_dist=True)
@@ -109,6 +118,8 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
     chain_dir.fsync_dir(os.path.dirname(os.path.abspath(destination)))
 
 
@@ -236,8 +247,9 @@ class _BlockSource:
     """Builds blocks of a shard's rows from the chain, keeping the chunk each step is read
     from until a block past it is asked for."""
 
-    def __init__(self, chain: List[ChainStep]) -> None:
-        self.chain = chain
+    def __init__(self, chain: List[ChainStep], spill_dir: str) -> None:
+        self.chain, self._spill_dir = chain, spill_dir
+        self._spilled: Dict[int, _SpilledRows] = {}  # step index -> the current shard's rows in id order
         self._cached: Dict[int, Tuple[str, torch.Tensor, torch.Tensor]] = {}  # step index -> (key, ids, rows)
         self._ends: Dict[Tuple[str, int], List[int]] = {}  # (shard, step index) -> its chunks' row_hi
         self._piece: Optional[str] = None  # the shard whose chunks are cached
@@ -247,6 +259,7 @@ class _BlockSource:
         spec = piece.spec
         if self._piece != spec.key:
             self._cached.clear()
+            self._drop_spilled()
             self._piece = spec.key
         full = piece.records[0]
         if piece.source is not None:
@@ -258,7 +271,13 @@ class _BlockSource:
         for n, record in enumerate(piece.records):
             if record is None or (piece.source is not None and n <= piece.source):
                 continue
-            chunks = record.chunks  # ascending, disjoint row ranges
+            chunks = record.chunks
+            if not _disjoint(chunks):  # saved in storage order
+                spilled = self._spilled.get(n)
+                if spilled is None:
+                    spilled = self._spilled[n] = _SpilledRows(self._spill_dir, self.chain[n], record)
+                spilled.overlay(out, lo, hi)
+                continue
             ends = self._ends.setdefault((spec.key, n), [c.row_hi for c in chunks])
             first = bisect.bisect_right(ends, lo)
             for chunk in chunks[first:]:
@@ -268,6 +287,11 @@ class _BlockSource:
                 keep = (ids >= lo) & (ids < hi)
                 out[ids[keep] - lo] = rows[keep]
         return out
+
+    def _drop_spilled(self) -> None:
+        for spilled in self._spilled.values():
+            spilled.close()
+        self._spilled.clear()
 
     def _dense_rows(self, piece: _ExportPiece, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` of a FUSED shard as its dense-state step saved them (a row-wise
@@ -285,6 +309,37 @@ class _BlockSource:
         return cached[1], cached[2]
 
 
+def _disjoint(chunks: List[ChunkSpec]) -> bool:
+    """Whether the chunks' row ranges ascend without overlapping (saved in id order)."""
+    return all(a.row_hi <= b.row_lo for a, b in zip(chunks, chunks[1:]))
+
+
+class _SpilledRows:
+    """One step's saved rows of a shard, in id order, in a file-backed array."""
+
+    def __init__(self, directory: str, step: ChainStep, record: PieceRecord) -> None:
+        spec = record.spec
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"{len(os.listdir(directory))}.rows")
+        row_bytes = spec.row_width * spec.torch_dtype.itemsize
+        mapped = np.memmap(self.path, dtype=np.uint8, mode="w+", shape=(max(1, spec.rows * row_bytes),))
+        self.rows = torch.from_numpy(mapped)[: spec.rows * row_bytes].view(spec.torch_dtype).view(spec.rows, -1)
+        self.held = torch.zeros(spec.rows, dtype=torch.bool)
+        for chunk in record.chunks:
+            ids, rows = read_chunk(step, record, chunk)
+            self.rows[ids] = rows
+            self.held[ids] = True
+
+    def overlay(self, out: torch.Tensor, lo: int, hi: int) -> None:
+        """Writes over ``out`` (rows ``[lo, hi)``) the rows the step saved."""
+        held = self.held[lo:hi]
+        out[held] = self.rows[lo:hi][held]
+
+    def close(self) -> None:
+        self.rows = self.held = None
+        os.unlink(self.path)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Block:
     piece: _ExportPiece
@@ -298,10 +353,10 @@ class _ExportPlanner(DefaultSavePlanner):
     it saved them) plus one item per block of each shard's weights and optimizer state."""
 
     def __init__(self, chain: List[ChainStep], pieces: List[_ExportPiece], block_rows: int,
-                 mappings: Dict[str, Tuple]) -> None:
+                 mappings: Dict[str, Tuple], spill_dir: str) -> None:
         super().__init__()
         self._pieces, self._block_rows, self._dense_mappings = pieces, block_rows, mappings
-        self._source = _BlockSource(chain)
+        self._source = _BlockSource(chain, spill_dir)
         self._blocks: Dict[Tuple[str, Offsets], _Block] = {}
         self._last: Optional[Tuple[_Block, torch.Tensor]] = None
 

@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 _SCAN_ROWS = 1 << 20  # rows whose ids are listed at a time while planning chunks
+_ORDER_ROWS = 1 << 26  # selected rows put in storage order at a time (16 B of memory each)
 IdSelector = Callable[[int, int], torch.Tensor]  # (start, stop) -> shard-local ids, ascending
+StorageOrder = Callable[[torch.Tensor], Optional[torch.Tensor]]  # ids -> fastest permutation, or None
 
 
 def chunk_crc32(spec: PieceSpec, ids: Optional[torch.Tensor], rows: torch.Tensor) -> int:
@@ -54,7 +56,8 @@ def chunk_crc32(spec: PieceSpec, ids: Optional[torch.Tensor], rows: torch.Tensor
 
 @dataclasses.dataclass
 class PlannedChunk:
-    """Rows ``select(row_lo, row_hi)`` of a local piece, to be saved as DCP tensor ``key``."""
+    """Rows ``select(row_lo, row_hi)`` of a local piece (or exactly ``ids``, ascending, when
+    given), to be saved as DCP tensor ``key``."""
 
     piece: LocalPiece
     key: str
@@ -64,6 +67,7 @@ class PlannedChunk:
     select: IdSelector
     crc32: int = 0
     quantize: str = ""  # the rows' lossy encoding (quantize.py); "": as the tier stores them
+    ids: Optional[torch.Tensor] = None  # the chunk's rows, chosen by storage order (plan_chunks)
 
     @property
     def dense(self) -> bool:
@@ -79,10 +83,17 @@ class PlannedChunk:
 
 
 def plan_chunks(piece: LocalPiece, select: IdSelector, max_rows: int, prefix: str,
-                quantize: str = "") -> List[PlannedChunk]:
-    """Splits the rows ``select`` lists of a piece into chunks of at most ``max_rows``,
-    each a row range ``[row_lo, row_hi)`` whose listed rows are exactly the chunk's
-    (``quantize``: their lossy encoding, ``quantize.py``)."""
+                quantize: str = "", order: Optional[StorageOrder] = None) -> List[PlannedChunk]:
+    """Splits the rows ``select`` lists of a piece into chunks of at most ``max_rows``
+    (``quantize``: their lossy encoding, ``quantize.py``).
+
+    Without a storage order (``order`` None, or it returns None: DRAM and SCM rows, whose
+    ids are their places) each chunk is a row range ``[row_lo, row_hi)`` whose listed rows
+    are exactly the chunk's. With one (the block store's log), chunks take the rows in
+    that order, so that reading a chunk reads a stretch of the log sequentially; a chunk
+    then holds its ids (ascending) and the chunks' row ranges may overlap. Rows are put in
+    order ``_ORDER_ROWS`` at a time (16 bytes each while planning, 8 kept per chunk).
+    """
     chunks: List[PlannedChunk] = []
     lo, count, last = -1, 0, -1
 
@@ -90,8 +101,25 @@ def plan_chunks(piece: LocalPiece, select: IdSelector, max_rows: int, prefix: st
         key = f"{piece.spec.key}/{prefix}{len(chunks)}"
         chunks.append(PlannedChunk(piece, key, lo, last + 1, count, select, quantize=quantize))
 
-    for start in range(0, piece.spec.rows, _SCAN_ROWS):
-        ids = select(start, min(piece.spec.rows, start + _SCAN_ROWS))
+    pending: List[torch.Tensor] = []  # listed ids not yet put in storage order
+    pending_rows = 0
+
+    def emit_ordered() -> None:
+        nonlocal pending, pending_rows
+        ids = torch.cat(pending) if len(pending) > 1 else pending[0]
+        pending, pending_rows = [], 0
+        perm = order(ids) if order is not None else None
+        if perm is None:  # no faster order after all: ranges, as below
+            return emit_ranges(ids)
+        ids = ids[perm]
+        for at in range(0, ids.numel(), max_rows):
+            part = torch.sort(ids[at : at + max_rows]).values
+            key = f"{piece.spec.key}/{prefix}{len(chunks)}"
+            chunks.append(PlannedChunk(piece, key, int(part[0]), int(part[-1]) + 1, part.numel(), select,
+                                       quantize=quantize, ids=part))
+
+    def emit_ranges(ids: torch.Tensor) -> None:
+        nonlocal lo, count, last
         pos = 0
         while pos < ids.numel():
             if count == 0:
@@ -103,6 +131,19 @@ def plan_chunks(piece: LocalPiece, select: IdSelector, max_rows: int, prefix: st
             if count == max_rows:
                 emit()
                 count = 0
+
+    for start in range(0, piece.spec.rows, _SCAN_ROWS):
+        ids = select(start, min(piece.spec.rows, start + _SCAN_ROWS))
+        if order is None:
+            emit_ranges(ids)
+            continue
+        if ids.numel():
+            pending.append(ids)
+            pending_rows += ids.numel()
+        if pending_rows >= _ORDER_ROWS:
+            emit_ordered()
+    if pending_rows:
+        emit_ordered()
     if count:
         emit()
     return chunks
@@ -151,6 +192,8 @@ class RowChunkPlanner(DefaultSavePlanner):
         return {**{k: k for k in self._rows}, **{k: c.key for k, c in self._ids.items()}}
 
     def _chunk_ids(self, c: PlannedChunk) -> torch.Tensor:
+        if c.ids is not None:
+            return c.ids
         if self._last is not None and self._last[0] == c.key:
             return self._last[1]
         ids = c.select(c.row_lo, c.row_hi)

@@ -38,6 +38,10 @@ class SnapshotRows:
     def store_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         return self.snapshot.read(ids)
 
+    def storage_order(self, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """The tier's fastest order of ``ids`` (the block store's log order), or None."""
+        return self.snapshot.store.storage_order(ids)
+
 
 class HeldRows:
     """Rows copied at the snapshot: ``ids`` ascending, ``rows`` theirs."""

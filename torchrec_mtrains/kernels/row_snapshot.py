@@ -22,7 +22,7 @@ from torchrec_mtrains.storage.types import RowStore
 
 __all__ = ["RowSnapshot"]
 
-_READ_ROWS = 256  # rows the save reads per hold of the lock: a writer waits at most that long
+_READ_BYTES = 8 << 20  # rows the save reads per hold of the lock (a writer waits at most that long): long enough to keep the device busy
 _STASH_PARTS = 8  # stashed parts merged into one beyond this many
 
 
@@ -66,17 +66,29 @@ class RowSnapshot:
                 self._stash = [_merged(self._stash)]
 
     def read(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (ascending, selected) as of the snapshot; each is read once."""
+        """Rows ``ids`` (distinct, selected) as of the snapshot; each is read once. They
+        are read in the store's fastest order (``storage_order``: the block store's log
+        order), a few MiB per hold of the lock."""
         out = torch.empty((ids.numel(), self._width), dtype=self._dtype)
-        for lo in range(0, ids.numel(), _READ_ROWS):
-            part = ids[lo : lo + _READ_ROWS]
+        order = self.store.storage_order(ids)
+        if order is not None:
+            ids = ids[order]
+        step = max(1, _READ_BYTES // max(1, self._width * self._dtype.itemsize))
+        for lo in range(0, ids.numel(), step):
+            part = ids[lo : lo + step]
+            at = slice(lo, lo + part.numel()) if order is None else order[lo : lo + step]
             with self._lock:
                 unread = self._unread.test(part)
-                if bool(unread.any()):
-                    out[lo : lo + part.numel()][unread] = self.store.read(part[unread])
-                    self._unread.unmark(part[unread])
-                if not bool(unread.all()):
-                    out[lo : lo + part.numel()][~unread] = self._take(part[~unread])
+                if bool(unread.all()):  # the usual case: nothing written since the snapshot
+                    rows = self.store.read(part)
+                    self._unread.unmark(part)
+                else:
+                    rows = torch.empty((part.numel(), self._width), dtype=self._dtype)
+                    if bool(unread.any()):
+                        rows[unread] = self.store.read(part[unread])
+                        self._unread.unmark(part[unread])
+                    rows[~unread] = self._take(part[~unread])
+            out[at] = rows
         return out
 
     def _take(self, ids: torch.Tensor) -> torch.Tensor:
