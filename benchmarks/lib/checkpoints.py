@@ -58,6 +58,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--nproc", type=int, default=2, help="ranks")
     p.add_argument("--quantize", default="int8,fp16",
                    help="comma-separated lossy delta kinds to run too (fp16, int8; empty: none)")
+    p.add_argument("--skip", default="",
+                   help="comma-separated runs to leave out: async, no_saves (their figures are then not "
+                        "reported; for long runs, e.g. the beyond-RAM preset)")
     p.add_argument("--resume-steps", type=int, default=50,
                    help="steps each resume trains after restoring (its AUC compares quantized deltas with exact)")
     p.add_argument("--workdir", default=None,
@@ -88,6 +91,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
               "--storage-dir", "--resume", "--async-checkpoint", "--checkpoint-quantize"}
     args.example = shlex.split(args.example_args)
     args.quantize_kinds = [k for k in args.quantize.split(",") if k]
+    args.skipped = sorted({k for k in args.skip.split(",") if k})
+    if set(args.skipped) - {"async", NO_SAVES}:
+        p.error(f"--skip {args.skip!r}: runs that may be skipped are async and {NO_SAVES}")
     if any(k not in ("fp16", "int8") for k in args.quantize_kinds):
         p.error(f"--quantize {args.quantize!r}: kinds are fp16 and int8")
     clash = sorted(banned & {a.split("=")[0] for a in args.example})
@@ -173,9 +179,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         outputs = work / "outputs"
         extras = {"baseline": [], "measured": [], "async": ["--async-checkpoint"],
                   **{kind: ["--checkpoint-quantize", kind] for kind in args.quantize_kinds}}
+        extras = {name: extra for name, extra in extras.items() if name not in args.skipped}
         raw["runs"] = {name: run_example(args, name, 1 if name == "baseline" else args.full_every, work, outputs,
                                          extra) for name, extra in extras.items()}
-        raw["no_saves"] = run_example(args, NO_SAVES, 1, work, outputs)
+        if NO_SAVES not in args.skipped:
+            raw["no_saves"] = run_example(args, NO_SAVES, 1, work, outputs)
         raw["resumed"] = {name: run_example(args, name, args.full_every, work, outputs, resume=True)
                           for name in ["measured", *args.quantize_kinds] if args.resume_steps}
     finally:
