@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 
@@ -100,8 +100,9 @@ def chunks_of(selected: torch.Tensor, store: BlockStore, case: str, max_rows: in
     return [selected[lo:lo + max_rows] for lo in range(0, selected.numel(), max_rows)]
 
 
-def copy_out(store: BlockStore, selected: torch.Tensor, case: str, max_rows: int, out_path: str) -> float:
-    """Seconds to read the selected rows as a save does and write them to ``out_path``."""
+def copy_out(store: BlockStore, selected: torch.Tensor, case: str, max_rows: int, out_path: str) -> Tuple[float, float]:
+    """Seconds to read the selected rows as a save does and write them to ``out_path``, and
+    the seconds of that spent planning and reading."""
     rows = store.num_rows
     chosen = DirtyRows(rows)
     chosen.mark(selected)
@@ -109,14 +110,19 @@ def copy_out(store: BlockStore, selected: torch.Tensor, case: str, max_rows: int
     snapshot = RowSnapshot(source, chosen, store.row_width, store.dtype)
     t0 = time.perf_counter()
     with open(out_path, "wb") as f:
-        for ids in chunks_of(selected, store, case, max_rows):
-            f.write(snapshot.read(ids).numpy().tobytes())
+        chunks = chunks_of(selected, store, case, max_rows)
+        reading = time.perf_counter() - t0
+        for ids in chunks:
+            t1 = time.perf_counter()
+            rows = snapshot.read(ids)
+            reading += time.perf_counter() - t1
+            f.write(rows.numpy().tobytes())
         f.flush()
         os.fsync(f.fileno())
     seconds = time.perf_counter() - t0
     snapshot.release()
     os.unlink(out_path)
-    return seconds
+    return seconds, reading
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -143,25 +149,31 @@ def main(argv: Optional[List[str]] = None) -> int:
             "delta": torch.sort(torch.randperm(args.rows, generator=g)[: int(args.rows * args.delta_fraction)]).values,
         }
         seconds: Dict[str, Dict[str, List[float]]] = {s: {c: [] for c in cases} for s in selections}
+        reading: Dict[str, Dict[str, List[float]]] = {s: {c: [] for c in cases} for s in selections}
         for r in range(args.repeat):
             for name, selected in selections.items():
                 for case in (cases if r % 2 == 0 else cases[::-1]):
-                    s = copy_out(store, selected, case, max_rows, str(work / "copy.bin"))
+                    s, read_s = copy_out(store, selected, case, max_rows, str(work / "copy.bin"))
                     seconds[name][case].append(s)
-                    mb_s = selected.numel() * row_bytes / s / 1e6
-                    print(f"round {r} {name:5s} {case:3s}: {s:7.2f} s, {mb_s:7.1f} MB/s", flush=True)
+                    reading[name][case].append(read_s)
+                    nbytes = selected.numel() * row_bytes
+                    print(f"round {r} {name:5s} {case:3s}: {s:7.2f} s, {nbytes / s / 1e6:7.1f} MB/s copied; "
+                          f"reading {read_s:6.2f} s, {nbytes / read_s / 1e6:7.1f} MB/s", flush=True)
         store.close()
         figures = {}
         for name, selected in selections.items():
             nbytes = selected.numel() * row_bytes
             med = {c: statistics.median(v) for c, v in seconds[name].items()}
+            med_read = {c: statistics.median(v) for c, v in reading[name].items()}
             fig = {f"{c}_bytes_per_s": nbytes / med[c] for c in cases}
             fig.update({f"{c}_x_seq_write": nbytes / med[c] / disk.write_bytes_per_s for c in cases})
+            fig.update({f"{c}_read_x_seq_read": nbytes / med_read[c] / disk.read_bytes_per_s for c in cases})
             if len(cases) == 2:
                 fig["log_over_ids"] = med["ids"] / med["log"]
-            figures[name] = {"rows": int(selected.numel()), "bytes": nbytes, "seconds": seconds[name], **fig}
-            line = ", ".join(f"{c} {fig[f'{c}_bytes_per_s'] / 1e6:,.0f} MB/s = {fig[f'{c}_x_seq_write']:.2f}x seq write"
-                             for c in cases)
+            figures[name] = {"rows": int(selected.numel()), "bytes": nbytes, "seconds": seconds[name],
+                             "reading_seconds": reading[name], **fig}
+            line = ", ".join(f"{c} {fig[f'{c}_bytes_per_s'] / 1e6:,.0f} MB/s = {fig[f'{c}_x_seq_write']:.2f}x seq write "
+                             f"(reading alone {fig[f'{c}_read_x_seq_read']:.2f}x seq read)" for c in cases)
             ratio = f"; log order {fig['log_over_ids']:.1f}x faster than id order" if "log_over_ids" in fig else ""
             print(f"{name}: {selected.numel():,} rows, {line}{ratio}")
         if args.json:

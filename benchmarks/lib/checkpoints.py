@@ -160,6 +160,13 @@ def run_example(args: argparse.Namespace, name: str, full_every: int, work: Path
     }
 
 
+def _drop_files(args: argparse.Namespace, work: Path, name: str) -> None:
+    """Removes a run's checkpoints and tier files, unless ``--keep``."""
+    if not args.keep:
+        for sub in ("ckpt", "store", "store_resumed"):
+            shutil.rmtree(work / name / sub, ignore_errors=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from benchmarks.lib.checkpoints_report import evaluate, summary
     from benchmarks.lib.seq_bandwidth import measure
@@ -180,16 +187,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         extras = {"baseline": [], "measured": [], "async": ["--async-checkpoint"],
                   **{kind: ["--checkpoint-quantize", kind] for kind in args.quantize_kinds}}
         extras = {name: extra for name, extra in extras.items() if name not in args.skipped}
-        raw["runs"] = {name: run_example(args, name, 1 if name == "baseline" else args.full_every, work, outputs,
-                                         extra) for name, extra in extras.items()}
+        resumed = ["measured", *args.quantize_kinds] if args.resume_steps else []
+        raw["runs"] = {}
+        for name, extra in extras.items():
+            raw["runs"][name] = run_example(args, name, 1 if name == "baseline" else args.full_every, work, outputs,
+                                            extra)
+            if name not in resumed:
+                _drop_files(args, work, name)  # bounds the disk a long run (beyond RAM) needs
         if NO_SAVES not in args.skipped:
             raw["no_saves"] = run_example(args, NO_SAVES, 1, work, outputs)
+            _drop_files(args, work, NO_SAVES)
         raw["resumed"] = {name: run_example(args, name, args.full_every, work, outputs, resume=True)
                           for name in ["measured", *args.quantize_kinds] if args.resume_steps}
     finally:
-        for name in [*RUNS, *args.quantize_kinds, NO_SAVES] if not args.keep else ():
-            for sub in ("ckpt", "store", "store_resumed"):
-                shutil.rmtree(work / name / sub, ignore_errors=True)
+        for name in [*RUNS, *args.quantize_kinds, NO_SAVES]:
+            _drop_files(args, work, name)
         if not args.workdir and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     figures, targets = evaluate(raw)
