@@ -11,9 +11,13 @@ import torch
 
 from tests.checkpoint.test_checkpoint_chain import _chunk_ids, _manifest, assert_equal, build, full_state, train
 from tests.support import dmp_harness as harness
-from torchrec_mtrains.checkpoint import DifferentialCheckpointer
+from torchrec_mtrains.checkpoint import DifferentialCheckpointer, row_io
 from torchrec_mtrains.checkpoint.export import export_full_checkpoint
 from torchrec_mtrains.checkpoint.row_io import StepReader
+from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
+from torchrec_mtrains.checkpoint.types import PieceSpec
+from torchrec_mtrains.kernels.dirty_rows import DirtyRows
+from torchrec_mtrains.storage import BlockStore
 
 TIERS = {"ssd_a": "ssd", "ssd_b": "ssd", "scm_c": "scm", "plain_d": None}
 SAVES = [2, 4, 6]  # a full step, then two deltas
@@ -95,3 +99,41 @@ def test_export_puts_storage_order_back_in_id_order(chain) -> None:
     dmp, _ = build(tmp, "from_export", tiers={"ssd_a": None, "ssd_b": "ssd", "scm_c": "dram", "plain_d": None})
     DifferentialCheckpointer(str(tmp / "ck_export")).restore(dmp, None, path=destination)
     assert_equal(full_state(dmp), states[6])
+
+
+def test_windows_put_every_row_in_log_order_once(tmp_path, monkeypatch) -> None:
+    """Planning in windows: every selected row in exactly one chunk; within a window the
+    chunks follow the log; a window's ids are dropped once its chunks are written."""
+    monkeypatch.setattr(row_io, "_SCAN_ROWS", 1000)
+    monkeypatch.setattr(row_io, "_ORDER_ROWS", 3000)
+    rows = 10_000
+    store = BlockStore(str(tmp_path / "t.bin"), rows, 4, dram_cache_mb=0)
+    g = torch.Generator().manual_seed(0)
+    written = torch.randperm(rows, generator=g)[:8000]  # in this order; 2,000 rows never written
+    store.write(written, torch.rand(written.numel(), 5, generator=g))
+    store.pin_snapshot(1)
+    ids, locations = store.snapshot_entries(1, 0, rows)
+    place = torch.zeros(rows, dtype=torch.int64)
+    place[ids] = locations
+    selected = DirtyRows(rows)
+    selected.mark(torch.randperm(rows, generator=g)[:7000])
+    spec = PieceSpec(table="t", module="", row_offset=0, col_offset=0, rows=rows, cols=4, table_rows=rows,
+                     table_cols=4, dtype="float32", state_values=1, seed=0, init_range=[-0.01, 0.01])
+    chunks = row_io.plan_chunks(LocalPiece(None, 0, spec), lambda lo, hi: selected.ids(lo, hi), 700, "f",
+                                order=store.storage_order)
+    windows = list(dict.fromkeys(c.window for c in chunks))
+    assert len(windows) == 3 and all(w.count <= 3000 + 1000 for w in windows)
+    seen = []
+    for w in windows:
+        mine = [c for c in chunks if c.window is w]
+        parts = [w.ids(c.index, "t") for c in mine]
+        assert [p.numel() for p in parts] == [c.count for c in mine]
+        for a, b in zip(parts, parts[1:]):  # chunk by chunk along the log (never-written rows first)
+            assert int(place[a].max()) <= int(place[b].min())
+        assert all(bool((p[1:] > p[:-1]).all()) for p in parts)  # ids ascending in a chunk
+        seen += [i for p in parts for i in p.tolist()]
+        for _ in mine:
+            w.done()
+        assert w._ordered is None
+    assert sorted(seen) == selected.ids().tolist()
+    store.close()

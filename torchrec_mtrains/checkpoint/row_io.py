@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 _SCAN_ROWS = 1 << 20  # rows whose ids are listed at a time while planning chunks
-_ORDER_ROWS = 1 << 26  # selected rows put in storage order at a time (16 B of memory each)
+_ORDER_ROWS = 1 << 23  # selected rows put in storage order at a time (a window: ~50 B a row while ordered)
 IdSelector = Callable[[int, int], torch.Tensor]  # (start, stop) -> shard-local ids, ascending
 StorageOrder = Callable[[torch.Tensor], Optional[torch.Tensor]]  # ids -> fastest permutation, or None
 
@@ -54,10 +54,41 @@ def chunk_crc32(spec: PieceSpec, ids: Optional[torch.Tensor], rows: torch.Tensor
     return zlib.crc32(rows.view(torch.uint8).numpy(), crc)
 
 
+class OrderedWindow:
+    """The ``count`` rows ``select`` lists in ``[start, stop)``, put in the tier's storage
+    order (``order``) when the first of their chunks is written: chunk ``k`` is the k-th
+    ``max_rows`` of that order, its ids ascending. The ordered ids are kept until every
+    chunk's rows are written (``done``), then dropped: a save holds one window's ids."""
+
+    def __init__(self, select: IdSelector, start: int, stop: int, count: int, order: StorageOrder,
+                 max_rows: int, chunks: int) -> None:
+        self.select, self.start, self.stop, self.count = select, start, stop, count
+        self._order, self._max_rows, self._left = order, max_rows, chunks
+        self._ordered: Optional[torch.Tensor] = None
+
+    def ids(self, k: int, table: str) -> torch.Tensor:
+        if self._ordered is None:
+            ids = self.select(self.start, self.stop)
+            if ids.numel() != self.count:
+                raise RuntimeError(f"table {table}: rows [{self.start}, {self.stop}) changed while a checkpoint "
+                                   f"saved them ({ids.numel()} listed, {self.count} planned)")
+            perm = self._order(ids)
+            self._ordered = ids if perm is None else ids[perm]
+        at = k * self._max_rows
+        return torch.sort(self._ordered[at : at + self._max_rows]).values
+
+    def done(self) -> None:
+        """A chunk's rows were written."""
+        self._left -= 1
+        if self._left <= 0:
+            self._ordered = None
+
+
 @dataclasses.dataclass
 class PlannedChunk:
-    """Rows ``select(row_lo, row_hi)`` of a local piece (or exactly ``ids``, ascending, when
-    given), to be saved as DCP tensor ``key``."""
+    """Rows ``select(row_lo, row_hi)`` of a local piece, to be saved as DCP tensor ``key``;
+    or, with a ``window``, its ``index``-th chunk in storage order (saved with its ids; the
+    row range is the window's until the ids are known, then theirs)."""
 
     piece: LocalPiece
     key: str
@@ -67,16 +98,22 @@ class PlannedChunk:
     select: IdSelector
     crc32: int = 0
     quantize: str = ""  # the rows' lossy encoding (quantize.py); "": as the tier stores them
-    ids: Optional[torch.Tensor] = None  # the chunk's rows, chosen by storage order (plan_chunks)
+    window: Optional[OrderedWindow] = None
+    index: int = 0
 
     @property
     def dense(self) -> bool:
         return self.count == self.row_hi - self.row_lo
 
     @property
+    def with_ids(self) -> bool:
+        """Whether the step holds the chunk's ids (restore ignores them where ``dense``)."""
+        return self.window is not None or not self.dense
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the chunk's rows and ids."""
-        return self.piece.spec.chunk_bytes(self.count, self.dense, self.quantize)
+        return self.piece.spec.chunk_bytes(self.count, not self.with_ids, self.quantize)
 
     def spec(self) -> ChunkSpec:
         return ChunkSpec(self.key, self.row_lo, self.row_hi, self.count, self.crc32, self.quantize)
@@ -89,37 +126,41 @@ def plan_chunks(piece: LocalPiece, select: IdSelector, max_rows: int, prefix: st
 
     Without a storage order (``order`` None, or it returns None: DRAM and SCM rows, whose
     ids are their places) each chunk is a row range ``[row_lo, row_hi)`` whose listed rows
-    are exactly the chunk's. With one (the block store's log), chunks take the rows in
-    that order, so that reading a chunk reads a stretch of the log sequentially; a chunk
-    then holds its ids (ascending) and the chunks' row ranges may overlap. Rows are put in
-    order ``_ORDER_ROWS`` at a time (16 bytes each while planning, 8 kept per chunk).
+    are exactly the chunk's. With one (the block store's log), the listed rows are put in
+    that order a window of about ``_ORDER_ROWS`` at a time, and each window cut into
+    chunks: reading a chunk reads a stretch of the log sequentially. Such a chunk holds its
+    ids (ascending); chunks' row ranges overlap. A table with more rows than a window is
+    read in as many sequential passes over its log.
     """
+    if order is not None and order(torch.empty(0, dtype=torch.int64)) is None:
+        order = None  # the tier has no faster order than the ids'
     chunks: List[PlannedChunk] = []
+
+    def key() -> str:
+        return f"{piece.spec.key}/{prefix}{len(chunks)}"
+
+    if order is not None:
+        def add_window(start: int, stop: int, count: int) -> None:
+            n = -(-count // max_rows)
+            window = OrderedWindow(select, start, stop, count, order, max_rows, n)
+            for k in range(n):
+                chunks.append(PlannedChunk(piece, key(), start, stop, min(max_rows, count - k * max_rows), select,
+                                           quantize=quantize, window=window, index=k))
+
+        first, count = 0, 0
+        for start in range(0, piece.spec.rows, _SCAN_ROWS):
+            n = select(start, min(piece.spec.rows, start + _SCAN_ROWS)).numel()
+            if count and count + n > _ORDER_ROWS:
+                add_window(first, start, count)
+                first, count = start, 0
+            count += n
+        if count:
+            add_window(first, piece.spec.rows, count)
+        return chunks
+
     lo, count, last = -1, 0, -1
-
-    def emit() -> None:
-        key = f"{piece.spec.key}/{prefix}{len(chunks)}"
-        chunks.append(PlannedChunk(piece, key, lo, last + 1, count, select, quantize=quantize))
-
-    pending: List[torch.Tensor] = []  # listed ids not yet put in storage order
-    pending_rows = 0
-
-    def emit_ordered() -> None:
-        nonlocal pending, pending_rows
-        ids = torch.cat(pending) if len(pending) > 1 else pending[0]
-        pending, pending_rows = [], 0
-        perm = order(ids) if order is not None else None
-        if perm is None:  # no faster order after all: ranges, as below
-            return emit_ranges(ids)
-        ids = ids[perm]
-        for at in range(0, ids.numel(), max_rows):
-            part = torch.sort(ids[at : at + max_rows]).values
-            key = f"{piece.spec.key}/{prefix}{len(chunks)}"
-            chunks.append(PlannedChunk(piece, key, int(part[0]), int(part[-1]) + 1, part.numel(), select,
-                                       quantize=quantize, ids=part))
-
-    def emit_ranges(ids: torch.Tensor) -> None:
-        nonlocal lo, count, last
+    for start in range(0, piece.spec.rows, _SCAN_ROWS):
+        ids = select(start, min(piece.spec.rows, start + _SCAN_ROWS))
         pos = 0
         while pos < ids.numel():
             if count == 0:
@@ -129,23 +170,10 @@ def plan_chunks(piece: LocalPiece, select: IdSelector, max_rows: int, prefix: st
             count += take
             last = int(ids[pos - 1])
             if count == max_rows:
-                emit()
+                chunks.append(PlannedChunk(piece, key(), lo, last + 1, count, select, quantize=quantize))
                 count = 0
-
-    for start in range(0, piece.spec.rows, _SCAN_ROWS):
-        ids = select(start, min(piece.spec.rows, start + _SCAN_ROWS))
-        if order is None:
-            emit_ranges(ids)
-            continue
-        if ids.numel():
-            pending.append(ids)
-            pending_rows += ids.numel()
-        if pending_rows >= _ORDER_ROWS:
-            emit_ordered()
-    if pending_rows:
-        emit_ordered()
     if count:
-        emit()
+        chunks.append(PlannedChunk(piece, key(), lo, last + 1, count, select, quantize=quantize))
     return chunks
 
 
@@ -170,7 +198,7 @@ class RowChunkPlanner(DefaultSavePlanner):
         super().__init__()
         self.chunks = chunks
         self._rows = {c.key: c for c in chunks}
-        self._ids = {f"{c.key}/ids": c for c in chunks if not c.dense}
+        self._ids = {f"{c.key}/ids": c for c in chunks if c.with_ids}
         self._last: Optional[Tuple[str, torch.Tensor]] = None  # (chunk key, its ids)
 
     def create_local_plan(self):
@@ -178,7 +206,7 @@ class RowChunkPlanner(DefaultSavePlanner):
         items = list(plan.items)
         for c in self.chunks:
             spec = c.piece.spec
-            if not c.dense:
+            if c.with_ids:
                 items.append(_write_item(f"{c.key}/ids", (c.count,), spec.ids_dtype))
             if c.quantize:
                 items.append(_write_item(c.key, (c.count, spec.quantized_row_bytes(c.quantize)), torch.uint8))
@@ -192,10 +220,13 @@ class RowChunkPlanner(DefaultSavePlanner):
         return {**{k: k for k in self._rows}, **{k: c.key for k, c in self._ids.items()}}
 
     def _chunk_ids(self, c: PlannedChunk) -> torch.Tensor:
-        if c.ids is not None:
-            return c.ids
         if self._last is not None and self._last[0] == c.key:
             return self._last[1]
+        if c.window is not None:
+            ids = c.window.ids(c.index, c.piece.spec.table)
+            c.row_lo, c.row_hi = int(ids[0]), int(ids[-1]) + 1  # what the manifest records
+            self._last = (c.key, ids)
+            return ids
         ids = c.select(c.row_lo, c.row_hi)
         if ids.numel() != c.count:
             raise RuntimeError(
@@ -216,8 +247,10 @@ class RowChunkPlanner(DefaultSavePlanner):
         rows = c.piece.emb.store_rows(c.piece.t, ids)
         if c.quantize:
             rows = quantize_rows(c.piece.spec, rows, c.quantize)
-        c.crc32 = chunk_crc32(c.piece.spec, None if c.dense else ids, rows)
+        c.crc32 = chunk_crc32(c.piece.spec, None if c.dense else ids, rows)  # as restore checks it
         self._last = None
+        if c.window is not None:
+            c.window.done()
         return rows
 
 
