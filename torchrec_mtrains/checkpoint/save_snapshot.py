@@ -18,7 +18,7 @@ import copy
 from typing import Any, Dict, List, Optional
 
 import torch
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
@@ -118,22 +118,22 @@ def fused_snapshot(piece: LocalPiece, full: bool) -> PieceSnapshot:
 
 def stage(state: Dict[str, Any]) -> Dict[str, Any]:
     """A copy of a state (``{"model": ..., "optim": ..., ...}``) that training cannot change:
-    tensors and ShardedTensors copied (as DCP's async_save stages them), the rest deep-copied."""
-    staged = _create_cpu_state_dict(state)
-    _copy_state_dict(state, staged)
-    return _copy_leaves(staged)
-
-
-def _copy_leaves(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _copy_leaves(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_copy_leaves(v) for v in tree]
-    if type(tree) is tuple:  # noqa: E721 (a named tuple is a leaf: deep-copied whole)
-        return tuple(_copy_leaves(v) for v in tree)
-    if isinstance(tree, torch.Tensor) or type(tree).__name__ == "ShardedTensor":
-        return tree
-    return copy.deepcopy(tree)
+    each tensor and each ShardedTensor's local shards copied once, the rest deep-copied.
+    (DCP's ``_create_cpu_state_dict`` deep-copies a ShardedTensor and ``_copy_state_dict``
+    then copies it again: twice the time training stops for, on the FUSED tables.)"""
+    if isinstance(state, dict):
+        return {k: stage(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [stage(v) for v in state]
+    if type(state) is tuple:  # noqa: E721 (a named tuple is a leaf: deep-copied whole)
+        return tuple(stage(v) for v in state)
+    if isinstance(state, ShardedTensor):
+        shards = [Shard(s.tensor.detach().clone(), copy.deepcopy(s.metadata)) for s in state.local_shards()]
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            shards, copy.deepcopy(state.metadata()), process_group=state._process_group)
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    return copy.deepcopy(state)
 
 
 def snapshots_of(pieces: List[LocalPiece], fused: List[LocalPiece], full: bool) -> List[PieceSnapshot]:
