@@ -93,7 +93,8 @@ def build_table(path: str, rows: int, dim: int) -> BlockStore:
 
 
 def chunks_of(selected: torch.Tensor, store: BlockStore, case: str, max_rows: int) -> List[torch.Tensor]:
-    """The chunks' ids (each ascending) as the checkpointer plans them for ``case``."""
+    """The chunks' ids (each ascending) as the checkpointer plans them for ``case`` (for a
+    selection of at most one ordering window, ``row_io._ORDER_ROWS`` rows: the default's)."""
     if case == "log":
         selected = selected[store.storage_order(selected)]
         return [torch.sort(selected[lo:lo + max_rows]).values for lo in range(0, selected.numel(), max_rows)]

@@ -4,11 +4,11 @@
 #include "storage/block_store.h"
 
 #include <algorithm>
-#include <utility>
 #include <cstring>
 #include <iostream>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "common/aligned_buffer.h"
 #include "storage/block_store_internal.h"

@@ -151,9 +151,9 @@ class BlockStore {
       EXCLUDES(mu_);
 
   // Sets `order` (n entries) to the permutation of [0, n) in which rows `ids` read fastest:
-  // first the rows held in memory (the DRAM cache) or never written, then the others by
-  // their place in the log, segment by segment (those in memory in the order given). Read in that order, in batches, the rows
-  // of a stretch of the log come off the device in long sequential runs (Read and
+  // first the rows held in memory (the DRAM cache) or never written, in the order given,
+  // then the others by their place in the log. Read in that order, in batches, the rows of
+  // a stretch of the log come off the device in long sequential runs (Read and
   // ReadLocations read a dense stretch whole) instead of one random block each: what a
   // checkpoint saving many rows wants. Ids are checked first (OutOfRange); the order is
   // the log's as of the call (a later write or garbage collection may move rows).

@@ -63,6 +63,7 @@ from report import auc, format_table, write_outputs  # noqa: E402
 from run_config import load_run_config, preset_path  # noqa: E402
 from tier_report import tier_counters  # noqa: E402
 
+from torchrec_mtrains.checkpoint.quantize import QUANTIZE_KINDS  # noqa: E402
 from torchrec_mtrains.commands.quiet import quiet_framework_noise  # noqa: E402
 from torchrec_mtrains.elastic import exit_when_agent_dies, init_process_group, stop_if_orphaned  # noqa: E402
 from torchrec_mtrains.planner.hardware.units import parse_quantity  # noqa: E402
@@ -151,7 +152,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--async-checkpoint", action="store_true",
                    help="save in the background: training stops only for the save's snapshot, and the rows are "
                         "written while it goes on (latest moves once a save is complete)")
-    p.add_argument("--checkpoint-quantize", choices=["fp16", "int8"], default=None,
+    p.add_argument("--checkpoint-quantize", choices=QUANTIZE_KINDS, default=None,
                    help="deltas store their rows' weights in this lossy encoding (full steps and optimizer state "
                         "stay exact; default: exact)")
     p.add_argument("--copy-ssd-tables", action="store_true",

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -320,7 +321,8 @@ class _SpilledRows:
     def __init__(self, directory: str, step: ChainStep, record: PieceRecord) -> None:
         spec = record.spec
         os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, f"{len(os.listdir(directory))}.rows")
+        fd, self.path = tempfile.mkstemp(suffix=".rows", dir=directory)
+        os.close(fd)
         row_bytes = spec.row_width * spec.torch_dtype.itemsize
         mapped = np.memmap(self.path, dtype=np.uint8, mode="w+", shape=(max(1, spec.rows * row_bytes),))
         self.rows = torch.from_numpy(mapped)[: spec.rows * row_bytes].view(spec.torch_dtype).view(spec.rows, -1)

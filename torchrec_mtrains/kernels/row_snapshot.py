@@ -22,7 +22,9 @@ from torchrec_mtrains.storage.types import RowStore
 
 __all__ = ["RowSnapshot"]
 
-_READ_BYTES = 8 << 20  # rows the save reads per hold of the lock (a writer waits at most that long): long enough to keep the device busy
+# Rows the save reads per hold of the lock (a writer waits at most that long): enough to
+# keep the device busy between calls.
+_READ_BYTES = 8 << 20
 _STASH_PARTS = 8  # stashed parts merged into one beyond this many
 
 
