@@ -92,6 +92,11 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     }
   }
 
+  int64_t forget(int64_t table, const at::Tensor& rows) {
+    CheckIndexVector(rows, "rows");
+    return int64_t(Cache(table).Forget(rows.data_ptr<int64_t>(), size_t(rows.numel())));
+  }
+
   std::tuple<at::Tensor, at::Tensor> take_dirty(int64_t table, int64_t live_step) {
     std::vector<int64_t> rows, slots;
     Cache(table).TakeDirty(live_step, &rows, &slots);
@@ -198,6 +203,8 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
            "(indices, bounds, step, oldest_live_step, train) -> (slot per index, moved tables, "
            "load_rows, load_slots, evict_rows, evict_slots, plan seconds, plan CPU ns).")
       .def("mark_dirty", &KernelCacheIndexHandle::mark_dirty, "(table, slots): marks slots dirty.")
+      .def("forget", &KernelCacheIndexHandle::forget,
+           "(table, rows) -> how many were cached: drops them without writing them back.")
       .def("take_dirty", &KernelCacheIndexHandle::take_dirty,
            "(table, live_step) -> (rows, slots) of dirty slots; those not locked by a step >= "
            "live_step become clean.")

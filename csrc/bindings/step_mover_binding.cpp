@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "bindings/block_store_handle.h"
+#include "bindings/id_index_handle.h"
 #include "kernel/block_store_tier_rows.h"
 #include "kernel/mapped_tier_rows.h"
 #include "kernel/step_mover.h"
+#include "kernel/virtual_tier_rows.h"
 
 namespace mtrains {
 namespace {
@@ -108,6 +110,26 @@ class StepMoverHandle : public torch::CustomClassHolder {
     store_keep_[size_t(table)] = std::move(keep);
     keep_[size_t(table)].clear();
     return ToTuple(st);
+  }
+
+  // Table `table` becomes a virtual table over its tier: rows `index` marks fresh load as
+  // the initial value of (seed, id + id_offset) (kernel/virtual_tier_rows.h). Call it again
+  // after each attach (a new tier replaces the wrapped one).
+  StatusTuple wrap_virtual(int64_t table, const c10::intrusive_ptr<IdIndexHandle>& index, int64_t seed, double lo,
+                           double hi, int64_t dim, int64_t state_dim, at::ScalarType dtype, int64_t id_offset) {
+    CheckTable(table);
+    InitialRows init;
+    init.seed = uint64_t(seed);
+    init.lo = lo;
+    init.hi = hi;
+    init.dim = uint32_t(dim);
+    init.state_dim = uint32_t(state_dim);
+    init.dtype = DTypeOf(dtype);
+    init.id_offset = id_offset;
+    std::shared_ptr<IdIndex> shared = index->index();
+    return ToTuple(mover_->WrapTier(size_t(table), [&](std::unique_ptr<TierRows> tier) {
+      return std::make_unique<VirtualTierRows>(std::move(tier), shared, init);
+    }));
   }
 
   // Forgets table `table`'s tier (and what kept it alive).
@@ -209,6 +231,8 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
            "in memory.")
       .def("attach_block_store", &StepMoverHandle::attach_block_store,
            "(table, BlockStore object) -> status: the table's rows are in the store.")
+      .def("wrap_virtual", &StepMoverHandle::wrap_virtual,
+           "(table, id_index, seed, lo, hi, dim, state_dim, dtype, id_offset) -> status: a virtual table's tier.")
       .def("detach", &StepMoverHandle::detach, "(table): forgets the table's tier.")
       .def("move", &StepMoverHandle::move,
            "(tables, weights, states, evict_ids, evict_slots, load_ids, load_slots) -> (failed table's "

@@ -371,6 +371,20 @@ void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* row
   }
 }
 
+uint64_t SetAssociativeCache::Forget(const int64_t* rows, size_t n) {
+  MutexLock lock(&mu_);
+  uint64_t dropped = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t slot = FindSlotFrom(rows[i], SetOf(rows[i]) * ways_);
+    if (slot == kEmpty) continue;
+    if (static_cast<uint64_t>(slot) >= num_sets_ * ways_) overflow_map_.erase(rows[i]);
+    slot_row_[slot] = kEmpty;
+    meta_[slot].dirty = 0;
+    ++dropped;
+  }
+  return dropped;
+}
+
 void SetAssociativeCache::Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const {
   MutexLock lock(&mu_);
   rows->clear();

@@ -81,6 +81,10 @@ class SetAssociativeCache {
   // locked by a step >= `live_step` (planned or running: their rows will change again).
   void TakeDirty(int64_t live_step, std::vector<int64_t>* rows, std::vector<int64_t>* slots)
       EXCLUDES(mu_);
+  // Drops `rows` from the cache without writing them back (their rows now belong to
+  // another id: a virtual table's eviction); returns how many were cached. The caller
+  // ensures no live step uses them.
+  uint64_t Forget(const int64_t* rows, size_t n) EXCLUDES(mu_);
   // Occupied slots and their rows (reading the table through the cache).
   void Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const EXCLUDES(mu_);
 

@@ -23,6 +23,15 @@ void StepMover::SetTier(size_t table, std::unique_ptr<TierRows> tier) {
   tiers_.at(table) = std::move(tier);
 }
 
+Status StepMover::WrapTier(size_t table,
+                           const std::function<std::unique_ptr<TierRows>(std::unique_ptr<TierRows>)>& wrap) {
+  MutexLock lock(&mu_);
+  if (table >= tiers_.size() || tiers_[table] == nullptr)
+    return Status::InvalidArgument("table " + std::to_string(table) + " has no tier to wrap");
+  tiers_[table] = wrap(std::move(tiers_[table]));
+  return Status::Ok();
+}
+
 MoveCounters StepMover::counters(size_t table) const {
   MutexLock lock(&mu_);
   return counters_.at(table);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -55,6 +56,10 @@ class StepMover {
   size_t num_tables() const { return num_tables_; }
   // Table `table`'s rows now live in `tier` (null: none; a move of the table then fails).
   void SetTier(size_t table, std::unique_ptr<TierRows> tier) EXCLUDES(mu_);
+  // Table `table`'s tier becomes wrap(its tier): a tier over the tier (a virtual table's
+  // rows). InvalidArgument, nothing changed, when the table has no tier.
+  Status WrapTier(size_t table, const std::function<std::unique_ptr<TierRows>(std::unique_ptr<TierRows>)>& wrap)
+      EXCLUDES(mu_);
 
   // Moves one table's rows (TierRows::Move), the loads past its TBE into `result`.
   // InvalidArgument for a table without a tier or an evicted slot past the TBE.

@@ -13,6 +13,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
+from torchrec_mtrains.kernels.virtual_rows import VirtualTableSpec
 from torchrec_mtrains.layout import TableLayout, optimizer_name, precision_name
 from torchrec_mtrains.types import Tier
 
@@ -58,6 +59,7 @@ class TieredConfig:
     table_names: Optional[Tuple[str, ...]] = None
     ssd_dram_cache_mb: float = 0.0
     feature_table_map: Optional[Tuple[int, ...]] = None
+    virtual_tables: Optional[Tuple[Optional[VirtualTableSpec], ...]] = None
 
     def __post_init__(self) -> None:
         self._replace("optimizer", EmbOptimType(optimizer_name(self.optimizer, "optimizer")))
@@ -74,6 +76,7 @@ class TieredConfig:
         self._replace("table_names", _table_names(self.table_names))
         self._replace("storage_dir", _storage_dir(self.storage_dir))
         self._replace("feature_table_map", _feature_table_map(self.feature_table_map))
+        self._replace("virtual_tables", _virtual_tables(self.virtual_tables))
 
     def _replace(self, name: str, value: Any) -> None:
         """Puts a setting's normalised value in place of the given one (the config is frozen)."""
@@ -125,6 +128,19 @@ class TieredConfig:
         if len(self.init_range) != len(num_rows):
             raise ValueError(f"init_range must be one (lo, hi) or one per table, got {self.init_range!r}")
         return list(self.init_range)  # type: ignore[arg-type]
+
+    def virtual_specs(self, num_tables: int) -> List[Optional[VirtualTableSpec]]:
+        """Each table's VirtualTableSpec, None for a dense table.
+
+        Raises:
+            ValueError: ``virtual_tables`` given for another number of tables.
+        """
+        if self.virtual_tables is None:
+            return [None] * num_tables
+        if len(self.virtual_tables) != num_tables:
+            raise ValueError(f"virtual_tables has {len(self.virtual_tables)} entries; give one per table "
+                             f"({num_tables} tables), None for a dense one")
+        return list(self.virtual_tables)
 
     def names(self, num_tables: int) -> List[str]:
         """The tables' names (default ``table_<t>``).
@@ -260,6 +276,19 @@ def _feature_table_map(feature_table_map: Any) -> Optional[Tuple[int, ...]]:
     if isinstance(feature_table_map, str) or not isinstance(feature_table_map, Iterable):
         raise ValueError(f"feature_table_map={feature_table_map!r} must be a sequence of table numbers")
     return tuple(feature_table_map)
+
+
+def _virtual_tables(specs: Any) -> Optional[Tuple[Optional[VirtualTableSpec], ...]]:
+    """As a tuple of one VirtualTableSpec or None per table; the number of tables is
+    checked by the kernel."""
+    if specs is None:
+        return None
+    if isinstance(specs, (str, VirtualTableSpec)) or not isinstance(specs, Iterable):
+        raise ValueError(f"virtual_tables={specs!r} must be a sequence of VirtualTableSpec or None, one per table")
+    specs = tuple(specs)
+    if not all(s is None or isinstance(s, VirtualTableSpec) for s in specs):
+        raise ValueError("virtual_tables must hold a VirtualTableSpec or None per table")
+    return specs if any(s is not None for s in specs) else None
 
 
 DEFAULTS = TieredConfig()

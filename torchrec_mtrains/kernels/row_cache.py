@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -18,6 +18,7 @@ from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
 from torchrec_mtrains.kernels.slots import CacheSlots
+from torchrec_mtrains.kernels.virtual_rows import VirtualRows
 from torchrec_mtrains.storage import RowStore
 from torchrec_mtrains.types import Tier
 
@@ -62,14 +63,22 @@ class RowCache:
     since the last ``clear_dirty()``, what a differential checkpoint saves: marked as a
     training forward looks them up, so rows a prefetch loaded for a step not yet computed
     are not among them.
+
+    ``virtual`` holds the virtual tables (``virtual_rows.py``): their ids are turned into
+    rows before a step is planned, so everything else sees rows; ``id_bounds`` bounds each
+    table's ids (a virtual table's id space, else its rows). ``tier_wrappers`` make a
+    virtual table's tier in the mover virtual again after a store is attached.
     """
 
     def __init__(self, names: Sequence[str], tiers: Sequence[Tier], specs: Sequence[Tuple[int, int]],
                  codecs: Sequence[RowCodec], stores: List[RowStore], index: torch.ScriptObject,
-                 slots: CacheSlots, mover: torch.ScriptObject) -> None:
+                 slots: CacheSlots, mover: torch.ScriptObject, virtual: VirtualRows,
+                 tier_wrappers: Dict[int, Callable[[], None]]) -> None:
         self.names, self.tiers, self.specs = names, tiers, specs
         self.codecs, self.stores, self.index, self.slots = codecs, stores, index, slots
         self.mover = mover
+        self.virtual, self.tier_wrappers = virtual, tier_wrappers
+        self.id_specs = list(zip(virtual.id_bounds([rows for rows, _ in specs]), [dim for _, dim in specs]))
         self.run = RunState()
         self.counters = [TableCounters() for _ in specs]
         self.dirty = [DirtyRows(rows) for rows, _ in specs]
@@ -84,6 +93,8 @@ class RowCache:
         """Table t's rows now live in ``store`` (the old one is closed by the caller)."""
         self.stores[t] = store
         store.attach_to(self.mover, t)
+        if t in self.tier_wrappers:
+            self.tier_wrappers[t]()
 
     def check_usable(self) -> None:
         """Raises ValueError once closed, RuntimeError once broken."""
@@ -154,4 +165,6 @@ class RowCache:
                 "cpu_ns_per_miss": plan_ns_per_row + (m["write_back_ns"] + m["read_ns"] + m["verify_ns"]
                                                       + m["copy_ns"]) / loads,
             }
+            if t in self.virtual.tables:
+                out[name].update(self.virtual.stats(t, row_bytes))
         return out

@@ -35,6 +35,7 @@ class Step:
     batch: Batch
     train: bool = True
     ticket: Optional[Ticket] = None
+    rows: Optional[torch.Tensor] = None  # the tables' rows of the indices, once planned
     remapped: Optional[torch.Tensor] = None
     moves: List["Move"] = dataclasses.field(default_factory=list)  # tables with rows to move
 
@@ -103,7 +104,7 @@ class StepPath:
 
     def submit(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool) -> Step:
         cache = self.cache
-        batch = split_batch(indices, offsets, cache.specs, cache.names, self._feature_table_map)
+        batch = split_batch(indices, offsets, cache.id_specs, cache.names, self._feature_table_map)
         job = Step(cache.run.next_step, batch)
         cache.run.next_step += 1
         # Rows of the step that may still be running (its backward) and of every step
@@ -138,7 +139,7 @@ class StepPath:
                 cache.index.mark_dirty(t, job.remapped[bounds[t] : bounds[t + 1]])
         if train:  # the rows this step trains may change: the next delta saves them
             cache.run.unflushed = True
-            torch.ops.mtrains.mark_row_bits(cache.dirty_bits, job.batch.indices, bounds)
+            torch.ops.mtrains.mark_row_bits(cache.dirty_bits, job.rows, bounds)
         cache.run.last_forward_step = job.step
 
     def drain(self) -> None:
@@ -162,8 +163,15 @@ class StepPath:
         """
         fault_point("prefetch.before")
         cache, batch = self.cache, job.batch
+        rows, created = batch.indices, {}
+        if cache.virtual:  # virtual tables' ids -> their rows (new ids take fresh rows)
+            rows, created = cache.virtual.map_step(batch.indices, batch.bounds, job.step, oldest_live)
+        job.rows = rows
         remapped, tables, load_rows, load_slots, evict_rows, evict_slots, plan_s, plan_cpu_ns = \
-            cache.index.plan_step(batch.indices, batch.bounds, job.step, oldest_live, train)
+            cache.index.plan_step(rows, batch.bounds, job.step, oldest_live, train)
+        if not train:  # a fresh row's slot must reach the tier, trained or not
+            for t, at in created.items():
+                cache.index.mark_dirty(t, remapped[batch.bounds[t] + at])
         cache.run.plan_seconds += plan_s
         cache.run.plan_cpu_ns += plan_cpu_ns
         job.moves = [Move(*move) for move in zip(tables, load_rows, load_slots, evict_rows, evict_slots)]

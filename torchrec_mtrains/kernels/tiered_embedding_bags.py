@@ -39,6 +39,7 @@ from torchrec_mtrains.kernels.slots import CacheSlots
 from torchrec_mtrains.kernels.steps import StepPath
 from torchrec_mtrains.kernels.table_rows import TableRows
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
+from torchrec_mtrains.kernels.virtual_rows import VirtualRows, VirtualTableSpec
 from torchrec_mtrains.layout import TableLayout
 from torchrec_mtrains.storage import BlockStore, RowStore
 from torchrec_mtrains.testing.faults import fault_point
@@ -87,6 +88,10 @@ class TieredEmbeddingBags(torch.nn.Module):
         ssd_dram_cache_mb: DRAM cache of each SSD block store, under the row cache, in MiB.
         feature_table_map: FBGEMM's: the table of each feature (non-decreasing), when
             tables have several features; offsets then have ``F * B + 1`` entries.
+        virtual_tables: per table, a ``VirtualTableSpec`` (a virtual table: its ids are
+            keys in ``[0, id_space)``, each live id its own row, made on first lookup and
+            evicted by its policy; its ``num_rows`` is how many live ids it holds) or None
+            (a dense table). See ``virtual_rows.py``.
         config: every setting above at once; the arguments for them must then keep their
             defaults.
 
@@ -124,6 +129,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         table_names: Optional[Sequence[str]] = DEFAULTS.table_names,
         ssd_dram_cache_mb: float = DEFAULTS.ssd_dram_cache_mb,
         feature_table_map: Optional[Sequence[int]] = DEFAULTS.feature_table_map,
+        virtual_tables: Optional[Sequence[Optional[VirtualTableSpec]]] = DEFAULTS.virtual_tables,
         config: Optional[TieredConfig] = None,
     ) -> None:
         # The settings' arguments by name, taken before any other local exists.
@@ -150,14 +156,19 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._tbe = slots.tbe
         # Moves a step's rows between the slots and every table's store, one C++ call a step.
         mover = torch.classes.mtrains.StepMover(len(specs))
+        virtual = VirtualRows(config.virtual_specs(len(specs)), num_rows, self.table_names, index)
+        tier_wrappers = {t: self._virtual_wrapper(virtual, mover, t, codecs[t]) for t in virtual.tables}
         for t, store in enumerate(stores):
             store.attach_to(mover, t)
+            if t in tier_wrappers:
+                tier_wrappers[t]()
         pipeline = PrefetchPipeline(background=config.prefetch_pipeline)
         # Stops the prefetch threads and closes the stores at close(), collection or exit.
         self._resources = KernelResources(self, pipeline, stores, self.table_names, mover)
         # The parts below refer to one another, never to this module: the exit hook above
         # must let it be collected.
-        self._cache = RowCache(self.table_names, self.tiers, specs, codecs, stores, index, slots, mover)
+        self._cache = RowCache(self.table_names, self.tiers, specs, codecs, stores, index, slots, mover,
+                               virtual, tier_wrappers)
         self._steps = StepPath(self._cache, pipeline, self.feature_table_map)
         self._rows = TableRows(self._cache, self._steps.drain)
         self._checkpoint = CheckpointRows(self._cache, self._rows, self._steps, config.ssd_dram_cache_mb)
@@ -177,6 +188,15 @@ class TieredEmbeddingBags(torch.nn.Module):
             )
             for t, (rows, dim) in enumerate(self.embedding_specs)
         ]
+
+    def _virtual_wrapper(self, virtual: VirtualRows, mover: torch.ScriptObject, t: int, codec: RowCodec):
+        """Makes table t's tier in ``mover`` virtual; called again after each attach."""
+        layout = codec.layout
+        seed, init_range = self.store_seed(t), self._init_ranges[t]
+
+        def wrap() -> None:
+            virtual.attach(mover, t, seed, init_range, layout.dim, layout.state_slots, codec.dtype)
+        return wrap
 
     def store_seed(self, table: int) -> int:
         """The seed of table ``table``'s initial rows on its tier (``lazy_init_rows``)."""
@@ -295,6 +315,45 @@ class TieredEmbeddingBags(torch.nn.Module):
         FBGEMM's layout (``[n]`` row-wise, ``[n, dim]`` per element, None for SGD), read
         through every tier. Lets a caller stream a table larger than memory in pieces."""
         return self._rows.read_rows(table, start, stop)
+
+    def virtual_ids(self, table: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(ids, rows) of every live id of virtual table ``table``, by row.
+
+        Raises:
+            ValueError: ``table`` is not a virtual table.
+        """
+        return self._virtual(table).entries(table)
+
+    def read_ids(self, table: int, ids: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Rows ``ids`` of virtual table ``table`` as ``read_rows`` gives rows: weights and
+        optimizer state, read through the cache and the tier; an id without a row reads as
+        the initial value it would get. Changes nothing (no row is made).
+
+        Raises:
+            ValueError: ``table`` is not a virtual table.
+            IndexError: an id outside the table's id space.
+        """
+        virtual = self._virtual(table)
+        ids = check_index_tensor("ids", ids)
+        bound = self._cache.id_specs[table][0]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= bound):
+            raise IndexError(f"table {self.table_names[table]}: ids must lie in [0, {bound})")
+        codec = self._cache.codecs[table]
+        layout, (lo, hi) = codec.layout, self._init_ranges[table]
+        rows = virtual.find(table, ids)
+        out = torch.ops.mtrains.lazy_init_rows(ids + virtual.tables[table].spec.id_offset, layout.dim,
+                                               layout.state_slots, self.store_seed(table), lo, hi, codec.dtype)
+        present = rows >= 0
+        if bool(present.any()):
+            out[present] = self._checkpoint.store_rows(table, rows[present])
+        weights, state = codec.split(out)
+        return weights.clone(), None if state is None else state.clone()
+
+    def _virtual(self, table: int) -> VirtualRows:
+        self._cache.check_table(table)
+        if table not in self._cache.virtual.tables:
+            raise ValueError(f"table {self.table_names[table]} is not a virtual table")
+        return self._cache.virtual
 
     def split_embedding_weights(self) -> List[torch.Tensor]:
         """Each table's full weights ``[rows, dim]`` (copies, read through every tier)."""

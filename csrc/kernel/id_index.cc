@@ -1,0 +1,317 @@
+#include "kernel/id_index.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace mtrains {
+namespace {
+
+constexpr double kMaxLoad = 0.8;  // grow the table past this load
+constexpr double kGrowth = 1.5;
+constexpr uint64_t kMinSlots = 64;
+
+uint64_t Mix(uint64_t x) {  // SplitMix64's finalizer: every id bit moves every slot bit
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+IdIndex::IdIndex(uint64_t capacity, bool counts, bool times)
+    : capacity_(capacity), keep_counts_(counts), keep_times_(times) {
+  if (capacity == 0 || capacity >= kEmptySlot)
+    throw std::invalid_argument("a virtual table needs between 1 and 2^32 - 2 rows, got " +
+                                std::to_string(capacity));
+  MutexLock lock(&mu_);
+  table_.assign(kMinSlots, kEmptySlot);
+  counters_.capacity = capacity;
+}
+
+uint64_t IdIndex::Home(int64_t id) const {
+  // Multiply-shift range reduction: any table size, no division.
+  return static_cast<uint64_t>((__uint128_t(Mix(static_cast<uint64_t>(id))) * table_.size()) >> 64);
+}
+
+uint64_t IdIndex::Probe(int64_t id, bool* found) const {
+  const uint64_t m = table_.size();
+  uint64_t s = Home(id);
+  for (;;) {
+    const uint32_t r = table_[s];
+    if (r == kEmptySlot) {
+      *found = false;
+      return s;
+    }
+    if (ids_[r] == id) {
+      *found = true;
+      return s;
+    }
+    if (++s == m) s = 0;
+  }
+}
+
+void IdIndex::GrowRows() {
+  if (ids_.size() == ids_.capacity()) {
+    const uint64_t want = std::min<uint64_t>(
+        capacity_, std::max<uint64_t>(kMinSlots, uint64_t(double(ids_.size()) * 1.25) + 1));
+    ids_.reserve(want);
+    if (keep_counts_) counts_.reserve(want);
+    if (keep_times_) times_.reserve(want);
+  }
+  ids_.push_back(kFreeRow);
+  if (keep_counts_) counts_.push_back(0.f);
+  if (keep_times_) times_.push_back(0);
+  if (fresh_.size() * 64 < ids_.size()) fresh_.push_back(0);
+  ++rows_used_;
+}
+
+uint32_t IdIndex::Insert(int64_t id, uint64_t slot) {
+  uint32_t row;
+  if (!free_.empty()) {
+    row = free_.back();
+    free_.pop_back();
+  } else {
+    row = static_cast<uint32_t>(rows_used_);
+    GrowRows();
+  }
+  ids_[row] = id;
+  if (keep_counts_) counts_[row] = 0.f;
+  if (keep_times_) times_[row] = 0;
+  SetFresh(row, true);
+  table_[slot] = row;
+  ++live_;
+  ++counters_.ids_created;
+  if (double(live_) > kMaxLoad * double(table_.size())) Rehash(uint64_t(double(table_.size()) * kGrowth) + 1);
+  return row;
+}
+
+void IdIndex::Rehash(uint64_t slots) {
+  std::vector<uint32_t> old;
+  old.swap(table_);
+  table_.assign(slots, kEmptySlot);
+  for (uint32_t r : old) {
+    if (r == kEmptySlot) continue;
+    bool found;
+    table_[Probe(ids_[r], &found)] = r;
+  }
+}
+
+void IdIndex::Erase(uint64_t slot) {
+  const uint32_t row = table_[slot];
+  ids_[row] = kFreeRow;
+  SetFresh(row, false);
+  free_.push_back(row);
+  --live_;
+  ++counters_.ids_evicted;
+  // Backward-shift deletion: move up every later entry of the run whose home does not lie
+  // cyclically in (hole, its slot], so that no probe meets a hole before its entry.
+  const uint64_t m = table_.size();
+  uint64_t hole = slot, j = slot;
+  for (;;) {
+    if (++j == m) j = 0;
+    const uint32_t r = table_[j];
+    if (r == kEmptySlot) break;
+    const uint64_t home = Home(ids_[r]);
+    const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+    if (!stays) {
+      table_[hole] = r;
+      hole = j;
+    }
+  }
+  table_[hole] = kEmptySlot;
+}
+
+Status IdIndex::Map(const int64_t* ids, size_t n, bool create, uint32_t now, int64_t* rows,
+                    std::vector<int64_t>* created_at) {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < n; ++i)
+    if (ids[i] < 0)
+      return Status::InvalidArgument("id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                                     " is negative");
+  const size_t created_before = created_at->size();
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    bool found;
+    const uint64_t slot = Probe(id, &found);
+    if (found) {
+      rows[i] = table_[slot];
+    } else if (!create) {
+      rows[i] = -1;
+      continue;
+    } else if (FreeRows() == 0) {
+      // Undo this call's new ids: the index is as it was.
+      for (size_t k = created_before; k < created_at->size(); ++k) {
+        bool again;
+        const uint64_t s = Probe(ids[(*created_at)[k]], &again);
+        if (again) Erase(s);
+      }
+      const uint64_t undone = created_at->size() - created_before;
+      counters_.ids_created -= undone;
+      counters_.ids_evicted -= undone;
+      created_at->resize(created_before);
+      return Status::IoError(ENOSPC, "all " + std::to_string(capacity_) + " rows of the virtual table hold live ids");
+    } else {
+      rows[i] = Insert(id, slot);
+      created_at->push_back(int64_t(i));
+    }
+    const uint32_t r = static_cast<uint32_t>(rows[i]);
+    if (keep_counts_) counts_[r] += 1.f;
+    if (keep_times_) times_[r] = now;
+  }
+  return Status::Ok();
+}
+
+uint64_t IdIndex::CountMissing(const int64_t* ids, size_t n) const {
+  MutexLock lock(&mu_);
+  std::unordered_set<int64_t> missing;
+  for (size_t i = 0; i < n; ++i) {
+    bool found;
+    Probe(ids[i], &found);
+    if (!found) missing.insert(ids[i]);
+  }
+  return missing.size();
+}
+
+void IdIndex::Find(const int64_t* ids, size_t n, int64_t* rows) const {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < n; ++i) {
+    bool found;
+    const uint64_t slot = Probe(ids[i], &found);
+    rows[i] = found ? int64_t(table_[slot]) : -1;
+  }
+}
+
+void IdIndex::TakeFresh(const int64_t* rows, size_t n, uint8_t* fresh, int64_t* ids) {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t r = rows[i];
+    if (r < 0 || uint64_t(r) >= rows_used_) {
+      fresh[i] = 0;
+      ids[i] = -1;
+      continue;
+    }
+    fresh[i] = IsFresh(uint64_t(r)) ? 1 : 0;
+    ids[i] = ids_[r];
+    if (fresh[i]) {
+      SetFresh(uint64_t(r), false);
+      ++counters_.fresh_loads;
+    }
+  }
+}
+
+void IdIndex::Evict(const EvictionRule& rule, uint32_t now, const int64_t* keep_rows, size_t nk,
+                    std::vector<int64_t>* ids, std::vector<int64_t>* rows) {
+  MutexLock lock(&mu_);
+  ++counters_.eviction_passes;
+  const bool by_count = keep_counts_ && rule.count_threshold > 0;
+  const bool by_time = keep_times_ && rule.ttl_seconds > 0;
+  if (keep_counts_ && rule.decay_rate != 1.0)
+    for (uint64_t r = 0; r < rows_used_; ++r) counts_[r] = float(double(counts_[r]) * rule.decay_rate);
+  if (!by_count && !by_time) return;
+  std::vector<uint8_t> keep(rows_used_, 0);
+  for (size_t k = 0; k < nk; ++k)
+    if (keep_rows[k] >= 0 && uint64_t(keep_rows[k]) < rows_used_) keep[keep_rows[k]] = 1;
+  for (uint64_t r = 0; r < rows_used_; ++r) {
+    if (ids_[r] == kFreeRow || keep[r]) continue;
+    const bool cold = !by_count || double(counts_[r]) < rule.count_threshold;
+    const bool stale = !by_time || (now > times_[r] && now - times_[r] > rule.ttl_seconds);
+    if (!(cold && stale)) continue;
+    bool found;
+    const int64_t id = ids_[r];
+    const uint64_t slot = Probe(id, &found);
+    Erase(slot);
+    ids->push_back(id);
+    rows->push_back(int64_t(r));
+  }
+}
+
+void IdIndex::Remove(const int64_t* ids, size_t n, std::vector<int64_t>* rows) {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < n; ++i) {
+    bool found;
+    const uint64_t slot = Probe(ids[i], &found);
+    if (!found) continue;
+    rows->push_back(table_[slot]);
+    Erase(slot);
+  }
+}
+
+void IdIndex::Entries(std::vector<int64_t>* ids, std::vector<int64_t>* rows) const {
+  MutexLock lock(&mu_);
+  for (uint64_t r = 0; r < rows_used_; ++r) {
+    if (ids_[r] == kFreeRow) continue;
+    ids->push_back(ids_[r]);
+    rows->push_back(int64_t(r));
+  }
+}
+
+void IdIndex::Metadata(const int64_t* rows, size_t n, float* counts, uint32_t* times) const {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t r = rows[i];
+    const bool live = r >= 0 && uint64_t(r) < rows_used_ && ids_[r] != kFreeRow;
+    counts[i] = live && keep_counts_ ? counts_[r] : 0.f;
+    times[i] = live && keep_times_ ? times_[r] : 0;
+  }
+}
+
+Status IdIndex::Assign(const int64_t* ids, const int64_t* rows, size_t n, const float* counts,
+                       const uint32_t* times) {
+  MutexLock lock(&mu_);
+  std::vector<uint8_t> taken;
+  std::unordered_set<int64_t> seen;
+  seen.reserve(n);
+  uint64_t top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || uint64_t(rows[i]) >= capacity_)
+      return Status::InvalidArgument("row " + std::to_string(rows[i]) + " is outside the virtual table's " +
+                                     std::to_string(capacity_) + " rows");
+    if (ids[i] < 0) return Status::InvalidArgument("id " + std::to_string(ids[i]) + " is negative");
+    if (!seen.insert(ids[i]).second) return Status::InvalidArgument("id " + std::to_string(ids[i]) + " is given twice");
+    top = std::max<uint64_t>(top, uint64_t(rows[i]) + 1);
+  }
+  taken.assign(top, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (taken[rows[i]]) return Status::InvalidArgument("row " + std::to_string(rows[i]) + " is given twice");
+    taken[rows[i]] = 1;
+  }
+  ids_.assign(top, kFreeRow);
+  ids_.shrink_to_fit();
+  counts_.assign(keep_counts_ ? top : 0, 0.f);
+  times_.assign(keep_times_ ? top : 0, 0);
+  fresh_.assign((top + 63) / 64, 0);
+  rows_used_ = top;
+  live_ = n;
+  uint64_t slots = kMinSlots;
+  while (double(n) > kMaxLoad * double(slots)) slots = uint64_t(double(slots) * kGrowth) + 1;
+  table_.assign(slots, kEmptySlot);
+  for (size_t i = 0; i < n; ++i) {
+    ids_[rows[i]] = ids[i];
+    if (keep_counts_ && counts) counts_[rows[i]] = counts[i];
+    if (keep_times_ && times) times_[rows[i]] = times[i];
+    bool found;
+    table_[Probe(ids[i], &found)] = static_cast<uint32_t>(rows[i]);
+  }
+  free_.clear();
+  for (uint64_t r = top; r-- > 0;)
+    if (!taken[r]) free_.push_back(static_cast<uint32_t>(r));
+  return Status::Ok();
+}
+
+IdIndexStats IdIndex::Stats() const {
+  MutexLock lock(&mu_);
+  IdIndexStats s = counters_;
+  s.live = live_;
+  s.rows_used = rows_used_;
+  s.table_slots = table_.size();
+  s.index_bytes = table_.capacity() * sizeof(uint32_t) + ids_.capacity() * sizeof(int64_t) +
+                  fresh_.capacity() * sizeof(uint64_t) + free_.capacity() * sizeof(uint32_t);
+  s.metadata_bytes = counts_.capacity() * sizeof(float) + times_.capacity() * sizeof(uint32_t);
+  return s;
+}
+
+}  // namespace mtrains

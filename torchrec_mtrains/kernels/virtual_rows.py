@@ -1,0 +1,230 @@
+"""Virtual tables: every id its own row, made on first lookup and evicted by a policy.
+
+A virtual table's ids are keys in a space far larger than the table (raw 64-bit ids, say),
+not row numbers. The kernel under it -- row cache, step mover, stores -- works on dense
+rows as for any table; the table's ``IdIndex`` (C++, kernel/id_index.h) gives each live id
+its own row, so no two ids share one. Before a step is planned, ``VirtualRows.map_step``
+turns the step's ids into rows (on the plan thread, in step order):
+
+- an id without a row takes a free one; that row is *fresh* until the step mover first
+  loads it into a cache slot, which then makes the id's initial value -- ``lazy_init_rows``
+  of (seed, id + id_offset), exactly a dense table's row of that number -- instead of
+  reading the tier, which still holds the row's previous id (kernel/virtual_tier_rows.h).
+  The slot is kept dirty, so the new row reaches the tier;
+- an eviction pass runs when the live ids would pass the policy's trigger or the table's
+  rows: it removes the ids the policy names (count with decay, time since last use, or
+  both, as FBGEMM's policies do), never those of a step still planned or running, and drops
+  their rows from the cache unwritten. An evicted id that comes back is a fresh row again.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from torchrec_mtrains.storage.status import raise_for_status
+
+__all__ = ["EvictionSpec", "VirtualRows", "VirtualTableFull", "VirtualTableSpec"]
+
+_MAX_ROWS = 2**32 - 2  # the index's row numbers are 32-bit
+
+
+class VirtualTableFull(RuntimeError):
+    """Every row of a virtual table holds a live id the policy keeps, and a step brings more."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvictionSpec:
+    """When and which ids a virtual table evicts (FBGEMM's rules).
+
+    Args:
+        trigger_ids: an eviction pass runs when a step would take the live ids past this
+            (0: only when the table's rows run out).
+        count_threshold: evict ids whose access count, multiplied by ``decay_rate`` at each
+            pass, is below this (0: the count does not decide).
+        decay_rate: in (0, 1].
+        ttl_seconds: evict ids not looked up for longer than this (0: time does not decide).
+            With ``count_threshold`` too, only ids both rules name go.
+        clock: seconds now (time.time); a test passes its own.
+    """
+
+    trigger_ids: int = 0
+    count_threshold: float = 0.0
+    decay_rate: float = 1.0
+    ttl_seconds: int = 0
+    clock: Callable[[], float] = dataclasses.field(default=time.time, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.trigger_ids, bool) or not isinstance(self.trigger_ids, int) or self.trigger_ids < 0:
+            raise ValueError(f"EvictionSpec: trigger_ids={self.trigger_ids!r} must be an int >= 0")
+        if isinstance(self.ttl_seconds, bool) or not isinstance(self.ttl_seconds, int) or self.ttl_seconds < 0:
+            raise ValueError(f"EvictionSpec: ttl_seconds={self.ttl_seconds!r} must be an int >= 0")
+        if not (isinstance(self.count_threshold, (int, float)) and math.isfinite(self.count_threshold)
+                and self.count_threshold >= 0):
+            raise ValueError(f"EvictionSpec: count_threshold={self.count_threshold!r} must be a number >= 0")
+        if not (isinstance(self.decay_rate, (int, float)) and 0 < self.decay_rate <= 1):
+            raise ValueError(f"EvictionSpec: decay_rate={self.decay_rate!r} must be in (0, 1]")
+        if not callable(self.clock):
+            raise ValueError("EvictionSpec: clock must be callable")
+
+    @property
+    def evicts(self) -> bool:
+        return self.count_threshold > 0 or self.ttl_seconds > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualTableSpec:
+    """A kernel table whose ids are keys: ids in ``[0, id_space)``, rows made on first
+    lookup. The table's ``num_rows`` (its embedding spec) is how many live ids it holds.
+
+    Args:
+        id_space: ids lie in ``[0, id_space)`` (a row-wise shard's ids are local to it).
+        id_offset: added to an id to make the global id whose initial value its row takes
+            (the shard's first id), so a row's initial value does not depend on sharding.
+        eviction: the policy (default: none; the table then holds at most ``num_rows`` ids).
+    """
+
+    id_space: int
+    id_offset: int = 0
+    eviction: EvictionSpec = EvictionSpec()
+
+    def __post_init__(self) -> None:
+        for name in ("id_space", "id_offset"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "id_space" else 0) or v >= 2**63:
+                raise ValueError(f"VirtualTableSpec: {name}={v!r} must be an int in [{int(name == 'id_space')}, 2^63)")
+        if self.id_offset + self.id_space > 2**63:
+            raise ValueError(f"VirtualTableSpec: ids up to {self.id_offset + self.id_space} do not fit int64")
+        if not isinstance(self.eviction, EvictionSpec):
+            raise ValueError("VirtualTableSpec: eviction must be an EvictionSpec")
+
+
+class _Table:
+    """One virtual table's index and the rows its live steps use."""
+
+    def __init__(self, number: int, name: str, spec: VirtualTableSpec, rows: int) -> None:
+        if not 1 <= rows <= _MAX_ROWS:
+            raise ValueError(f"virtual table {name}: {rows} rows; it holds between 1 and 2^32 - 2")
+        ev = spec.eviction
+        self.number, self.name, self.spec, self.rows = number, name, spec, rows
+        self.index = torch.classes.mtrains.IdIndex(rows, ev.count_threshold > 0, ev.ttl_seconds > 0)
+        self.live = 0
+        # Rows of steps planned and not yet done: never evicted.
+        self.step_rows: Deque[Tuple[int, torch.Tensor]] = collections.deque()
+        # The policy had its pass: the next waits until the live ids grow by 1% of the trigger.
+        self.next_pass_at = 0
+        self.passes = 0
+
+    def protected_rows(self, oldest_live: int) -> torch.Tensor:
+        while self.step_rows and self.step_rows[0][0] < oldest_live:
+            self.step_rows.popleft()
+        if not self.step_rows:
+            return torch.empty(0, dtype=torch.int64)
+        return torch.cat([r for _, r in self.step_rows])
+
+
+class VirtualRows:
+    """The virtual tables of one kernel (``tables``: kernel table -> its ``_Table``).
+
+    Args:
+        specs: per kernel table, its VirtualTableSpec or None (a dense table).
+        rows: per kernel table, its rows (a virtual table's live-id capacity).
+        names: the tables' names (errors, stats).
+        cache_index: the kernel's KernelCacheIndex (evicted rows are dropped from it).
+    """
+
+    def __init__(self, specs: Sequence[Optional[VirtualTableSpec]], rows: Sequence[int], names: Sequence[str],
+                 cache_index: torch.ScriptObject) -> None:
+        self.tables: Dict[int, _Table] = {
+            t: _Table(t, names[t], spec, rows[t]) for t, spec in enumerate(specs) if spec is not None}
+        self._cache_index = cache_index
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    def id_bounds(self, num_rows: Sequence[int]) -> List[int]:
+        """Each table's bound on ids: a virtual table's id space, a dense table's rows."""
+        return [self.tables[t].spec.id_space if t in self.tables else n for t, n in enumerate(num_rows)]
+
+    def attach(self, mover: torch.ScriptObject, t: int, seed: int, init_range: Tuple[float, float], dim: int,
+               state_dim: int, dtype: torch.dtype) -> None:
+        """Makes table t's tier in ``mover`` a virtual one (after each attach of a store)."""
+        table = self.tables[t]
+        raise_for_status(mover.wrap_virtual(t, table.index, seed, float(init_range[0]), float(init_range[1]), dim,
+                                            state_dim, dtype, table.spec.id_offset))
+
+    def map_step(self, indices: torch.Tensor, bounds: Sequence[int], step: int, oldest_live: int
+                 ) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
+        """The step's indices with every virtual table's ids turned into rows, and per such
+        table the positions (in its part of ``indices``) of the ids given a row now.
+
+        Raises:
+            VirtualTableFull: a table cannot hold the step's new ids, naming it.
+        """
+        rows = indices.clone()
+        created: Dict[int, torch.Tensor] = {}
+        for t, table in self.tables.items():
+            lo, hi = bounds[t], bounds[t + 1]
+            if hi == lo:
+                continue
+            ids = indices[lo:hi]
+            self._make_room(table, ids, oldest_live)
+            status, mapped, new_at = table.index.map(ids, True, self._now(table))
+            raise_for_status(status)
+            table.live += new_at.numel()
+            rows[lo:hi] = mapped
+            table.step_rows.append((step, mapped))
+            if new_at.numel():
+                created[t] = new_at
+        return rows, created
+
+    def _now(self, table: _Table) -> int:
+        return max(0, min(2**32 - 1, int(table.spec.eviction.clock())))
+
+    def _make_room(self, table: _Table, ids: torch.Tensor, oldest_live: int) -> None:
+        """Runs an eviction pass when the step's new ids would pass the trigger or the rows."""
+        ev = table.spec.eviction
+        trigger = ev.trigger_ids or table.rows
+        if table.live + ids.numel() <= min(trigger, table.rows):
+            return  # cannot pass either, whatever is new
+        missing = table.index.count_missing(ids)
+        over_rows = table.live + missing > table.rows
+        due = table.live + missing > trigger and table.live >= table.next_pass_at
+        if ev.evicts and (over_rows or due):
+            keep = table.protected_rows(oldest_live)
+            evicted_ids, evicted_rows = table.index.evict(
+                ev.decay_rate, float(ev.count_threshold), ev.ttl_seconds, self._now(table), keep)
+            table.passes += 1
+            if evicted_rows.numel():
+                self._cache_index.forget(table.number, evicted_rows)
+            table.live -= evicted_rows.numel()
+            table.next_pass_at = table.live + max(1, (ev.trigger_ids or table.rows) // 100)
+        if table.live + missing > table.rows:
+            policy = "its eviction policy keeps them" if ev.evicts else "it has no eviction policy"
+            raise VirtualTableFull(
+                f"virtual table {table.name}: a step brings {missing} new ids, but {table.live} of its "
+                f"{table.rows} rows hold live ids and {policy}; give it more rows (its capacity) or a "
+                "policy that evicts")
+
+    def find(self, t: int, ids: torch.Tensor) -> torch.Tensor:
+        """Table t's rows of ``ids`` (-1 where an id has none); changes nothing."""
+        return self.tables[t].index.find(ids)
+
+    def entries(self, t: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(ids, rows) of table t's live ids, by row."""
+        return self.tables[t].index.entries()
+
+    def stats(self, t: int, row_bytes: int) -> Dict[str, float]:
+        """Table t's live ids, index and metadata bytes (and per live id), evictions."""
+        table = self.tables[t]
+        s = {k: float(v) for k, v in dict(table.index.stats()).items()}
+        live = max(1.0, s["live_ids"])
+        s["index_bytes_per_live_id"] = s["index_bytes"] / live
+        s["metadata_bytes_per_live_id"] = s["metadata_bytes"] / live
+        s["tier_bytes_of_live_ids"] = s["live_ids"] * row_bytes
+        return s
