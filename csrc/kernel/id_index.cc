@@ -8,8 +8,8 @@
 namespace mtrains {
 namespace {
 
-constexpr double kMaxLoad = 0.8;  // grow the table past this load
-constexpr double kGrowth = 1.5;
+constexpr double kMaxLoad = 0.85;  // grow the table past this load
+constexpr double kGrowth = 1.4;
 constexpr uint64_t kMinSlots = 64;
 
 uint64_t Mix(uint64_t x) {  // SplitMix64's finalizer: every id bit moves every slot bit
@@ -57,12 +57,12 @@ uint64_t IdIndex::Probe(int64_t id, bool* found) const {
 void IdIndex::GrowRows() {
   if (ids_.size() == ids_.capacity()) {
     const uint64_t want = std::min<uint64_t>(
-        capacity_, std::max<uint64_t>(kMinSlots, uint64_t(double(ids_.size()) * 1.25) + 1));
+        capacity_, std::max<uint64_t>(kMinSlots, ids_.size() + ids_.size() / 8 + 1));
     ids_.reserve(want);
     if (keep_counts_) counts_.reserve(want);
     if (keep_times_) times_.reserve(want);
   }
-  ids_.push_back(kFreeRow);
+  ids_.push_back(kLastFree);
   if (keep_counts_) counts_.push_back(0.f);
   if (keep_times_) times_.push_back(0);
   if (fresh_.size() * 64 < ids_.size()) fresh_.push_back(0);
@@ -71,9 +71,8 @@ void IdIndex::GrowRows() {
 
 uint32_t IdIndex::Insert(int64_t id, uint64_t slot) {
   uint32_t row;
-  if (!free_.empty()) {
-    row = free_.back();
-    free_.pop_back();
+  if (free_head_ >= 0) {
+    row = PopFree();
   } else {
     row = static_cast<uint32_t>(rows_used_);
     GrowRows();
@@ -102,9 +101,8 @@ void IdIndex::Rehash(uint64_t slots) {
 
 void IdIndex::Erase(uint64_t slot) {
   const uint32_t row = table_[slot];
-  ids_[row] = kFreeRow;
+  PushFree(row);
   SetFresh(row, false);
-  free_.push_back(row);
   --live_;
   ++counters_.ids_evicted;
   // Backward-shift deletion: move up every later entry of the run whose home does not lie
@@ -195,7 +193,7 @@ void IdIndex::TakeFresh(const int64_t* rows, size_t n, uint8_t* fresh, int64_t* 
       continue;
     }
     fresh[i] = IsFresh(uint64_t(r)) ? 1 : 0;
-    ids[i] = ids_[r];
+    ids[i] = Free(ids_[r]) ? -1 : ids_[r];
     if (fresh[i]) {
       SetFresh(uint64_t(r), false);
       ++counters_.fresh_loads;
@@ -216,7 +214,7 @@ void IdIndex::Evict(const EvictionRule& rule, uint32_t now, const int64_t* keep_
   for (size_t k = 0; k < nk; ++k)
     if (keep_rows[k] >= 0 && uint64_t(keep_rows[k]) < rows_used_) keep[keep_rows[k]] = 1;
   for (uint64_t r = 0; r < rows_used_; ++r) {
-    if (ids_[r] == kFreeRow || keep[r]) continue;
+    if (Free(ids_[r]) || keep[r]) continue;
     const bool cold = !by_count || double(counts_[r]) < rule.count_threshold;
     const bool stale = !by_time || (now > times_[r] && now - times_[r] > rule.ttl_seconds);
     if (!(cold && stale)) continue;
@@ -243,7 +241,7 @@ void IdIndex::Remove(const int64_t* ids, size_t n, std::vector<int64_t>* rows) {
 void IdIndex::Entries(std::vector<int64_t>* ids, std::vector<int64_t>* rows) const {
   MutexLock lock(&mu_);
   for (uint64_t r = 0; r < rows_used_; ++r) {
-    if (ids_[r] == kFreeRow) continue;
+    if (Free(ids_[r])) continue;
     ids->push_back(ids_[r]);
     rows->push_back(int64_t(r));
   }
@@ -253,7 +251,7 @@ void IdIndex::Metadata(const int64_t* rows, size_t n, float* counts, uint32_t* t
   MutexLock lock(&mu_);
   for (size_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
-    const bool live = r >= 0 && uint64_t(r) < rows_used_ && ids_[r] != kFreeRow;
+    const bool live = r >= 0 && uint64_t(r) < rows_used_ && !Free(ids_[r]);
     counts[i] = live && keep_counts_ ? counts_[r] : 0.f;
     times[i] = live && keep_times_ ? times_[r] : 0;
   }
@@ -279,7 +277,7 @@ Status IdIndex::Assign(const int64_t* ids, const int64_t* rows, size_t n, const 
     if (taken[rows[i]]) return Status::InvalidArgument("row " + std::to_string(rows[i]) + " is given twice");
     taken[rows[i]] = 1;
   }
-  ids_.assign(top, kFreeRow);
+  ids_.assign(top, kLastFree);
   ids_.shrink_to_fit();
   counts_.assign(keep_counts_ ? top : 0, 0.f);
   times_.assign(keep_times_ ? top : 0, 0);
@@ -296,9 +294,9 @@ Status IdIndex::Assign(const int64_t* ids, const int64_t* rows, size_t n, const 
     bool found;
     table_[Probe(ids[i], &found)] = static_cast<uint32_t>(rows[i]);
   }
-  free_.clear();
-  for (uint64_t r = top; r-- > 0;)
-    if (!taken[r]) free_.push_back(static_cast<uint32_t>(r));
+  free_head_ = -1;
+  for (uint64_t r = top; r-- > 0;)  // the lowest free row first
+    if (!taken[r]) PushFree(static_cast<uint32_t>(r));
   return Status::Ok();
 }
 
@@ -309,7 +307,7 @@ IdIndexStats IdIndex::Stats() const {
   s.rows_used = rows_used_;
   s.table_slots = table_.size();
   s.index_bytes = table_.capacity() * sizeof(uint32_t) + ids_.capacity() * sizeof(int64_t) +
-                  fresh_.capacity() * sizeof(uint64_t) + free_.capacity() * sizeof(uint32_t);
+                  fresh_.capacity() * sizeof(uint64_t);
   s.metadata_bytes = counts_.capacity() * sizeof(float) + times_.capacity() * sizeof(uint32_t);
   return s;
 }

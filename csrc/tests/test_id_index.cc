@@ -80,7 +80,7 @@ void TestAgainstModel() {
   const IdIndexStats s = index.Stats();
   CHECK(s.live == model.size());
   CHECK(s.rows_used <= capacity);
-  CHECK(double(s.index_bytes) / double(s.live) <= 20.0) << double(s.index_bytes) / double(s.live) << " B per live id";
+  CHECK(double(s.index_bytes) / double(s.rows_used) <= 16.0) << double(s.index_bytes) / double(s.rows_used) << " B per row";
 }
 
 void TestFullMapChangesNothing() {

@@ -146,7 +146,7 @@ def test_mixed_policy_needs_both_rules(tmp_path):
 def test_full_table_without_eviction_is_refused_by_name(tmp_path):
     virt = _kernel(tmp_path, "full", 100, virtual=VirtualTableSpec(id_space=10**6))
     _step(virt, torch.arange(0, 96))
-    with pytest.raises(RuntimeError, match="virtual table full.*100 rows"):
+    with pytest.raises(VirtualTableFull, match="virtual table full.*100 rows"):
         _step(virt, torch.arange(1000, 1008))
 
 

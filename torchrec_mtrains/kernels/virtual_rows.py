@@ -220,11 +220,13 @@ class VirtualRows:
         return self.tables[t].index.entries()
 
     def stats(self, t: int, row_bytes: int) -> Dict[str, float]:
-        """Table t's live ids, index and metadata bytes (and per live id), evictions."""
+        """Table t's live ids, index and metadata bytes (per live id, and per row ever used:
+        the index keeps its peak's size after an eviction pass), evictions."""
         table = self.tables[t]
         s = {k: float(v) for k, v in dict(table.index.stats()).items()}
         live = max(1.0, s["live_ids"])
         s["index_bytes_per_live_id"] = s["index_bytes"] / live
+        s["index_bytes_per_row_used"] = s["index_bytes"] / max(1.0, s["rows_used"])
         s["metadata_bytes_per_live_id"] = s["metadata_bytes"] / live
         s["tier_bytes_of_live_ids"] = s["live_ids"] * row_bytes
         return s

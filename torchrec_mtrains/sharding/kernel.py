@@ -29,9 +29,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_mtrains.kernels import TieredConfig, TieredEmbeddingBags
 from torchrec_mtrains.kernels.tier_stores import ssd_file
+from torchrec_mtrains.kernels.virtual_rows import VirtualTableSpec
 from torchrec_mtrains.sharding.checkpoint import load_optimizer_state, optimizer_state_of
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
+from torchrec_mtrains.sharding.virtual_tables import eviction_spec_of, virtual_shard_rows, warn_ignored
 from torchrec_mtrains.storage.file_lock import FileLock, lock_directory
 from torchrec_mtrains.types import Tier
 
@@ -57,13 +59,36 @@ def _shard_name(table: ShardedEmbeddingTable) -> str:
     return f"{table.name}.r{row}.c{col}"
 
 
-def _shard_cache_rows(params: TieredParams, table: ShardedEmbeddingTable) -> int:
-    """A shard's cache slots: its table's own load factor (each table of a group may have
-    its own, under TorchRec's ``cache_load_factor``), else the group's settings."""
+def _shard_cache_rows(params: TieredParams, table: ShardedEmbeddingTable, rows: int) -> int:
+    """A shard's cache slots for its ``rows`` kernel rows (a virtual shard's live ids): its
+    table's own load factor (each table of a group may have its own, under TorchRec's
+    ``cache_load_factor``), else the group's settings."""
     lf = (table.fused_params or {}).get(CACHE_LOAD_FACTOR)
     if lf is None:
-        return params.shard_cache_rows(table.local_rows, table.num_embeddings)
-    return max(1, math.ceil(float(lf) * table.local_rows))
+        if params.cache_rows is not None:
+            return params.shard_cache_rows(table.local_rows, table.num_embeddings)
+        return params.shard_cache_rows(rows, rows)
+    return max(1, math.ceil(float(lf) * rows))
+
+
+def _virtual_specs(params: List[TieredParams], tables: List[ShardedEmbeddingTable]
+                   ) -> Tuple[List[Optional[VirtualTableSpec]], List[int]]:
+    """Each shard's VirtualTableSpec (None unless its table is virtual) and its kernel rows:
+    a virtual shard's live ids, else its rows. A virtual shard's ids are local to its rows
+    of the table (TorchRec's row-wise input dist), its initial values by global id."""
+    specs: List[Optional[VirtualTableSpec]] = []
+    rows: List[int] = []
+    notes: Dict[str, Tuple[str, List[str]]] = {}
+    for p, t in zip(params, tables):
+        if not t.use_virtual_table:
+            specs.append(None)
+            rows.append(t.local_rows)
+            continue
+        eviction = eviction_spec_of(t.name, t.virtual_table_eviction_policy, notes)
+        rows.append(virtual_shard_rows(t.name, p.virtual_rows, eviction, t.local_rows, t.num_embeddings))
+        specs.append(VirtualTableSpec(id_space=t.local_rows, id_offset=shard_offsets(t)[0], eviction=eviction))
+    warn_ignored(notes)
+    return specs, rows
 
 
 # Kernel settings that TorchRec's fused_params may carry: setting -> (keys, first found wins;
@@ -86,25 +111,27 @@ def _fused_settings(fused_params: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _rows_written(params: TieredParams, table: ShardedEmbeddingTable) -> int:
+def _rows_written(params: TieredParams, table: ShardedEmbeddingTable, rows: int) -> int:
+    if table.use_virtual_table:
+        return rows  # its live ids
     if params.rows_written is None:
         return table.local_rows
     return min(table.local_rows, math.ceil(params.rows_written * table.local_rows / table.num_embeddings))
 
 
 def _check_space(params: List[TieredParams], directory: str, tables: List[ShardedEmbeddingTable],
-                 row_bytes: List[int]) -> None:
+                 row_bytes: List[int], kernel_rows: List[int]) -> None:
     """A rank's SSD shards must fit the free space of its directory once written: fully, or
     their share of their table's ``rows_written``. The space of a table file already at a
     shard's path counts as free: the new store replaces it, or -- a resume from a checkpoint
     that links it -- adopts it."""
-    ssd = [(p, t, b) for p, t, b in zip(params, tables, row_bytes) if p.tier is Tier.SSD]
+    ssd = [(p, t, b, r) for p, t, b, r in zip(params, tables, row_bytes, kernel_rows) if p.tier is Tier.SSD]
     if not ssd:
         return
-    tables = [t for _, t, _ in ssd]
+    tables = [t for _, t, _, _ in ssd]
     free = shutil.disk_usage(directory).free + sum(_allocated(ssd_file(directory, _shard_name(t)))
                                                    for t in tables)
-    need = sum(_rows_written(p, t) * b for p, t, b in ssd)
+    need = sum(_rows_written(p, t, r) * b for p, t, b, r in ssd)
     if need > free:
         names = ", ".join(sorted({t.name for t in tables}))
         raise ValueError(
@@ -121,14 +148,15 @@ def _allocated(path: str) -> int:
 
 
 def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
-                   storage_dir: Optional[str]) -> TieredConfig:
+                   storage_dir: Optional[str], virtual: List[Optional[VirtualTableSpec]],
+                   kernel_rows: List[int]) -> TieredConfig:
     """The kernel config of a group of local shards: one kernel table per shard on its
     table's tier, named after its table and offsets, in the rank's storage directory."""
     tables = list(config.embedding_tables)
     ssd_shards = sum(p.tier is Tier.SSD for p in params)
     return params[0].kernel_config(
         tier=tuple(p.tier for p in params),
-        cache_rows=[_shard_cache_rows(p, t) for p, t in zip(params, tables)],
+        cache_rows=[_shard_cache_rows(p, t, r) for p, t, r in zip(params, tables, kernel_rows)],
         storage_dir=storage_dir,
         pooling_mode=_POOLING[config.pooling],
         weights_precision=_PRECISION[config.data_type],
@@ -136,6 +164,7 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
         table_names=[_shard_name(t) for t in tables],
         feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
         ssd_dram_cache_mb=params[0].ssd_dram_cache_mb / max(1, ssd_shards),  # the kernel's, per store
+        virtual_tables=virtual,
         **_fused_settings(dict(config.fused_params or {})),
     )
 
@@ -172,7 +201,9 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         tiers = sorted({p.tier.name for p in self.table_params})
         where = f"tables {', '.join(names)} on tier{'s' if len(tiers) > 1 else ''} {', '.join(tiers)}"
         try:
-            kernel_config = _kernel_config(self.table_params, config, self.storage_dir)
+            self._virtual, self._kernel_rows = _virtual_specs(self.table_params, tables)
+            kernel_config = _kernel_config(self.table_params, config, self.storage_dir, self._virtual,
+                                           self._kernel_rows)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         # This rank owns its storage directory while a kernel of it lives (the kernels of
@@ -188,10 +219,11 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             except OSError as e:
                 raise OSError(e.errno, f"{where}: {e.strerror or e}") from None
             row_bytes = [kernel_config.layout(t.local_cols).row_bytes for t in tables]
-            _check_space(self.table_params, self.storage_dir, tables, row_bytes)
+            _check_space(self.table_params, self.storage_dir, tables, row_bytes, self._kernel_rows)
         self._tables = tables
         try:
-            self._emb = TieredEmbeddingBags([(t.local_rows, t.local_cols) for t in tables], config=kernel_config)
+            self._emb = TieredEmbeddingBags([(r, t.local_cols) for r, t in zip(self._kernel_rows, tables)],
+                                            config=kernel_config)
         except (ValueError, OSError) as e:
             raise ValueError(f"{where}: {e}") from None
         self._version = 0  # bumped whenever rows may have changed
@@ -267,9 +299,18 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         # SGD has no state: a state shard given for it is taken as per-weight and ignored.
         return layout.state_shape(rows) or (rows, layout.dim), torch.float32
 
+    def check_dense(self, t: int, what: str) -> None:
+        """Raises for a virtual shard: its rows are keyed by id, not a dense tensor."""
+        if self._virtual[t] is not None:
+            raise ValueError(
+                f"table {self._tables[t].name} is a virtual table: {what} of its rows as a dense tensor is not "
+                "supported (its ids are keys in a space of {:,} ids); read them by id with the kernel's "
+                "read_ids()".format(self._tables[t].num_embeddings))
+
     def stage_shard(self, t: int, part: str, area: StagingArea) -> torch.Tensor:
         """Local shard ``t``'s weights (``part="weight"``) or optimizer state
         (``"state"``), read through the tiers in chunks into a tensor of ``area``."""
+        self.check_dense(t, "staging")
         rows = self._tables[t].local_rows
         out = area.empty(*self._part_layout(t, part))
         for lo in range(0, rows, _CHUNK_ROWS):
@@ -281,6 +322,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
     def load_shard(self, t: int, part: str, source: torch.Tensor) -> None:
         """Writes ``source`` (the full local shard ``t``: weights or optimizer state) to
         the tiers in chunks, keeping the other part of each row."""
+        self.check_dense(t, "loading")
         rows = self._tables[t].local_rows
         want, dtype = self._part_layout(t, part)
         if tuple(source.shape) != want:

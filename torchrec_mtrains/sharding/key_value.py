@@ -26,6 +26,7 @@ from torchrec.distributed.types import CacheParams, KeyValueParams, ParameterSha
 from torchrec.modules.embedding_configs import DataType
 
 from torchrec_mtrains.sharding.types import TieredParameterSharding, TieredParams
+from torchrec_mtrains.sharding.virtual_tables import DRAM_SSD_CACHE_GB, VIRTUAL_KERNELS, virtual_kernel_entries
 from torchrec_mtrains.types import Tier
 
 __all__ = ["CACHE_ALGORITHMS", "LOCAL_RANK_TOKEN", "as_tiered_plan", "local_rank", "tiered_params_of"]
@@ -149,8 +150,10 @@ def _check_precision(table: str, cache: Optional[CacheParams], data_type: DataTy
 
 
 def tiered_params_of(table: str, ps: ParameterSharding, data_type: DataType, rank: int,
-                     notes: Optional[Dict[str, Tuple[str, List[str]]]] = None) -> TieredParams:
-    """The tier settings of a KEY_VALUE table (Tier.SSD) from its plan entry.
+                     notes: Optional[Dict[str, Tuple[str, List[str]]]] = None,
+                     tier: Tier = Tier.SSD, dram_cache_gb: float = 0.0) -> TieredParams:
+    """The tier settings of a KEY_VALUE table (Tier.SSD) -- or of a virtual table on
+    ``tier`` -- from its plan entry.
 
     Args:
         table: the table's name (for messages).
@@ -158,10 +161,12 @@ def tiered_params_of(table: str, ps: ParameterSharding, data_type: DataType, ran
         data_type: the table's data type (``CacheParams.precision`` must match it).
         rank: the local rank that replaces ``@local_rank`` in ``ssd_storage_directory``.
         notes: collects the fields ignored (field -> (why, tables)), for one warning each.
+        tier: where the rows live (Tier.DRAM needs no ``ssd_storage_directory``).
+        dram_cache_gb: the block store's DRAM cache when ``l2_cache_size`` is unset.
 
     Raises:
-        ValueError: no ``ssd_storage_directory``, a bad value, or a field whose ignoring
-            would change results (naming it).
+        ValueError: no ``ssd_storage_directory`` (SSD), a bad value, or a field whose
+            ignoring would change results (naming it).
     """
     kv, cache = ps.key_value_params, ps.cache_params
     notes = {} if notes is None else notes
@@ -173,37 +178,54 @@ def tiered_params_of(table: str, ps: ParameterSharding, data_type: DataType, ran
     if cache is not None:
         _check_fields(table, "CacheParams", cache, _CACHE_HONOURED, _CACHE_IGNORED, {}, notes)
         _check_precision(table, cache, data_type)
+    on_ssd = tier is Tier.SSD
+    dram_mb = _dram_cache_mb(table, kv) if kv is not None and kv.l2_cache_size is not None else dram_cache_gb * _GB_IN_MB
     settings = dict(cache_load_factor=_load_factor(table, cache),
-                    cache_algorithm=_cache_algorithm(table, cache), storage_dir=_storage_dir(table, kv, rank),
-                    ssd_dram_cache_mb=_dram_cache_mb(table, kv))
+                    cache_algorithm=_cache_algorithm(table, cache),
+                    storage_dir=_storage_dir(table, kv, rank) if on_ssd else None,
+                    ssd_dram_cache_mb=dram_mb if on_ssd else 0.0)
     try:
-        return TieredParams(Tier.SSD, **settings)
+        return TieredParams(tier, **settings)
     except ValueError as e:
         raise ValueError(f"table {table}: {e}") from None
 
 
 def as_tiered_plan(params: Mapping[str, ParameterSharding], data_types: Mapping[str, DataType],
-                   rank: Optional[int] = None) -> Dict[str, ParameterSharding]:
+                   rank: Optional[int] = None, virtual: Optional[Mapping[str, bool]] = None
+                   ) -> Dict[str, ParameterSharding]:
     """A module's plan with each KEY_VALUE entry replaced by a ``TieredParameterSharding``
-    of the table on Tier.SSD (the other entries as they are); warns once per ignored field.
+    of the table on Tier.SSD, and each virtual-table entry (``virtual_tables.py``) by one
+    on its kernel's tier (the other entries as they are); warns once per ignored field.
 
     Args:
         params: table name -> plan entry (a module's sharding plan).
         data_types: table name -> its data type.
         rank: the local rank for ``@local_rank`` (default: this process's).
+        virtual: table name -> its config's ``use_virtual_table`` (a virtual-table kernel
+            needs it set).
 
     Raises:
-        ValueError: see ``tiered_params_of``.
+        ValueError: see ``tiered_params_of``; a virtual-table kernel for a table whose
+            config is not virtual.
     """
     out: Dict[str, ParameterSharding] = dict(params)
     notes: Dict[str, Tuple[str, List[str]]] = {}
     kv_tables = [name for name, ps in params.items() if ps.compute_kernel == _KEY_VALUE]
+    kv_tables += virtual_kernel_entries(params)
     if not kv_tables:
         return out
     rank = local_rank() if rank is None else rank
     for name in kv_tables:
         ps = params[name]
-        tiered = tiered_params_of(name, ps, data_types[name], rank, notes)
+        kernel = ps.compute_kernel
+        if kernel == _KEY_VALUE:
+            tiered = tiered_params_of(name, ps, data_types[name], rank, notes)
+        else:
+            if not (virtual or {}).get(name, False):
+                raise ValueError(f"table {name}: compute kernel {kernel} needs a virtual table: set "
+                                 "use_virtual_table=True (and total_num_buckets) in its config")
+            gb = DRAM_SSD_CACHE_GB if kernel == EmbeddingComputeKernel.DRAM_SSD_VIRTUAL_TABLE.value else 0.0
+            tiered = tiered_params_of(name, ps, data_types[name], rank, notes, VIRTUAL_KERNELS[kernel], gb)
         fields = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ParameterSharding)}
         # TieredParams carries the cache and store settings now; TorchRec would otherwise
         # add its own cache keys to the table's fused_params.

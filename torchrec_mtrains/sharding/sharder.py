@@ -7,17 +7,21 @@ from typing import Dict, List, Optional
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.types import ParameterSharding, ShardingEnv
+from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_mtrains.sharding import torchrec_planner  # noqa: F401  (TorchRec's planner on the CPU)
 from torchrec_mtrains.sharding.key_value import as_tiered_plan
 from torchrec_mtrains.sharding.lookup import TIERED_SHARDINGS
 from torchrec_mtrains.sharding.sharded_ebc import ShardedTieredEmbeddingBagCollection
+from torchrec_mtrains.sharding.virtual_tables import VIRTUAL_KERNELS
 
 __all__ = ["TieredEmbeddingBagCollectionSharder"]
 
 _CPU_KERNELS = (EmbeddingComputeKernel.CUSTOMIZED_KERNEL, EmbeddingComputeKernel.KEY_VALUE)
+# TorchRec's virtual-table kernels (virtual_tables.py), offered for row-wise sharding only:
+# their buckets are rows of a row-wise plan.
+_VIRTUAL_SHARDINGS = (ShardingType.ROW_WISE.value,)
 
 
 class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
@@ -25,7 +29,10 @@ class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     for table-wise, row-wise and column-wise sharding; plain tables keep FBGEMM's kernels.
     On the CPU it offers TorchRec's ``KEY_VALUE`` kernel too, and trains such tables on the
     block store (Tier.SSD) behind the tiered kernel, set by their plan entry's
-    ``KeyValueParams`` and ``CacheParams`` (see ``key_value.py`` and docs/sharding.md).
+    ``KeyValueParams`` and ``CacheParams`` (see ``key_value.py`` and docs/sharding.md); and
+    for row-wise sharding the virtual-table kernels (``dram_virtual_table``,
+    ``ssd_virtual_table``, ``dram_ssd_virtual_table``: ``virtual_tables.py`` and
+    docs/virtual-tables.md).
 
     ``fused_params`` are TorchRec's (optimizer, learning_rate, eps, ...) and apply to
     tiered and plain tables alike; the tier settings of each table come from its plan entry
@@ -43,6 +50,8 @@ class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         if sharding_type in TIERED_SHARDINGS and compute_device_type == "cpu":
             # KEY_VALUE is TorchRec's word for an SSD table; on the CPU it runs on our kernel.
             kernels += [k.value for k in _CPU_KERNELS if k.value not in kernels]
+            if sharding_type in _VIRTUAL_SHARDINGS:  # virtual tables: TorchRec's CUDA-only kernels
+                kernels += [k for k in VIRTUAL_KERNELS if k not in kernels]
         return kernels
 
     def shard(
@@ -53,10 +62,12 @@ class TieredEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         device: Optional[torch.device] = None,
         module_fqn: Optional[str] = None,
     ) -> ShardedTieredEmbeddingBagCollection:
-        data_types = {c.name: c.data_type for c in module.embedding_bag_configs()}
+        configs = module.embedding_bag_configs()
+        data_types = {c.name: c.data_type for c in configs}
+        virtual = {c.name: bool(c.use_virtual_table) for c in configs}
         return ShardedTieredEmbeddingBagCollection(
             module=module,
-            table_name_to_parameter_sharding=as_tiered_plan(params, data_types),
+            table_name_to_parameter_sharding=as_tiered_plan(params, data_types, virtual=virtual),
             env=env,
             fused_params=self.fused_params,
             device=device,

@@ -6,8 +6,10 @@ Importing the sharder imports this, which adjusts two of TorchRec's planner defa
   only (FBGEMM's RocksDB TBE) and refuses elsewhere. The tiered sharder offers KEY_VALUE on
   the CPU, so this registers, under TorchRec's default estimator name, TorchRec's default
   config with one more entry: a KEY_VALUE shard on the CPU reads its cache hits at the
-  topology's DDR bandwidth and its misses at its SSD bandwidth. Every other (device,
-  kernel) pair is priced as before.
+  topology's DDR bandwidth and its misses at its SSD bandwidth. The virtual-table kernels,
+  which the sharder also offers on the CPU, are priced alike: ``dram_virtual_table`` at DDR
+  bandwidth, ``ssd_virtual_table`` and ``dram_ssd_virtual_table`` as KEY_VALUE. Every other
+  (device, kernel) pair is priced as before.
 - TorchRec's enumerator proposes every kernel a sharder offers, except the "guarded" ones,
   to tables without constraints. The tiered sharder offers CUSTOMIZED_KERNEL, whose plan
   entries need tier settings that only ``tiered_sharding_plan`` and the StorageAwarePlanner
@@ -28,6 +30,10 @@ from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstima
 __all__ = ["CpuKeyValuePerfConfig", "key_value_bandwidth"]
 
 _CPU_KEY_VALUE = ("cpu", EmbeddingComputeKernel.KEY_VALUE.value)
+# The virtual-table kernels the tiered sharder offers on the CPU (sharding/virtual_tables.py).
+_CPU_SSD_LIKE = {("cpu", k.value) for k in (EmbeddingComputeKernel.SSD_VIRTUAL_TABLE,
+                                            EmbeddingComputeKernel.DRAM_SSD_VIRTUAL_TABLE)} | {_CPU_KEY_VALUE}
+_CPU_DRAM_VIRTUAL = ("cpu", EmbeddingComputeKernel.DRAM_VIRTUAL_TABLE.value)
 
 enumerators.GUARDED_COMPUTE_KERNELS.add(EmbeddingComputeKernel.CUSTOMIZED_KERNEL)
 
@@ -54,7 +60,10 @@ class CpuKeyValuePerfConfig(EmbeddingPerfEstimatorConfig):
         caching_ratio: Optional[float] = None,
         prefetch_pipeline: bool = False,
     ) -> Optional[float]:
-        if (compute_device.lower(), compute_kernel.lower()) == _CPU_KEY_VALUE:
+        pair = (compute_device.lower(), compute_kernel.lower())
+        if pair in _CPU_SSD_LIKE:
             return key_value_bandwidth(ddr_mem_bw, ssd_mem_bw, caching_ratio)
+        if pair == _CPU_DRAM_VIRTUAL:
+            return ddr_mem_bw
         return super().get_device_bw(compute_device, compute_kernel, hbm_mem_bw, ddr_mem_bw, ssd_mem_bw,
                                      hbm_to_ddr_mem_bw, caching_ratio, prefetch_pipeline)

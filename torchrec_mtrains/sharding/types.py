@@ -36,7 +36,7 @@ _PREFIX = "mtrains_"
 FUSED_PARAM_KEYS = tuple(
     _PREFIX + k
     for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb",
-              "rows_written", "ssd_dram_cache_mb")
+              "rows_written", "ssd_dram_cache_mb", "virtual_rows")
 )
 TABLE_TIERS_KEY = _PREFIX + "table_tiers"
 """fused_params key: ``((table name, tier value, rows_written), ...)`` of every tiered table."""
@@ -65,6 +65,10 @@ class TieredParams:
         ssd_dram_cache_mb: DRAM cache (MiB) of the SSD block stores of one kernel, under
             the row cache, split evenly between its SSD shards (as FBGEMM's ``l2_cache_size``
             is one per TBE); 0: none.
+        virtual_rows: for a virtual table (``use_virtual_table`` in its config), the live
+            ids the whole table holds (each shard its share); None: room for the eviction
+            policy's trigger, else ``DEFAULT_VIRTUAL_ROWS`` per shard
+            (``virtual_tables.virtual_shard_rows``). Ignored for other tables.
     """
 
     tier: Tier
@@ -75,8 +79,13 @@ class TieredParams:
     state_dict_ram_mb: float = _STATE_DICT_RAM_MB
     rows_written: Optional[int] = None
     ssd_dram_cache_mb: float = 0.0
+    virtual_rows: Optional[int] = None
 
     def __post_init__(self) -> None:
+        for name in ("rows_written", "virtual_rows"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"TieredParams: {name}={value!r} must be a positive int")
         written = self.rows_written
         if written is not None and (isinstance(written, bool) or not isinstance(written, int) or written < 1):
             raise ValueError(f"TieredParams: rows_written={written!r} must be a positive int")
@@ -107,7 +116,7 @@ class TieredParams:
         """The settings as ``fused_params`` entries (hashable values, for TorchRec's grouping)."""
         values = (self.tier.value, self.cache_rows, self.cache_load_factor, self.cache_algorithm,
                   None if self.storage_dir is None else os.fspath(self.storage_dir), float(self.state_dict_ram_mb),
-                  self.rows_written, float(self.ssd_dram_cache_mb))
+                  self.rows_written, float(self.ssd_dram_cache_mb), self.virtual_rows)
         return dict(zip(FUSED_PARAM_KEYS, values))
 
     @staticmethod
@@ -123,13 +132,14 @@ class TieredParams:
                 "a CUSTOMIZED_KERNEL table has no tier settings: build its plan entry with "
                 "tiered_sharding_plan() or the StorageAwarePlanner (a TieredParameterSharding)"
             )
-        tier, rows, lf, algo, storage_dir, ram_mb, written, dram_mb = (fused_params.get(k) for k in FUSED_PARAM_KEYS)
+        tier, rows, lf, algo, storage_dir, ram_mb, written, dram_mb, virtual_rows = (
+            fused_params.get(k) for k in FUSED_PARAM_KEYS)
         try:
             tier = Tier(tier)
         except ValueError:
             raise ValueError(f"fused_params[{FUSED_PARAM_KEYS[0]!r}]={tier!r} is not a tier") from None
         return TieredParams(tier, rows, lf, algo or DEFAULTS.cache_algorithm, storage_dir,
-                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb, written, dram_mb or 0.0)
+                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb, written, dram_mb or 0.0, virtual_rows)
 
     def load_factor(self, num_embeddings: int) -> float:
         """The cache size as a fraction of the table's rows."""
