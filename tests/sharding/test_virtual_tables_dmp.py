@@ -45,6 +45,19 @@ def test_virtual_kernels_train_alike_on_one_and_two_ranks(tmp_path: Path) -> Non
     assert list((tmp_path / "storage_ssd2").rglob("*.blk")), "ssd_virtual_table keeps its rows in block stores"
 
 
+@pytest.mark.parametrize("kernel", ["dram_virtual_table", "ssd_virtual_table"])
+def test_storage_aware_planner_plans_virtual_tables(tmp_path: Path, kernel: str) -> None:
+    """The same constraints to the StorageAwarePlanner: the table row-wise by buckets on the
+    kernel's tier, sized by its live ids; training as under TorchRec's planner."""
+    torchrec = _run(tmp_path, "torchrec", 2, kernel, plain_weight=0.0)
+    ours = _run(tmp_path, "ours", 2, kernel, plain_weight=0.0, planner="storage_aware")
+    assert ours[0]["losses"] == torchrec[0]["losses"]
+    for rank in ours:
+        assert rank["sharding"] == "row_wise"
+        (shard,) = rank["virtual"].values()
+        assert shard["capacity"] < 2**20  # sized by its live ids (the policy's trigger), not 2^39 ids
+
+
 def test_count_policy_evicts_on_each_rank(tmp_path: Path) -> None:
     run = _run(tmp_path, "evict", 2, "dram_virtual_table", trigger=300, steps=16)
     for rank in run:

@@ -39,6 +39,7 @@ class VirtualRun:
     # across world sizes: TorchRec's FUSED table-wise table itself trains differently on 1
     # and 2 ranks here (its losses part after the first step), which is not what they test.
     plain_weight: float = 1.0
+    planner: str = "torchrec"  # or "storage_aware" (the same constraints)
     init_method: str = ""
 
 
@@ -102,7 +103,7 @@ def local_batch(step: int, rank: int, world: int):
 def run(rank: int, spec_json: str) -> None:
     from torchrec import EmbeddingBagCollection
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.types import KeyValueParams, ShardingEnv
 
     from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
@@ -122,9 +123,7 @@ def run(rank: int, spec_json: str) -> None:
         "plain": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"]),
     }
     sharder = TieredEmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.05})
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
-                                       constraints=constraints)
-    plan = planner.collective_plan(model, [sharder], pg)
+    plan = _planner(spec, constraints).collective_plan(model, [sharder], pg)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), plan=plan,
                                    sharders=[sharder], device=torch.device("cpu"))
     losses: List[float] = []
@@ -157,6 +156,23 @@ def _tiered_kernels(dmp) -> List:
 
     return [k.emb_module for m in dmp.modules() if isinstance(m, ShardedTieredEmbeddingBagCollection)
             for k in m.tiered_kernels()]
+
+
+def _planner(spec: VirtualRun, constraints):
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    from torchrec_mtrains import Tier
+    from torchrec_mtrains.planner import StorageAwarePlanner
+    from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
+
+    if spec.planner == "torchrec":
+        return EmbeddingShardingPlanner(topology=Topology(world_size=spec.world_size, compute_device="cpu"),
+                                        constraints=constraints)
+    node = TieredTopology("test-cpu", "cpu", spec.world_size,
+                          {Tier.DRAM: TierSpec(4 << 30, 5e9, 5e9), Tier.SSD: TierSpec(64 << 30, 2e8, 3e8)},
+                          ComputeSpec(2e9, 0.002, 2e-7, 1e-6))
+    return StorageAwarePlanner(node, batch_size=BATCH, world_size=spec.world_size, constraints=constraints,
+                               storage_dir=spec.storage_dir)
 
 
 def launch(spec: VirtualRun, timeout: float = 300.0) -> List[int]:

@@ -58,6 +58,10 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
         for kernel in collection.tiered_kernels():
             emb = kernel.emb_module
             for t, table in kernel.shards():
+                if table.use_virtual_table:
+                    raise ValueError(
+                        f"table {table.name} is a virtual table: differential checkpoints do not save "
+                        "virtual tables yet (their rows are keyed by id; see docs/virtual-tables.md)")
                 row, col = shard_offsets(table)
                 layout = emb.layouts[t]
                 lo, hi = emb.init_range(t)

@@ -7,7 +7,10 @@ A table constrained to ``compute_kernels=["key_value"]`` stays on Tier.SSD, its 
 its plan entry is TorchRec's (``compute_kernel="key_value"`` with its ``KeyValueParams`` and
 ``CacheParams``), which the tiered sharder turns into a tiered SSD table on each rank (so
 ``@local_rank`` is replaced there). A table constrained to FBGEMM's kernels only (``fused``,
-``dense``, ...) stays whole in the compute tier. ``sharding_types`` limit a table's
+``dense``, ...) stays whole in the compute tier. A virtual table constrained to one of
+TorchRec's virtual-table kernels stays on that kernel's tier (``dram_virtual_table``:
+Tier.DRAM; ``ssd_virtual_table``, ``dram_ssd_virtual_table``: Tier.SSD), its cache the
+``CacheParams.load_factor`` of its live ids if given. ``sharding_types`` limit a table's
 sharding options.
 """
 
@@ -23,12 +26,13 @@ from torchrec.distributed.types import CacheParams, CacheStatistics, ParameterSh
 
 from torchrec_mtrains.planner.model.locality import LocalityCurve
 from torchrec_mtrains.planner.model.model_spec import ModelTable
+from torchrec_mtrains.sharding.virtual_tables import VIRTUAL_KERNELS
 from torchrec_mtrains.types import Tier
 
 __all__ = ["constrained_table", "is_key_value", "key_value_entry", "stats_locality"]
 
 _KEY_VALUE = EmbeddingComputeKernel.KEY_VALUE.value
-_TIERED = {_KEY_VALUE, EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value}
+_TIERED = {_KEY_VALUE, EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value, *VIRTUAL_KERNELS}
 _CURVE_POINTS = 64
 
 
@@ -54,7 +58,12 @@ def constrained_table(table: ModelTable, constraint: Optional[ParameterConstrain
         return table
     cache: Optional[CacheParams] = constraint.cache_params
     changes: dict = {}
-    if is_key_value(constraint):
+    virtual = sorted(kernels & set(VIRTUAL_KERNELS))
+    if virtual and table.virtual:
+        changes["pinned_tier"] = VIRTUAL_KERNELS[virtual[0]]
+        if cache is not None and cache.load_factor is not None:
+            changes["pinned_cache_rows"] = float(cache.load_factor) * table.num_embeddings
+    elif is_key_value(constraint):
         changes["pinned_tier"] = Tier.SSD
         if cache is not None and cache.load_factor is not None:
             changes["pinned_cache_rows"] = float(cache.load_factor) * table.num_embeddings

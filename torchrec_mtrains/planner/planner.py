@@ -20,6 +20,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlan
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR
 from torchrec_mtrains.planner.adapters.enumerator import TieredEnumerator
 from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
 from torchrec_mtrains.planner.adapters.proposer import TieredProposer
@@ -31,6 +32,7 @@ from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, 
 from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
+from torchrec_mtrains.planner.virtual_tables import as_virtual, virtual_live_ids
 from torchrec_mtrains.types import Tier
 
 __all__ = ["StorageAwarePlanner"]
@@ -122,11 +124,14 @@ class StorageAwarePlanner(ShardingPlanner):
     # ------------------------------------------------------------------ planning ----
     def model_spec(self, module: nn.Module) -> ModelSpec:
         """The planner's view of every EBC table in ``module``."""
-        tables, dtypes = [], set()
+        tables, dtypes, virtual = [], set(), {}
         for _, ebc in _ebcs(module):
             for config in ebc.embedding_bag_configs():
                 loc = dict(self.locality.get(config.name, self.default_locality))
-                tables.append({"name": config.name, "num_embeddings": config.num_embeddings,
+                rows = config.num_embeddings
+                if config.use_virtual_table:
+                    rows = virtual[config.name] = virtual_live_ids(config, loc.pop("live_ids", None), self.world_size)
+                tables.append({"name": config.name, "num_embeddings": rows,
                                "embedding_dim": config.embedding_dim, **loc})
                 dtypes.add("fp16" if config.data_type == DataType.FP16 else "fp32")
         if not tables:
@@ -137,7 +142,8 @@ class StorageAwarePlanner(ShardingPlanner):
         spec = parse_model_spec(doc)
         compute_tier = self.topology.cache_tier()
         spec = dataclasses.replace(spec, tables=tuple(
-            constrained_table(t, self.constraints.get(t.name), compute_tier, t.name in self.locality)
+            constrained_table(as_virtual(t) if t.name in virtual else t, self.constraints.get(t.name), compute_tier,
+                              t.name in self.locality)
             for t in spec.tables))
         dense = dense_spec_of(module, skip=[ebc for _, ebc in _ebcs(module)])  # its cost from its shapes
         return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense,  # None: no target, place for speed
@@ -257,14 +263,18 @@ class StorageAwarePlanner(ShardingPlanner):
                 module_plan[option.name] = key_value_entry(ps, constraint, where.cache_rows, option.table.num_embeddings,
                                                            algorithm)
                 continue
+            cache_rows = where.cache_rows
+            if option.table.virtual and cache_rows <= 0:  # a virtual table always has its row cache
+                cache_rows = DEFAULT_CACHE_LOAD_FACTOR * option.table.num_embeddings
             module_plan[option.name] = TieredParameterSharding(
                 **{k: getattr(ps, k) for k in ps.__dataclass_fields__},
                 tiered=TieredParams(
-                    where.tier, cache_rows=max(1, where.cache_rows), cache_algorithm=self.cache_algorithm,
+                    where.tier, cache_rows=max(1, int(cache_rows)), cache_algorithm=self.cache_algorithm,
                     # Every tier's tables name the directory, so that they agree on it and
                     # share a kernel (a DRAM table keeps no file there).
                     storage_dir=self.storage_dir,
-                    rows_written=option.table.rows_written,
+                    rows_written=None if option.table.virtual else option.table.rows_written,
+                    virtual_rows=option.table.num_embeddings if option.table.virtual else None,
                 ),
             )
         return plan

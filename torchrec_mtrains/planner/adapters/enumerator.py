@@ -65,8 +65,9 @@ class TieredShardingOption(ShardingOption):
         return self.compute_kernel == EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 
     def shard_fraction(self, shard: Shard) -> float:
-        """The share of the table's rows (and so of its bytes and work) in ``shard``."""
-        return shard.size[0] / self.table.num_embeddings
+        """The share of the table's rows (and so of its bytes and work) in ``shard``: of
+        its ids, for a virtual table (whose ids spread evenly over its buckets)."""
+        return shard.size[0] / self.tensor.shape[0]
 
 
 class TieredEnumerator(Enumerator):
@@ -108,13 +109,16 @@ class TieredEnumerator(Enumerator):
                 raise PlannerError(f"no sharder for {type(ebc).__name__} at {path!r}", PlannerErrorType.OTHER)
             for config in ebc.embedding_bag_configs():
                 where = self._placement.tables[config.name]
-                tiered = where.tier != self._compute_tier or where.cache_rows > 0
+                table = self._tables[config.name]
+                # A virtual table runs on the tiered kernel whatever its tier: FBGEMM's have no ids.
+                tiered = where.tier != self._compute_tier or where.cache_rows > 0 or table.virtual
                 kernel = (EmbeddingComputeKernel.CUSTOMIZED_KERNEL if tiered else EmbeddingComputeKernel.FUSED).value
                 tensor = ebc.embedding_bags[config.name].weight
-                table = self._tables[config.name]
                 whole = tier_bytes(table, where.tier, where.cache_rows, where.extra.get("l2_cache_rows", 0.0),
                                    self._compute_tier)
                 allowed = getattr(self._constraints.get(config.name), "sharding_types", None) or SHARDING_TYPES
+                if table.virtual:  # row-wise by its buckets, as TorchRec shards a virtual table
+                    allowed = [s for s in allowed if s == ShardingType.ROW_WISE.value]
                 offered = [s for s in SHARDING_TYPES if s in sharder.sharding_types(device) and s in allowed
                            and kernel in sharder.compute_kernels(s, device)]
                 if not offered:
@@ -122,7 +126,8 @@ class TieredEnumerator(Enumerator):
                                        f"with kernel {kernel} for table {config.name}", PlannerErrorType.OTHER)
                 for sharding_type in offered:
                     sizes, offsets = calculate_shard_sizes_and_offsets(
-                        tensor, self._topology.world_size, self._topology.local_world_size, sharding_type)
+                        tensor, self._topology.world_size, self._topology.local_world_size, sharding_type,
+                        num_buckets=config.total_num_buckets if table.virtual else None)
                     options.append(TieredShardingOption(
                         name=config.name, tensor=tensor, module=(path, ebc),
                         input_lengths=[table.pooling_factor] * len(config.feature_names),

@@ -52,6 +52,10 @@ class ModelTable:
     # its cache rows (None: placement sizes the cache).
     pinned_tier: Optional[Tier] = None
     pinned_cache_rows: Optional[float] = None
+    # A virtual table (ids are keys): ``num_embeddings`` is then the live ids it holds, and
+    # its id index takes ``index_bytes_per_row`` of host DRAM per live id on any tier.
+    virtual: bool = False
+    index_bytes_per_row: float = 0.0
 
     @property
     def bytes(self) -> float:

@@ -107,13 +107,16 @@ def over_budget(io: Mapping[Tier, float], budget: float) -> Tuple[Tier, ...]:
 def tier_bytes(table: ModelTable, tier: Tier, cache_rows: float, l2_rows: float, compute_tier: Tier) -> Dict[Tier, float]:
     """A table's bytes on each tier: whole in ``compute_tier`` (no cache), or its rows on
     ``tier`` with a cache of ``cache_rows`` in the compute tier and, on a GPU node, an L2
-    cache of ``l2_rows`` in host DRAM."""
+    cache of ``l2_rows`` in host DRAM. A virtual table's id index is in host DRAM too."""
     if tier == compute_tier and cache_rows <= 0:
-        return {compute_tier: table.bytes}
-    out = {tier: table.bytes_on(tier)}
-    out[compute_tier] = out.get(compute_tier, 0.0) + cache_rows * table.row_bytes
-    if l2_rows:
-        out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + l2_rows * table.row_bytes
+        out = {compute_tier: table.bytes}
+    else:
+        out = {tier: table.bytes_on(tier)}
+        out[compute_tier] = out.get(compute_tier, 0.0) + cache_rows * table.row_bytes
+        if l2_rows:
+            out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + l2_rows * table.row_bytes
+    if table.index_bytes_per_row:
+        out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + float(table.num_embeddings) * table.index_bytes_per_row
     return out
 
 
