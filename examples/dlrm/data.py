@@ -46,10 +46,10 @@ from torchrec_mtrains.stats import (
 )
 from torchrec_mtrains.stats.large_tables import KeyedPermutation, expected_distinct_zipf, hashed_normal, zipf_ranks
 
-__all__ = ["DENSE_FEATURES", "LARGE_TABLE_ROWS", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES",
+__all__ = ["DENSE_FEATURES", "LARGE_TABLE_ROWS", "RAW_ID_BITS", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES",
            "calibration_samples", "CRITEO_ROWS", "MultiHotCriteoBatches",
            "criteo_files", "criteo_batches", "criteo_multi_hot_sizes", "criteo_splits", "criteo_table_rows",
-           "hashed_down", "scaled_tables", "table_locality"]
+           "expected_live_ids", "hashed_down", "raw_ids", "scaled_tables", "table_locality"]
 
 DENSE_FEATURES = 13
 CALIBRATION_SAMPLES = 65_536  # the histogram is matched over one dlrm_datasets batch...
@@ -58,6 +58,10 @@ CALIBRATION_MAX_TABLE_SHARE = 0.5  # ...or fewer samples, touching at most this 
 # need 4.8 GB of them per rank): ranks map to rows by a keyed bijection, Zipf tails by their
 # integral, row effects by a hash (torchrec_mtrains.stats.large_tables).
 LARGE_TABLE_ROWS = 1 << 24
+# Raw ids (--virtual-tables) lie in [0, 2^50): TorchRec's virtual space. (Its collection
+# still makes a meta tensor of num_embeddings x dim, whose bytes must fit an int64.)
+RAW_ID_BITS = 50
+_RAW_MASK = np.uint64((1 << RAW_ID_BITS) - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +136,25 @@ def table_locality(spec: SyntheticTableSpec, global_batch: int, steps: Optional[
     if steps is not None and spec.num_rows > LARGE_TABLE_ROWS:
         out["rows_written"] = _LargeTableSampler(spec, 0, drift).expected_rows(steps, global_batch)
     return out
+
+
+def expected_live_ids(spec: SyntheticTableSpec, global_batch: int, steps: int, drift: float = 0.0) -> int:
+    """Distinct ids a run of ``steps`` steps draws from the table: what a virtual table of
+    it holds when nothing is evicted."""
+    return max(1, _LargeTableSampler(spec, 0, drift).expected_rows(steps, global_batch))
+
+
+def raw_ids(ids: np.ndarray, key: int) -> np.ndarray:
+    """Row ids as raw ids: a keyed bijection of [0, 2^RAW_ID_BITS) (multiply by odd
+    constants and xor-shift, all mod 2^RAW_ID_BITS), so distinct rows stay distinct ids,
+    spread over the whole space as hashed user and item ids are."""
+    x = (ids.astype(np.uint64) ^ np.uint64(key & int(_RAW_MASK))) & _RAW_MASK
+    with np.errstate(over="ignore"):
+        x = (x * np.uint64(0x9E3779B97F4A7C15)) & _RAW_MASK
+        x ^= x >> np.uint64(29)
+        x = (x * np.uint64(0xBF58476D1CE4E5B9)) & _RAW_MASK
+        x ^= x >> np.uint64(31)
+    return x.astype(np.int64)
 
 
 def _draw_lengths(rng: np.random.Generator, batch: int, pooling_factor: float) -> np.ndarray:
@@ -254,13 +277,15 @@ class SyntheticData:
     """Batches of the synthetic data set; ``batch(step, rank)`` is a pure function."""
 
     def __init__(self, tables: Sequence[SyntheticTableSpec], batch_size: int, seed: int, drift: float = 0.0,
-                 max_rows: Optional[int] = None) -> None:
+                 max_rows: Optional[int] = None, raw_id_tables: Sequence[str] = ()) -> None:
         if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 1:
             raise ValueError(f"drift={drift!r} must be a number in [0, 1)")
         if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
             raise ValueError(f"max_rows={max_rows!r} must be a positive integer")
         self.max_rows = max_rows  # ids of larger tables are hashed down (mod) into this many rows
         self.tables = list(tables)
+        # Tables fed raw ids (virtual tables): their row ids through raw_ids, never hashed down.
+        self._raw = [t.name in set(raw_id_tables) for t in self.tables]
         self.batch_size = batch_size
         self.seed = seed
         self._samplers = [_sampler(t, seed * 1000 + i, drift) for i, t in enumerate(self.tables)]
@@ -283,9 +308,11 @@ class SyntheticData:
         logit = -1.0 + dense @ self._dense_w
         lengths, values = [], []
         scale = 1.5 / np.sqrt(len(self._samplers))
-        for sampler in self._samplers:
+        for i, sampler in enumerate(self._samplers):
             ln, ids, effect = sampler.sample(rng, b, step)
-            if self.max_rows is not None:
+            if self._raw[i]:
+                ids = raw_ids(ids, self.seed * 1000 + i)
+            elif self.max_rows is not None:
                 ids = ids % self.max_rows  # ids are spread by their permutation: mod hashes
             lengths.append(ln)
             values.append(ids)

@@ -46,6 +46,10 @@ class TableInfo:
     num_embeddings: int
     embedding_dim: int
     locality: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"pooling_factor": 1.0, "zipf_alpha": 1.05})
+    # A virtual table (--virtual-tables): ``num_embeddings`` is its id space, ``source_rows``
+    # the rows its ids come from (its initial weights' range, as the dense table's).
+    virtual: bool = False
+    source_rows: int = 0
 
 
 def parse_bytes(text: str, flag: str = "size") -> int:
@@ -139,10 +143,11 @@ def placement_rows(planner: StorageAwarePlanner) -> List[Dict[str, object]]:
     for t in sorted(model.tables, key=lambda t: -t.bytes):
         where = p.tables[t.name]
         assign = planner.last_assignment.get(t.name)
-        fused = where.tier is Tier.DRAM and where.cache_rows == 0
-        rows.append({
+        fused = where.tier is Tier.DRAM and where.cache_rows == 0 and not t.virtual
+        tier = "DRAM (fused)" if fused else where.tier.name + (" (virtual)" if t.virtual else "")
+        rows.append({  # a virtual table's rows: the live ids it is planned for
             "table": t.name, "rows": t.num_embeddings, "dim": t.embedding_dim, "MiB": round(t.bytes / 2**20, 1),
-            "tier": "DRAM (fused)" if fused else where.tier.name, "cache_rows": where.cache_rows,
+            "tier": tier, "cache_rows": where.cache_rows,
             "pred_hit": "-" if fused else f"{where.hit_rate:.3f}",
             "ranks": "-" if assign is None else ",".join(map(str, assign.ranks)),
         })
@@ -155,5 +160,7 @@ def tier_of(planner: StorageAwarePlanner) -> Dict[str, str]:
 
 
 def is_tiered(planner: StorageAwarePlanner, name: str) -> bool:
+    """Whether the table runs on the tiered kernel (a virtual table always does)."""
     t = planner.last_placement.tables[name]
-    return not (t.tier is Tier.DRAM and t.cache_rows == 0)
+    virtual = any(m.virtual for m in planner.last_model.tables if m.name == name)
+    return virtual or not (t.tier is Tier.DRAM and t.cache_rows == 0)

@@ -19,6 +19,9 @@ __all__ = ["memory_status", "tier_counters"]
 _STORE_KEYS = ("live_rows", "rows_written", "rows_read", "disk_rows_read", "lazy_init_rows", "device_reads",
                "device_writes", "device_bytes_read", "device_bytes_written", "gc_rows_moved", "write_amplification",
                "rows_materialised", "dram_bytes_per_row")
+# A virtual table's id index (cache_stats keys of its shards): live ids, bytes, evictions.
+_VIRTUAL_KEYS = ("live_ids", "capacity", "index_bytes", "metadata_bytes", "index_bytes_per_live_id",
+                 "index_bytes_per_row_used", "ids_created", "ids_evicted", "eviction_passes")
 _CACHE_KEYS = ("hits", "misses", "unique_rows", "lookups", "rows_loaded", "rows_written_back", "cache_capacity_rows",
                "plan_seconds", "tier_seconds", "prefetch_wait_seconds", "steps_prefetched")
 
@@ -49,7 +52,8 @@ def _local_counters(dmp) -> Dict[str, Dict[str, float]]:
                 row_bytes = emb.layouts[t].row_bytes
                 entry = {"tier": emb.tiers[t].name, "row_bytes": float(row_bytes),
                          **{f"store_{k}": float(store[k]) for k in _STORE_KEYS if k in store},
-                         **{f"cache_{k}": float(caches[name][k]) for k in _CACHE_KEYS if k in caches[name]}}
+                         **{f"cache_{k}": float(caches[name][k]) for k in _CACHE_KEYS if k in caches[name]},
+                         **{f"virtual_{k}": float(caches[name][k]) for k in _VIRTUAL_KEYS if k in caches[name]}}
                 materialised = store.get("live_rows", store.get("rows_materialised"))
                 entry["materialised_bytes"] = float(materialised) * row_bytes if materialised is not None else 0.0
                 out[name] = entry

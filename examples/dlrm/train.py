@@ -37,12 +37,14 @@ from data import (  # noqa: E402
     CRITEO_ROWS,
     DEFAULT_TABLES,
     DENSE_FEATURES,
+    RAW_ID_BITS,
     SyntheticData,
     criteo_batches,
     criteo_files,
     criteo_multi_hot_sizes,
     criteo_splits,
     criteo_table_rows,
+    expected_live_ids,
     hashed_down,
     scaled_tables,
     table_locality,
@@ -73,6 +75,10 @@ EXIT_IO_ERROR = 1
 EXIT_BAD_INPUT = 2
 DEFAULT_DRAM_BUDGET = "64MiB"  # per rank: the default model then needs SCM and SSD
 DEFAULT_SCM_BUDGET = "128MiB"  # per rank: SCM is the scarce middle tier (PMem / CXL), the rest goes to SSD
+VIRTUAL_MIN_ROWS = 500_000  # --virtual-tables: tables of at least this many rows become virtual
+VIRTUAL_BUCKETS = 1024  # a virtual table's buckets (TorchRec's total_num_buckets): ranks take runs of them
+VIRTUAL_ROOM = 2.0  # a virtual table holds this many times the distinct ids the run is expected to draw
+VIRTUAL_TRIGGER = 0.8  # ...and evicts once a rank holds this share of them (room for a step's new ids)
 
 
 class BadInput(ValueError):
@@ -108,6 +114,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--drift", type=float, default=0.01,
                    help="share of each synthetic table's ranked rows that move to fresh ids per step, in [0, 1)")
     p.add_argument("--dcn", action="store_true", help="DLRM-DCN (cross layers) instead of DLRM's dot interaction")
+    p.add_argument("--virtual-tables", action="store_true",
+                   help=f"the tables of >= {VIRTUAL_MIN_ROWS:,} rows become virtual tables (use_virtual_table) fed "
+                        f"raw ids from [0, 2^{RAW_ID_BITS}): each id its own row, none hashed together")
     p.add_argument("--row-wise", default="",
                    help="comma-separated tables the planner must shard row-wise (TorchRec's ParameterConstraints "
                         "sharding_types); the others it shards as it predicts best")
@@ -206,6 +215,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(str(e))
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
+    if args.virtual_tables:
+        clash = [f for f, on in (("--checkpoint-every", args.checkpoint_every), ("--resume", args.resume),
+                                 ("--weights-checksum", args.weights_checksum), ("--criteo-dir", args.data_dir)) if on]
+        if clash:
+            p.error(f"--virtual-tables does not work with {', '.join(clash)} yet: checkpoints and state_dict of "
+                    "virtual tables are not built, and Criteo's ids come hashed already (docs/virtual-tables.md)")
     try:
         args.dram_budget_bytes = parse_bytes(args.dram_budget, "--dram-budget")
         args.scm_budget_bytes = (None if str(args.scm_budget).lower() == "none"
@@ -253,16 +268,34 @@ def table_infos(args: argparse.Namespace) -> Tuple[List[TableInfo], Optional[Lis
         return [TableInfo(f"t_{n}", r, args.embedding_dim, {"pooling_factor": float(k), "zipf_alpha": 1.05})
                 for n, r, k in zip(DEFAULT_CAT_NAMES, rows, ids)], prefixes
     world = dist_env()[1]
-    specs = hashed_down(scaled_tables(args.table_scale, args.tables), args.max_rows)
-    return [TableInfo(t.name, t.num_rows, args.embedding_dim,
-                      table_locality(t, args.batch_size * world, args.steps, args.drift)) for t in specs], None
+    full = scaled_tables(args.table_scale, args.tables)
+    virtual = set(virtual_names(args, full))
+    infos = []
+    for spec, t in zip(full, hashed_down(full, args.max_rows)):
+        locality = table_locality(t, args.batch_size * world, args.steps, args.drift)
+        if spec.name not in virtual:
+            infos.append(TableInfo(t.name, t.num_rows, args.embedding_dim, locality))
+            continue
+        # Sized by the ids the run draws (the planner's live_ids), not by its id space.
+        live = expected_live_ids(spec, args.batch_size * world, args.steps, args.drift)
+        locality = {**table_locality(spec, args.batch_size * world, None, args.drift),
+                    "live_ids": int(VIRTUAL_ROOM * live) + 4096}
+        infos.append(TableInfo(spec.name, 1 << RAW_ID_BITS, args.embedding_dim, locality, virtual=True,
+                               source_rows=spec.num_rows))
+    return infos, None
+
+
+def virtual_names(args: argparse.Namespace, specs) -> List[str]:
+    """The tables --virtual-tables makes virtual: the large ones."""
+    return [t.name for t in specs if args.virtual_tables and t.num_rows >= VIRTUAL_MIN_ROWS]
 
 
 def build_model(args: argparse.Namespace, tables: List[TableInfo], features: List[str]):
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
-    configs = [EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+    configs = [virtual_config(t, f) if t.virtual else
+               EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
                                   feature_names=[f]) for t, f in zip(tables, features)]
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     dense_sizes, over_sizes = [128, args.embedding_dim], [256, 128, 1]
@@ -271,6 +304,24 @@ def build_model(args: argparse.Namespace, tables: List[TableInfo], features: Lis
     else:
         net = DLRM(ebc, DENSE_FEATURES, dense_sizes, over_sizes)
     return DLRMTrain(net)
+
+
+def virtual_config(t: TableInfo, feature: str):
+    """TorchRec's config of a virtual table: its ids are keys in [0, 2^RAW_ID_BITS), split into
+    buckets over the ranks; a count policy evicts the ids seen once (their count decayed
+    below 1) when a rank nears the live ids it is planned for; initial weights as the dense
+    table's."""
+    from torchrec import EmbeddingBagConfig
+    from torchrec.modules.embedding_configs import CountBasedEvictionPolicy
+
+    world = dist_env()[1]
+    live = int(t.locality["live_ids"])
+    bound = (1.0 / t.source_rows) ** 0.5
+    policy = CountBasedEvictionPolicy(training_id_eviction_trigger_count=int(VIRTUAL_TRIGGER * live / world),
+                                      eviction_threshold=1, decay_rate=0.99)
+    return EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                              feature_names=[feature], use_virtual_table=True, total_num_buckets=VIRTUAL_BUCKETS,
+                              virtual_table_eviction_policy=policy, weight_init_min=-bound, weight_init_max=bound)
 
 
 def shard(args, model, planner):
@@ -549,7 +600,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         features = list(DEFAULT_CAT_NAMES)
     else:
         data = SyntheticData(scaled_tables(args.table_scale, args.tables), args.batch_size, args.seed, args.drift,
-                             args.max_rows)
+                             args.max_rows, raw_id_tables=[t.name for t in tables if t.virtual])
         features = data.feature_names()
     input_s = args.input_s_per_sample
     if input_s is None:  # --input-time-per-sample measure: time this rank's own batches
@@ -620,6 +671,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "predicted_rank_step_seconds": list(planner.last_rank_step_s),
         "tiers": tiers, "table_rows": {t.name: t.num_embeddings for t in tables},
         "embedding_dim": args.embedding_dim, "checkpoints": trainer.checkpoints,
+        "virtual_tables": sorted(t.name for t in tables if t.virtual),
     }
     if rank == 0:
         finish(args, metrics, rows)
