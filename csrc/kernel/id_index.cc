@@ -11,6 +11,7 @@ namespace {
 constexpr double kMaxLoad = 0.85;  // grow the table past this load
 constexpr double kGrowth = 1.4;
 constexpr uint64_t kMinSlots = 64;
+constexpr size_t kAhead = 8;  // lookups between a prefetch and the probe that reads it
 
 uint64_t Mix(uint64_t x) {  // SplitMix64's finalizer: every id bit moves every slot bit
   x ^= x >> 30;
@@ -65,7 +66,6 @@ void IdIndex::GrowRows() {
   ids_.push_back(kLastFree);
   if (keep_counts_) counts_.push_back(0.f);
   if (keep_times_) times_.push_back(0);
-  if (fresh_.size() * 64 < ids_.size()) fresh_.push_back(0);
   ++rows_used_;
 }
 
@@ -80,7 +80,7 @@ uint32_t IdIndex::Insert(int64_t id, uint64_t slot) {
   ids_[row] = id;
   if (keep_counts_) counts_[row] = 0.f;
   if (keep_times_) times_[row] = 0;
-  SetFresh(row, true);
+  made_.emplace_back(row, id);
   table_[slot] = row;
   ++live_;
   ++counters_.ids_created;
@@ -102,7 +102,7 @@ void IdIndex::Rehash(uint64_t slots) {
 void IdIndex::Erase(uint64_t slot) {
   const uint32_t row = table_[slot];
   PushFree(row);
-  SetFresh(row, false);
+  DropFresh(row);
   --live_;
   ++counters_.ids_evicted;
   // Backward-shift deletion: move up every later entry of the run whose home does not lie
@@ -131,7 +131,9 @@ Status IdIndex::Map(const int64_t* ids, size_t n, bool create, uint32_t now, int
       return Status::InvalidArgument("id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
                                      " is negative");
   const size_t created_before = created_at->size();
+  made_.clear();
   for (size_t i = 0; i < n; ++i) {
+    PrefetchProbe(ids, i, n);
     const int64_t id = ids[i];
     bool found;
     const uint64_t slot = Probe(id, &found);
@@ -151,6 +153,7 @@ Status IdIndex::Map(const int64_t* ids, size_t n, bool create, uint32_t now, int
       counters_.ids_created -= undone;
       counters_.ids_evicted -= undone;
       created_at->resize(created_before);
+      made_.clear();
       return Status::IoError(ENOSPC, "all " + std::to_string(capacity_) + " rows of the virtual table hold live ids");
     } else {
       rows[i] = Insert(id, slot);
@@ -160,7 +163,27 @@ Status IdIndex::Map(const int64_t* ids, size_t n, bool create, uint32_t now, int
     if (keep_counts_) counts_[r] += 1.f;
     if (keep_times_) times_[r] = now;
   }
+  if (!made_.empty()) {  // the step's new rows are fresh until the mover loads them
+    MutexLock fresh_lock(&fresh_mu_);
+    for (const auto& [row, id] : made_) fresh_[row] = id;
+  }
   return Status::Ok();
+}
+
+void IdIndex::DropFresh(uint32_t row) {
+  MutexLock lock(&fresh_mu_);
+  fresh_.erase(row);
+}
+
+void IdIndex::PrefetchProbe(const int64_t* ids, size_t i, size_t n) const {
+  // A lookup is two dependent cache misses in a table much larger than the cache: the id's
+  // home slot, then the id of the row there (what Probe compares first). Ask for the slot
+  // 2 * kAhead ids ahead, and for the row's id kAhead ahead, once its slot has arrived.
+  if (i + 2 * kAhead < n) __builtin_prefetch(&table_[Home(ids[i + 2 * kAhead])]);
+  if (i + kAhead < n) {
+    const uint32_t r = table_[Home(ids[i + kAhead])];
+    if (r != kEmptySlot) __builtin_prefetch(&ids_[r]);
+  }
 }
 
 uint64_t IdIndex::CountMissing(const int64_t* ids, size_t n) const {
@@ -177,6 +200,7 @@ uint64_t IdIndex::CountMissing(const int64_t* ids, size_t n) const {
 void IdIndex::Find(const int64_t* ids, size_t n, int64_t* rows) const {
   MutexLock lock(&mu_);
   for (size_t i = 0; i < n; ++i) {
+    PrefetchProbe(ids, i, n);
     bool found;
     const uint64_t slot = Probe(ids[i], &found);
     rows[i] = found ? int64_t(table_[slot]) : -1;
@@ -184,20 +208,17 @@ void IdIndex::Find(const int64_t* ids, size_t n, int64_t* rows) const {
 }
 
 void IdIndex::TakeFresh(const int64_t* rows, size_t n, uint8_t* fresh, int64_t* ids) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&fresh_mu_);
   for (size_t i = 0; i < n; ++i) {
-    const int64_t r = rows[i];
-    if (r < 0 || uint64_t(r) >= rows_used_) {
-      fresh[i] = 0;
-      ids[i] = -1;
-      continue;
-    }
-    fresh[i] = IsFresh(uint64_t(r)) ? 1 : 0;
-    ids[i] = Free(ids_[r]) ? -1 : ids_[r];
-    if (fresh[i]) {
-      SetFresh(uint64_t(r), false);
-      ++counters_.fresh_loads;
-    }
+    fresh[i] = 0;
+    ids[i] = -1;
+    if (fresh_.empty() || rows[i] < 0 || rows[i] >= int64_t(capacity_)) continue;
+    auto it = fresh_.find(static_cast<uint32_t>(rows[i]));
+    if (it == fresh_.end()) continue;
+    fresh[i] = 1;
+    ids[i] = it->second;
+    fresh_.erase(it);
+    ++fresh_loads_;
   }
 }
 
@@ -281,7 +302,10 @@ Status IdIndex::Assign(const int64_t* ids, const int64_t* rows, size_t n, const 
   ids_.shrink_to_fit();
   counts_.assign(keep_counts_ ? top : 0, 0.f);
   times_.assign(keep_times_ ? top : 0, 0);
-  fresh_.assign((top + 63) / 64, 0);
+  {
+    MutexLock fresh_lock(&fresh_mu_);
+    fresh_.clear();
+  }
   rows_used_ = top;
   live_ = n;
   uint64_t slots = kMinSlots;
@@ -306,8 +330,11 @@ IdIndexStats IdIndex::Stats() const {
   s.live = live_;
   s.rows_used = rows_used_;
   s.table_slots = table_.size();
-  s.index_bytes = table_.capacity() * sizeof(uint32_t) + ids_.capacity() * sizeof(int64_t) +
-                  fresh_.capacity() * sizeof(uint64_t);
+  s.index_bytes = table_.capacity() * sizeof(uint32_t) + ids_.capacity() * sizeof(int64_t);
+  {
+    MutexLock fresh_lock(&fresh_mu_);
+    s.fresh_loads = fresh_loads_;
+  }
   s.metadata_bytes = counts_.capacity() * sizeof(float) + times_.capacity() * sizeof(uint32_t);
   return s;
 }

@@ -19,13 +19,15 @@
 // multiplied by the decay at each eviction pass, as FBGEMM's count policies do) and the
 // last access time (uint32 seconds on the caller's clock).
 //
-// Thread-safety: every method takes one mutex (the plan thread maps and evicts; the I/O
-// thread takes fresh rows).
+// Thread-safety: every method takes the index's mutex, except TakeFresh, which takes only
+// the fresh rows' own: the I/O thread takes a step's fresh rows while the plan thread maps
+// a later step, without waiting for it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -71,9 +73,9 @@ class IdIndex {
   // Rows of ids[0..n) (-1: none), changing nothing.
   void Find(const int64_t* ids, size_t n, int64_t* rows) const EXCLUDES(mu_);
 
-  // For each of rows[0..n): whether it was fresh (fresh[i]), then no longer fresh, and its
-  // id (ids[i]; -1 for a row no id holds).
-  void TakeFresh(const int64_t* rows, size_t n, uint8_t* fresh, int64_t* ids) EXCLUDES(mu_);
+  // For each of rows[0..n): whether it was fresh (fresh[i]), then no longer fresh, and the
+  // id it was made for (ids[i]; -1 for a row that was not fresh).
+  void TakeFresh(const int64_t* rows, size_t n, uint8_t* fresh, int64_t* ids) EXCLUDES(fresh_mu_);
 
   // One eviction pass: decays the counts, then removes the ids `rule` names, except those
   // holding rows in keep_rows[0..nk). Their ids and rows are appended to the vectors.
@@ -113,6 +115,8 @@ class IdIndex {
   uint64_t Home(int64_t id) const REQUIRES(mu_);
   // The table slot holding `id`'s row, or the empty slot where it would go (*found false).
   uint64_t Probe(int64_t id, bool* found) const REQUIRES(mu_);
+  // Asks for the cache lines the probes of the ids after ids[i] read first.
+  void PrefetchProbe(const int64_t* ids, size_t i, size_t n) const REQUIRES(mu_);
   // Takes a free row for `id` (its table slot `slot`, empty). Precondition: one is free.
   uint32_t Insert(int64_t id, uint64_t slot) REQUIRES(mu_);
   // Removes the entry at table slot `slot` (backward-shift deletion) and frees its row.
@@ -120,18 +124,19 @@ class IdIndex {
   void Rehash(uint64_t slots) REQUIRES(mu_);
   void GrowRows() REQUIRES(mu_);
   uint64_t FreeRows() const REQUIRES(mu_) { return capacity_ - live_; }
-  bool IsFresh(uint64_t row) const REQUIRES(mu_) { return (fresh_[row >> 6] >> (row & 63)) & 1; }
-  void SetFresh(uint64_t row, bool on) REQUIRES(mu_) {
-    const uint64_t bit = uint64_t(1) << (row & 63);
-    fresh_[row >> 6] = on ? fresh_[row >> 6] | bit : fresh_[row >> 6] & ~bit;
-  }
+  // Marks `row` no longer fresh (its id went before its first load).
+  void DropFresh(uint32_t row) EXCLUDES(fresh_mu_);
 
   const uint64_t capacity_;
   const bool keep_counts_, keep_times_;
   mutable Mutex mu_;
   std::vector<uint32_t> table_ GUARDED_BY(mu_);  // row numbers, kEmptySlot
   std::vector<int64_t> ids_ GUARDED_BY(mu_);     // row -> id; the free list in free rows
-  std::vector<uint64_t> fresh_ GUARDED_BY(mu_);  // a bit per row: fresh (see the top)
+  // Fresh rows -> the id each was made for (see the top): only rows not yet loaded, few.
+  mutable Mutex fresh_mu_;  // taken after mu_ where both are held
+  std::unordered_map<uint32_t, int64_t> fresh_ GUARDED_BY(fresh_mu_);
+  uint64_t fresh_loads_ GUARDED_BY(fresh_mu_) = 0;
+  std::vector<std::pair<uint32_t, int64_t>> made_ GUARDED_BY(mu_);  // a Map's new rows, scratch
   std::vector<float> counts_ GUARDED_BY(mu_);
   std::vector<uint32_t> times_ GUARDED_BY(mu_);
   int64_t free_head_ GUARDED_BY(mu_) = -1;       // first freed row (below rows_used_), -1: none

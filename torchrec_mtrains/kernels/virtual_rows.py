@@ -11,8 +11,8 @@ turns the step's ids into rows (on the plan thread, in step order):
   of (seed, id + id_offset), exactly a dense table's row of that number -- instead of
   reading the tier, which still holds the row's previous id (kernel/virtual_tier_rows.h).
   The slot is kept dirty, so the new row reaches the tier;
-- an eviction pass runs when the live ids would pass the policy's trigger or the table's
-  rows: it removes the ids the policy names (count with decay, time since last use, or
+- an eviction pass runs once a step took the live ids past the policy's trigger, or when a
+  step's new ids would not fit the table's rows: it removes the ids the policy names (count with decay, time since last use, or
   both, as FBGEMM's policies do), never those of a step still planned or running, and drops
   their rows from the cache unwritten. An evicted id that comes back is a fresh row again.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import math
 import time
 from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
@@ -173,12 +174,13 @@ class VirtualRows:
             if hi == lo:
                 continue
             ids = indices[lo:hi]
-            self._make_room(table, ids, oldest_live)
-            status, mapped, new_at = table.index.map(ids, True, self._now(table))
-            raise_for_status(status)
+            mapped, new_at = self._map(table, ids, oldest_live)
             table.live += new_at.numel()
             rows[lo:hi] = mapped
             table.step_rows.append((step, mapped))
+            ev = table.spec.eviction
+            if ev.evicts and ev.trigger_ids and table.live > ev.trigger_ids and table.live >= table.next_pass_at:
+                self._evict(table, oldest_live)  # this step's rows are among the live steps'
             if new_at.numel():
                 created[t] = new_at
         return rows, created
@@ -186,30 +188,37 @@ class VirtualRows:
     def _now(self, table: _Table) -> int:
         return max(0, min(2**32 - 1, int(table.spec.eviction.clock())))
 
-    def _make_room(self, table: _Table, ids: torch.Tensor, oldest_live: int) -> None:
-        """Runs an eviction pass when the step's new ids would pass the trigger or the rows."""
+    def _map(self, table: _Table, ids: torch.Tensor, oldest_live: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(rows, positions of the ids given one now); when the rows run out, an eviction
+        pass first (the index changes nothing on a map that does not fit)."""
+        status, mapped, new_at = table.index.map(ids, True, self._now(table))
+        if status[1] == errno.ENOSPC:
+            if table.spec.eviction.evicts:
+                self._evict(table, oldest_live)
+                status, mapped, new_at = table.index.map(ids, True, self._now(table))
+            if status[1] == errno.ENOSPC:
+                ev = table.spec.eviction
+                policy = "its eviction policy keeps them" if ev.evicts else "it has no eviction policy"
+                missing = table.index.count_missing(ids)
+                raise VirtualTableFull(
+                    f"virtual table {table.name}: a step brings {missing} new ids, but {table.live} of its "
+                    f"{table.rows} rows hold live ids and {policy}; give it more rows (its capacity) or a "
+                    "policy that evicts")
+        raise_for_status(status)
+        return mapped, new_at
+
+    def _evict(self, table: _Table, oldest_live: int) -> None:
+        """One eviction pass: the policy's ids go, except those of live steps; their rows
+        leave the cache unwritten (they now belong to no id)."""
         ev = table.spec.eviction
-        trigger = ev.trigger_ids or table.rows
-        if table.live + ids.numel() <= min(trigger, table.rows):
-            return  # cannot pass either, whatever is new
-        missing = table.index.count_missing(ids)
-        over_rows = table.live + missing > table.rows
-        due = table.live + missing > trigger and table.live >= table.next_pass_at
-        if ev.evicts and (over_rows or due):
-            keep = table.protected_rows(oldest_live)
-            evicted_ids, evicted_rows = table.index.evict(
-                ev.decay_rate, float(ev.count_threshold), ev.ttl_seconds, self._now(table), keep)
-            table.passes += 1
-            if evicted_rows.numel():
-                self._cache_index.forget(table.number, evicted_rows)
-            table.live -= evicted_rows.numel()
-            table.next_pass_at = table.live + max(1, (ev.trigger_ids or table.rows) // 100)
-        if table.live + missing > table.rows:
-            policy = "its eviction policy keeps them" if ev.evicts else "it has no eviction policy"
-            raise VirtualTableFull(
-                f"virtual table {table.name}: a step brings {missing} new ids, but {table.live} of its "
-                f"{table.rows} rows hold live ids and {policy}; give it more rows (its capacity) or a "
-                "policy that evicts")
+        keep = table.protected_rows(oldest_live)
+        _, evicted_rows = table.index.evict(ev.decay_rate, float(ev.count_threshold), ev.ttl_seconds,
+                                            self._now(table), keep)
+        table.passes += 1
+        if evicted_rows.numel():
+            self._cache_index.forget(table.number, evicted_rows)
+        table.live -= evicted_rows.numel()
+        table.next_pass_at = table.live + max(1, (ev.trigger_ids or table.rows) // 100)
 
     def find(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """Table t's rows of ``ids`` (-1 where an id has none); changes nothing."""
