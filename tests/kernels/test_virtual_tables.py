@@ -187,3 +187,32 @@ def test_bad_virtual_settings_are_refused(tmp_path):
     dense = _kernel(tmp_path, "plain", 10)
     with pytest.raises(ValueError, match="not a virtual table"):
         dense.read_ids(0, torch.tensor([1]))
+
+
+@pytest.mark.slow
+def test_ten_million_distinct_ids_each_their_own_row(tmp_path):
+    """The target's test: 10M distinct ids drawn from [0, 2^62) trained once each; none
+    shares a row, and a probe set's rows move only when the probes are trained."""
+    space, n, batch = 2**62, 10_000_000, 1 << 17
+    g = torch.Generator().manual_seed(11)
+    ids = torch.unique(torch.randint(0, space, (n + n // 1000,), generator=g))[:n]
+    ids = ids[torch.randperm(ids.numel(), generator=g)]
+    assert ids.numel() == n
+    probe, rest = ids[:1024], ids[1024:]
+    virt = TieredEmbeddingBags([(n, 4)], tier=Tier.DRAM, cache_rows=1 << 18, table_names=["v10m"], seed=7,
+                               init_range=INIT, learning_rate=0.05,
+                               virtual_tables=[VirtualTableSpec(id_space=space)])
+    offsets = torch.arange(0, batch + 1, 16)
+    _step(virt, probe, bag=16)
+    trained, _ = virt.read_ids(0, probe)
+    for lo in range(0, rest.numel() - batch + 1, batch):
+        virt(rest[lo: lo + batch], offsets).sum().backward()
+    tail = rest[(rest.numel() // batch) * batch:]  # the last, partial batch: bags of 1
+    _step(virt, tail, bag=1)
+    after, _ = virt.read_ids(0, probe)
+    assert torch.equal(after, trained), "training 10M other ids moved a probed id's row"
+    live, rows = virt.virtual_ids(0)
+    assert live.numel() == n and torch.unique(rows).numel() == n
+    stats = virt.cache_stats()["v10m"]
+    assert stats["index_bytes_per_live_id"] <= 16.0
+    virt.close()
