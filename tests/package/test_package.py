@@ -30,7 +30,8 @@ def test_public_surface() -> None:
 PUBLIC = {
     "storage": ["BlockStore", "CorruptionError", "DramStore", "RowStore", "ScmStore", "StoreRuntimeConfig",
                 "TableConfig", "lazy_init_rows"],
-    "kernels": ["DEFAULT_CACHE_LOAD_FACTOR", "TieredConfig", "TieredEmbeddingBags"],
+    "kernels": ["DEFAULT_CACHE_LOAD_FACTOR", "EvictionSpec", "TieredConfig", "TieredEmbeddingBags", "VirtualTableFull",
+                "VirtualTableSpec"],
     "sharding": ["ShardedTieredEmbeddingBagCollection", "TieredEmbeddingBagCollectionSharder",
                  "TieredParameterSharding", "TieredParams", "TieredTrainPipeline", "tiered_sharding_plan"],
     "checkpoint": ["ChainError", "CheckpointRecord", "DifferentialCheckpointer", "PendingSave",
