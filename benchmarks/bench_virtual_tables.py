@@ -7,8 +7,10 @@ Two parts (``--parts``):
 
 - ``virtual``: a virtual table (``VirtualTableSpec``) fed ``--live`` distinct raw ids
   drawn from [0, 2^62);
-- ``dense``: the same model as a dense table of exactly ``--live`` rows (ids 0..live-1):
-  what a ``key_value`` table holding the same live rows does, with no id to look up.
+- ``dense``: the same model as a dense table of exactly ``--live`` rows, rank r on row
+  perm(r) (a random permutation: hashed ids land on rows at random, so the hot rows are not
+  packed together): what a ``key_value`` table holding the same live rows does, with no id
+  to look up.
 
 Both have the same tier (``--tier``), row cache (``--cache-fraction`` of the live rows) and
 batches: ``--batch`` ids a step over ranks Zipf(``--alpha``)-distributed, through the
@@ -92,7 +94,8 @@ def run_kernel(args) -> Dict[str, object]:
     # The first pass draws every rank once (rows made as they come), in batches.
     first = torch.randperm(args.live, generator=g).split(args.batch)
     first = [f for f in first if f.numel() == args.batch]
-    ids = {"virtual": lambda r: key[r], "dense": lambda r: r}
+    perm = torch.randperm(args.live, generator=g)
+    ids = {"virtual": lambda r: key[r], "dense": lambda r: perm[r]}
     out: Dict[str, Dict[str, List[float]]] = {k: {"first_pass": [], "steady": []} for k in ids}
     index_bytes: List[float] = []
     for rep in range(args.repeat):
@@ -119,7 +122,7 @@ def run_kernel(args) -> Dict[str, object]:
 
 def _example(args, extra: List[str], out_dir: str) -> Dict[str, object]:
     cmd = [sys.executable, str(ROOT / "examples/dlrm/train.py"), "--steps", str(args.example_steps),
-           "--out", out_dir, *extra]
+           "--eval-batches", str(args.eval_batches), "--out", out_dir, *extra]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     with open(os.path.join(out_dir, "metrics.json")) as f:
         m = json.load(f)
@@ -164,7 +167,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--example-steps", type=int, default=200)
     p.add_argument("--example-repeat", type=int, default=2)
-    p.add_argument("--hashed-rows", type=lambda s: [int(x) for x in s.split(",")], default=[20_000, 100_000, 400_000],
+    p.add_argument("--eval-batches", type=int, default=64, help="held-out batches of the example's AUC")
+    p.add_argument("--hashed-rows", type=lambda s: [int(x) for x in s.split(",")], default=[2_000, 20_000, 200_000],
                    help="--max-rows of the hashed runs")
     p.add_argument("--dir", default=None, help="working directory (table files)")
     p.add_argument("--out", default=None, help="write the results as JSON here")

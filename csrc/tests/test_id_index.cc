@@ -4,8 +4,12 @@
 //
 // Usage: test_id_index   (no files are written)
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <random>
 #include <set>
 #include <vector>
@@ -179,6 +183,77 @@ void TestAssign() {
   CHECK(found == rows);
 }
 
+// The kernel's two threads: the plan thread maps steps (new ids, evictions) while the I/O
+// thread takes each mapped step's fresh rows, as VirtualTierRows does. Every new row is
+// taken fresh exactly once, with its id. Run under TSan by scripts/sanitize.sh.
+void TestMapsWhileTakingFresh() {
+  IdIndex index(50000, true, false);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<std::vector<int64_t>, std::vector<int64_t>>> steps;  // (new rows, their ids)
+  bool done = false;
+  int taken = 0;  // steps whose fresh rows the I/O thread took
+  std::thread io([&] {
+    for (;;) {
+      std::pair<std::vector<int64_t>, std::vector<int64_t>> step;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return done || !steps.empty(); });
+        if (steps.empty()) return;
+        step = std::move(steps.front());
+        steps.pop_front();
+      }
+      const auto& [rows, ids] = step;
+      std::vector<uint8_t> fresh(rows.size());
+      std::vector<int64_t> owners(rows.size());
+      index.TakeFresh(rows.data(), rows.size(), fresh.data(), owners.data());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        CHECK(fresh[i]) << "new row " << rows[i] << " not fresh";
+        CHECK(owners[i] == ids[i]) << "row " << rows[i] << " made for " << ids[i] << ", says " << owners[i];
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++taken;
+      }
+      cv.notify_all();
+    }
+  });
+  std::mt19937_64 rng(5);
+  for (int step = 0; step < 200; ++step) {
+    std::vector<int64_t> ids(512), rows(512), created;
+    for (auto& id : ids) id = int64_t(rng() >> 3);  // distinct in practice: all new
+    CHECK_OK(index.Map(ids.data(), ids.size(), true, uint32_t(step), rows.data(), &created));
+    std::vector<int64_t> new_rows, new_ids;
+    for (int64_t at : created) {
+      new_rows.push_back(rows[at]);
+      new_ids.push_back(ids[at]);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      steps.emplace_back(std::move(new_rows), std::move(new_ids));
+    }
+    cv.notify_all();
+    if (step % 20 == 19) {
+      // As the kernel evicts only rows of steps already moved: wait for the I/O thread
+      // to take every step's fresh rows, then evict all but this step's rows.
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return taken == step + 1; });
+      }
+      std::vector<int64_t> evicted, freed;
+      EvictionRule rule{0.5, 10.0, 0};
+      std::vector<int64_t> keep(rows.begin(), rows.end());
+      index.Evict(rule, uint32_t(step), keep.data(), keep.size(), &evicted, &freed);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  io.join();
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -189,6 +264,7 @@ int main() {
   Run("id index: fresh rows until their first load", TestFreshRows);
   Run("id index: count, time and both rules; kept rows", TestEvictionRules);
   Run("id index: assign", TestAssign);
+  Run("id index: maps while another thread takes fresh rows", TestMapsWhileTakingFresh);
   std::fprintf(stderr, "test_id_index: all passed\n");
   return 0;
 }

@@ -187,6 +187,11 @@ def test_bad_virtual_settings_are_refused(tmp_path):
     dense = _kernel(tmp_path, "plain", 10)
     with pytest.raises(ValueError, match="not a virtual table"):
         dense.read_ids(0, torch.tensor([1]))
+    # Row numbers mean nothing to a virtual table's users: the row-number readers refuse.
+    for call in (lambda: virt.read_rows(0, 0, 5), lambda: virt.split_embedding_weights(),
+                 lambda: virt.set_rows(0, torch.tensor([1]), torch.zeros(1, DIM))):
+        with pytest.raises(ValueError, match="virtual table.*read_ids"):
+            call()
 
 
 @pytest.mark.slow

@@ -64,6 +64,7 @@ class TableRows:
         cache = self.cache
         cache.check_usable()
         cache.check_table(table)
+        self._check_dense(table, "set_rows")
         name, (rows_t, dim) = cache.names[table], cache.specs[table]
         codec = cache.codecs[table]
         ids = check_index_tensor("ids", torch.as_tensor(ids))
@@ -145,6 +146,7 @@ class TableRows:
         cache = self.cache
         cache.check_usable()
         cache.check_table(table)
+        self._check_dense(table, "read_rows")
         rows_t = cache.specs[table][0]
         if not 0 <= start <= stop <= rows_t:
             raise IndexError(f"table {cache.names[table]}: rows [{start}, {stop}) outside [0, {rows_t})")
@@ -153,11 +155,21 @@ class TableRows:
             return weights.clone(), None
         return weights.clone(), state.clone()
 
+    def _check_dense(self, table: int, what: str) -> None:
+        """A virtual table's rows are keyed by id: row numbers mean nothing to its users."""
+        if table in self.cache.virtual.tables:
+            raise ValueError(f"table {self.cache.names[table]} is a virtual table: {what} takes row numbers; "
+                             "read its rows by id with read_ids()")
+
     def split_embedding_weights(self) -> List[torch.Tensor]:
+        for t in self.cache.virtual.tables:
+            self._check_dense(t, "split_embedding_weights")
         codecs = self.cache.codecs
         return [codecs[t].split(self.full_rows(t))[0].clone() for t in range(len(codecs))]
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
+        for t in self.cache.virtual.tables:
+            self._check_dense(t, "split_optimizer_states")
         codecs = self.cache.codecs
         if codecs[0].layout.state_values == 0:
             return []
