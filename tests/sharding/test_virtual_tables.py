@@ -166,3 +166,33 @@ def test_importing_the_package_leaves_torchrecs_planner_unchanged() -> None:
                              timeout=300)
         plans.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert plans[0] == plans[1]
+
+
+def test_a_virtual_table_trains_in_process_and_refuses_dense_state(process_group) -> None:
+    """World size 1: TorchRec's planner and DMP; the table trains, and what would read its
+    rows as a dense tensor (state_dict, the fused optimizer's state) says why it cannot."""
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+
+    constraints = {"v": ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["dram_virtual_table"],
+                                             use_virtual_table=True)}
+    sharder = TieredEmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.1})
+    ebc = _virtual_ebc()
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
+                                    constraints=constraints).plan(ebc, [sharder])
+    dmp = DistributedModelParallel(ebc, plan=plan, sharders=[sharder], device=torch.device("cpu"))
+    ids = torch.tensor([2**39 + 5, 7, 2**40 - 1, 7, 123], dtype=torch.int64)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["fv", "fp"], values=torch.cat([ids, torch.tensor([1, 2])]),
+                                              lengths=torch.tensor([3, 2, 1, 1]))
+    first = dmp(kjt).to_dict()["fv"].detach().clone()
+    dmp(kjt).to_dict()["fv"].sum().backward()
+    assert not torch.equal(dmp(kjt).to_dict()["fv"], first), "the virtual table trained"
+    (collection,) = [m for m in dmp.modules() if isinstance(m, ShardedTieredEmbeddingBagCollection)]
+    (kernel,) = collection.tiered_kernels()
+    live, _ = kernel.emb_module.virtual_ids(0)
+    assert sorted(live.tolist()) == sorted({int(i) for i in ids})
+    with pytest.raises(ValueError, match="table v is a virtual table"):
+        dmp.state_dict()
+    kernel.emb_module.close()
