@@ -23,8 +23,26 @@ uint64_t Mix(uint64_t x) {  // SplitMix64's finalizer: every id bit moves every 
 
 }  // namespace
 
+namespace {
+
+// Bits of an entry's row number: enough for every row and one more value (an entry of all
+// ones is the empty slot), so a table of up to 2^31 - 2 rows leaves bits for a fingerprint.
+uint32_t RowBits(uint64_t capacity) {
+  uint32_t bits = 1;
+  while ((uint64_t(1) << bits) < capacity + 2 && bits < 32) ++bits;
+  return bits;
+}
+
+}  // namespace
+
 IdIndex::IdIndex(uint64_t capacity, bool counts, bool times)
-    : capacity_(capacity), keep_counts_(counts), keep_times_(times) {
+    : capacity_(capacity),
+      keep_counts_(counts),
+      keep_times_(times),
+      row_bits_(RowBits(capacity)),
+      fp_bits_(32 - row_bits_),
+      row_mask_(row_bits_ == 32 ? 0xFFFFFFFFu : (uint32_t(1) << row_bits_) - 1),
+      fp_mask_(fp_bits_ == 0 ? 0u : (uint32_t(1) << fp_bits_) - 1) {
   if (capacity == 0 || capacity >= kEmptySlot)
     throw std::invalid_argument("a virtual table needs between 1 and 2^32 - 2 rows, got " +
                                 std::to_string(capacity));
@@ -38,16 +56,24 @@ uint64_t IdIndex::Home(int64_t id) const {
   return static_cast<uint64_t>((__uint128_t(Mix(static_cast<uint64_t>(id))) * table_.size()) >> 64);
 }
 
+uint32_t IdIndex::Entry(int64_t id, uint32_t row) const {
+  return fp_bits_ ? (uint32_t(Mix(static_cast<uint64_t>(id)) & fp_mask_) << row_bits_) | row : row;
+}
+
 uint64_t IdIndex::Probe(int64_t id, bool* found) const {
   const uint64_t m = table_.size();
   uint64_t s = Home(id);
+  // An entry whose fingerprint differs holds another id: only a matching one costs a look
+  // at the row's id (a cache miss), so a probe past other ids' entries stays in the table.
+  const uint32_t fp = Entry(id, 0);
+  const uint32_t fp_part = ~row_mask_;
   for (;;) {
-    const uint32_t r = table_[s];
-    if (r == kEmptySlot) {
+    const uint32_t e = table_[s];
+    if (e == kEmptySlot) {
       *found = false;
       return s;
     }
-    if (ids_[r] == id) {
+    if ((e & fp_part) == fp && ids_[e & row_mask_] == id) {
       *found = true;
       return s;
     }
@@ -81,7 +107,7 @@ uint32_t IdIndex::Insert(int64_t id, uint64_t slot) {
   if (keep_counts_) counts_[row] = 0.f;
   if (keep_times_) times_[row] = 0;
   made_.emplace_back(row, id);
-  table_[slot] = row;
+  table_[slot] = Entry(id, row);
   ++live_;
   ++counters_.ids_created;
   if (double(live_) > kMaxLoad * double(table_.size())) Rehash(uint64_t(double(table_.size()) * kGrowth) + 1);
@@ -89,18 +115,20 @@ uint32_t IdIndex::Insert(int64_t id, uint64_t slot) {
 }
 
 void IdIndex::Rehash(uint64_t slots) {
-  std::vector<uint32_t> old;
-  old.swap(table_);
+  // From the row -> id array, in row order: ids_ is read sequentially and only the new
+  // table's slots are random (asked for a few rows ahead); the old table goes first.
+  std::vector<uint32_t>().swap(table_);
   table_.assign(slots, kEmptySlot);
-  for (uint32_t r : old) {
-    if (r == kEmptySlot) continue;
+  for (uint64_t r = 0; r < rows_used_; ++r) {
+    if (r + kAhead < rows_used_ && !Free(ids_[r + kAhead])) __builtin_prefetch(&table_[Home(ids_[r + kAhead])]);
+    if (Free(ids_[r])) continue;
     bool found;
-    table_[Probe(ids_[r], &found)] = r;
+    table_[Probe(ids_[r], &found)] = Entry(ids_[r], static_cast<uint32_t>(r));
   }
 }
 
 void IdIndex::Erase(uint64_t slot) {
-  const uint32_t row = table_[slot];
+  const uint32_t row = table_[slot] & row_mask_;
   PushFree(row);
   DropFresh(row);
   --live_;
@@ -111,12 +139,12 @@ void IdIndex::Erase(uint64_t slot) {
   uint64_t hole = slot, j = slot;
   for (;;) {
     if (++j == m) j = 0;
-    const uint32_t r = table_[j];
-    if (r == kEmptySlot) break;
-    const uint64_t home = Home(ids_[r]);
+    const uint32_t e = table_[j];
+    if (e == kEmptySlot) break;
+    const uint64_t home = Home(ids_[e & row_mask_]);
     const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
     if (!stays) {
-      table_[hole] = r;
+      table_[hole] = e;
       hole = j;
     }
   }
@@ -138,7 +166,7 @@ Status IdIndex::Map(const int64_t* ids, size_t n, bool create, uint32_t now, int
     bool found;
     const uint64_t slot = Probe(id, &found);
     if (found) {
-      rows[i] = table_[slot];
+      rows[i] = table_[slot] & row_mask_;
     } else if (!create) {
       rows[i] = -1;
       continue;
@@ -165,6 +193,7 @@ Status IdIndex::Map(const int64_t* ids, size_t n, bool create, uint32_t now, int
   }
   if (!made_.empty()) {  // the step's new rows are fresh until the mover loads them
     MutexLock fresh_lock(&fresh_mu_);
+    fresh_.reserve(fresh_.size() + made_.size());
     for (const auto& [row, id] : made_) fresh_[row] = id;
   }
   return Status::Ok();
@@ -181,8 +210,8 @@ void IdIndex::PrefetchProbe(const int64_t* ids, size_t i, size_t n) const {
   // 2 * kAhead ids ahead, and for the row's id kAhead ahead, once its slot has arrived.
   if (i + 2 * kAhead < n) __builtin_prefetch(&table_[Home(ids[i + 2 * kAhead])]);
   if (i + kAhead < n) {
-    const uint32_t r = table_[Home(ids[i + kAhead])];
-    if (r != kEmptySlot) __builtin_prefetch(&ids_[r]);
+    const uint32_t e = table_[Home(ids[i + kAhead])];
+    if (e != kEmptySlot) __builtin_prefetch(&ids_[e & row_mask_]);
   }
 }
 
@@ -203,7 +232,7 @@ void IdIndex::Find(const int64_t* ids, size_t n, int64_t* rows) const {
     PrefetchProbe(ids, i, n);
     bool found;
     const uint64_t slot = Probe(ids[i], &found);
-    rows[i] = found ? int64_t(table_[slot]) : -1;
+    rows[i] = found ? int64_t(table_[slot] & row_mask_) : -1;
   }
 }
 
@@ -254,7 +283,7 @@ void IdIndex::Remove(const int64_t* ids, size_t n, std::vector<int64_t>* rows) {
     bool found;
     const uint64_t slot = Probe(ids[i], &found);
     if (!found) continue;
-    rows->push_back(table_[slot]);
+    rows->push_back(table_[slot] & row_mask_);
     Erase(slot);
   }
 }
@@ -316,7 +345,7 @@ Status IdIndex::Assign(const int64_t* ids, const int64_t* rows, size_t n, const 
     if (keep_counts_ && counts) counts_[rows[i]] = counts[i];
     if (keep_times_ && times) times_[rows[i]] = times[i];
     bool found;
-    table_[Probe(ids[i], &found)] = static_cast<uint32_t>(rows[i]);
+    table_[Probe(ids[i], &found)] = Entry(ids[i], static_cast<uint32_t>(rows[i]));
   }
   free_head_ = -1;
   for (uint64_t r = top; r-- > 0;)  // the lowest free row first

@@ -87,6 +87,26 @@ void TestAgainstModel() {
   CHECK(double(s.index_bytes) / double(s.rows_used) <= 16.0) << double(s.index_bytes) / double(s.rows_used) << " B per row";
 }
 
+// Entries split into row number and fingerprint by the capacity: none left for a table of
+// 2^31 rows (every probe compares ids), many for a small one; both find every id.
+void TestEntryWidths() {
+  for (uint64_t capacity : {uint64_t(5), uint64_t(1000), (uint64_t(1) << 31) + 7}) {
+    IdIndex index(capacity, false, false);
+    std::map<int64_t, int64_t> model;
+    std::mt19937_64 rng(capacity);
+    const size_t n = std::min<uint64_t>(capacity, 3000);
+    std::vector<int64_t> ids(n), rows(n), created;
+    for (auto& id : ids) id = int64_t(rng() >> 1);
+    CHECK_OK(index.Map(ids.data(), n, true, 0, rows.data(), &created));
+    for (size_t i = 0; i < n; ++i) model[ids[i]] = rows[i];
+    CheckModel(index, model);
+    std::vector<int64_t> gone(ids.begin(), ids.begin() + n / 2), freed;
+    index.Remove(gone.data(), gone.size(), &freed);
+    for (int64_t id : gone) model.erase(id);
+    CheckModel(index, model);
+  }
+}
+
 void TestFullMapChangesNothing() {
   IdIndex index(10, false, false);
   std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8}, rows(8), created;
@@ -260,6 +280,7 @@ void TestMapsWhileTakingFresh() {
 int main() {
   using namespace mtrains;
   Run("id index: maps and removals vs model, ids from [0, 2^62)", TestAgainstModel);
+  Run("id index: entries' row and fingerprint bits at every capacity", TestEntryWidths);
   Run("id index: a map that runs out of rows changes nothing", TestFullMapChangesNothing);
   Run("id index: fresh rows until their first load", TestFreshRows);
   Run("id index: count, time and both rules; kept rows", TestEvictionRules);
