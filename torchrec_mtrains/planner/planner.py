@@ -28,7 +28,7 @@ from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimat
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
 from torchrec_mtrains.planner.constraints import constrained_table, is_key_value, key_value_entry
 from torchrec_mtrains.planner.model.estimator import dense_step_seconds, kernel_step_seconds
-from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, parse_model_spec
+from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, load_table_trace, parse_model_spec
 from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
@@ -123,14 +123,23 @@ class StorageAwarePlanner(ShardingPlanner):
 
     # ------------------------------------------------------------------ planning ----
     def model_spec(self, module: nn.Module) -> ModelSpec:
-        """The planner's view of every EBC table in ``module``."""
+        """The planner's view of every EBC table in ``module``. A virtual table is sized by
+        its live ids (planner/virtual_tables.py): with a trace and no ``live_ids``, from the
+        trace, read here once and handed on for its locality curve."""
         tables, dtypes, virtual = [], set(), {}
+        # A TTL in steps: the steps a second the job is planned to run at, if it has a target.
+        steps_per_second = self.target_qps / self.batch_size if self.target_qps else None
         for _, ebc in _ebcs(module):
             for config in ebc.embedding_bag_configs():
                 loc = dict(self.locality.get(config.name, self.default_locality))
                 rows = config.num_embeddings
                 if config.use_virtual_table:
-                    rows = virtual[config.name] = virtual_live_ids(config, loc.pop("live_ids", None), self.world_size)
+                    live_ids, trace = loc.pop("live_ids", None), None
+                    if live_ids is None and "trace" in loc:
+                        trace = loc["trace"] = load_table_trace(f"locality[{config.name!r}]", loc, self.batch_size)
+                        loc.pop("trace_table", None)
+                    rows = virtual[config.name] = virtual_live_ids(config, live_ids, self.world_size, trace,
+                                                                   steps_per_second)
                 tables.append({"name": config.name, "num_embeddings": rows,
                                "embedding_dim": config.embedding_dim, **loc})
                 dtypes.add("fp16" if config.data_type == DataType.FP16 else "fp32")

@@ -1,7 +1,8 @@
 """Trace analysis: per-table lookups, unique rows, pooling factor, reuse histograms (share of
 unique rows and share of lookups by reuse count), and LRU / LFU hit-rate (miss-ratio) curves
-over cache size; TorchRec ``CacheStatistics`` from them; trace sources (KJT iterators,
-dlrm_datasets files) and a calibrated trace generator (with optional drift)."""
+over cache size; distinct ids over windows of steps (a virtual table's live ids); TorchRec
+``CacheStatistics`` from them; trace sources (KJT iterators, dlrm_datasets files) and a
+calibrated trace generator (with optional drift)."""
 
 from torchrec_mtrains.stats.accesses import step_accesses
 from torchrec_mtrains.stats.analyze import analyze_table, analyze_trace
@@ -45,10 +46,11 @@ from torchrec_mtrains.stats.types import (
     TableTrace,
     Trace,
 )
+from torchrec_mtrains.stats.windows import distinct_ids_in_windows
 
 # What a user imports from here (pinned by tests/package/test_package.py). The reuse-bin
-# arithmetic, the dlrm_datasets file format, stack distances and replay stay importable
-# from here and from their modules.
+# arithmetic, the dlrm_datasets file format, stack distances, replay and distinct ids over
+# windows stay importable from here and from their modules.
 __all__ = [
     "DLRM_DATASETS_LOOKUP_SHARES",
     "DLRM_DATASETS_ROW_SHARES",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import yaml
@@ -21,8 +21,11 @@ from torchrec_mtrains.planner.model.locality import (
 )
 from torchrec_mtrains.planner.model.optimizers import canonical_optimizer, optimizer_row_bytes
 
+if TYPE_CHECKING:
+    from torchrec_mtrains.stats.types import TableTrace
+
 __all__ = ["LAZY_TIERS", "DenseSpec", "ModelSpec", "ModelTable", "dense_spec_of", "load_model_spec",
-           "parse_model_spec"]
+           "load_table_trace", "parse_model_spec"]
 
 _TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables", "dense_layers", "input_time_per_sample"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
@@ -130,13 +133,42 @@ def row_bytes(dim: int, dtype: str, optimizer: str) -> int:
     return optimizer_row_bytes(dim, dtype, optimizer)
 
 
-def _trace_locality(path: str, table: int, batch_size: int, num_rows: int) -> Tuple[LocalityCurve, float]:
-    from torchrec_mtrains.stats import analyze_table, load_dlrm_trace
+def load_table_trace(where: str, entry: Mapping[str, Any], batch_size: int, base_dir: str = ".") -> "TableTrace":
+    """The trace a table entry's ``trace`` names, in steps of ``batch_size`` samples.
 
-    trace = load_dlrm_trace(path, batch_size=batch_size)
-    if not 0 <= table < len(trace.tables):
-        raise ValueError(f"trace_table={table} is outside the {len(trace.tables)} tables of {path}")
-    stats = analyze_table(trace.tables[table].name, trace.tables[table])
+    ``trace`` is a dlrm_datasets file (a path, relative to ``base_dir``) whose table
+    ``trace_table`` (default 0) is read, or a ``TableTrace`` already read (the
+    StorageAwarePlanner reads a virtual table's once, to size it and for its curve), taken
+    as it is.
+
+    Raises:
+        ValueError: naming ``where``: a bad ``trace`` or ``trace_table``, or an unreadable file.
+    """
+    from torchrec_mtrains.stats import TableTrace, load_dlrm_trace
+
+    path = entry["trace"]
+    if isinstance(path, TableTrace):
+        if "trace_table" in entry:
+            raise ValueError(f"{where}.trace_table applies to a trace file, not to a TableTrace")
+        return path
+    if not isinstance(path, str):
+        raise ValueError(f"{where}.trace={path!r} must be a file path")
+    table = int(_number(f"{where}.trace_table", entry.get("trace_table", 0), integer=True, positive=False))
+    path = path if os.path.isabs(path) else os.path.join(base_dir, path)
+    try:
+        trace = load_dlrm_trace(path, batch_size=batch_size)
+    except OSError as e:
+        raise ValueError(f"{where}.trace: cannot read {path}: {e.strerror or e}") from None
+    if table >= len(trace.tables):
+        raise ValueError(f"{where}.trace_table={table} is outside the {len(trace.tables)} tables of {path}")
+    return list(trace.tables.values())[table]
+
+
+def _trace_locality(trace: "TableTrace", num_rows: int) -> Tuple[LocalityCurve, float]:
+    """The locality curve (cache sizes up to ``num_rows``) and pooling factor measured on ``trace``."""
+    from torchrec_mtrains.stats import analyze_table
+
+    stats = analyze_table("trace", trace)
     sizes = np.unique(np.geomspace(1, num_rows, 64).round())
     lru = np.maximum.accumulate(stats.lru.hit_rate(sizes))
     lfu = np.maximum.accumulate(stats.lfu.hit_rate(sizes))
@@ -165,11 +197,7 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
         raise ValueError(f"{where}: give exactly one of {list(_LOCALITY_KEYS)}, got {given or 'none'}")
     pooling = entry.get("pooling_factor")
     if given[0] == "trace":
-        path = entry["trace"]
-        if not isinstance(path, str):
-            raise ValueError(f"{where}.trace={path!r} must be a file path")
-        path = path if os.path.isabs(path) else os.path.join(base_dir, path)
-        curve, measured_pf = _trace_locality(path, int(entry.get("trace_table", 0)), batch_size, rows)
+        curve, measured_pf = _trace_locality(load_table_trace(where, entry, batch_size, base_dir), rows)
         pooling = measured_pf if pooling is None else pooling
     if pooling is None:
         raise ValueError(f"{where}.pooling_factor is missing")
