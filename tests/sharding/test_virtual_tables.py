@@ -20,7 +20,6 @@ from torchrec.modules.embedding_configs import (
     CountBasedEvictionPolicy,
     CountTimestampMixedEvictionPolicy,
     DataType,
-    FeatureL2NormBasedEvictionPolicy,
     FeatureScoreBasedEvictionPolicy,
     NoEvictionPolicy,
     TimestampBasedEvictionPolicy,
@@ -71,7 +70,6 @@ def test_inference_fields_are_warned_once_by_name() -> None:
 
 
 @pytest.mark.parametrize("policy, why", [
-    (FeatureL2NormBasedEvictionPolicy(eviction_threshold=0.1), "L2-norm"),
     (FeatureScoreBasedEvictionPolicy(), "feature-score"),
 ])
 def test_policies_not_built_on_the_cpu_are_refused(policy, why) -> None:

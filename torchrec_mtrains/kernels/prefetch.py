@@ -55,6 +55,7 @@ class PrefetchPipeline:
         self._unfinished = 0  # jobs submitted and not yet on the done queue
         self._cancelled = False  # set once by cancel(): plans not started are dropped
         self._order = threading.Lock()  # guards _in_move_stage and _unfinished
+        self._moved = threading.Condition(self._order)  # notified when the move stage empties
         if background:
             # Daemon threads: a process that never closes its kernel still exits (the kernel's
             # exit hook, kernels/lifetime.py, stops them before the interpreter finalizes).
@@ -87,6 +88,14 @@ class PrefetchPipeline:
             self._done.get().done = True  # jobs finish in submission order
         if ticket.error is not None:
             raise ticket.error
+
+    def wait_for_moves(self) -> None:
+        """Returns once no job is in the move stage. Called by a plan (on the plan thread),
+        that is once every earlier job has moved: only the plan thread hands jobs to the move
+        stage, so none starts moving until the plan returns. Inline, there is nothing to wait
+        for. An eviction pass reads rows that earlier moves write back (kernels/row_weights.py)."""
+        with self._moved:
+            self._moved.wait_for(lambda: self._in_move_stage == 0)
 
     def on_stage_thread(self) -> bool:
         """Whether the calling thread is one of this pipeline's stage threads."""
@@ -162,3 +171,5 @@ class PrefetchPipeline:
             with self._order:
                 self._in_move_stage -= 1
                 self._unfinished -= 1
+                if self._in_move_stage == 0:
+                    self._moved.notify_all()

@@ -33,6 +33,7 @@ from torchrec.distributed.types import ParameterSharding
 from torchrec.modules.embedding_configs import (
     CountBasedEvictionPolicy,
     CountTimestampMixedEvictionPolicy,
+    FeatureL2NormBasedEvictionPolicy,
     NoEvictionPolicy,
     TimestampBasedEvictionPolicy,
     VirtualTableEvictionPolicy,
@@ -64,6 +65,7 @@ _HONOURED: Mapping[type, frozenset] = {
     TimestampBasedEvictionPolicy: frozenset({"training_id_eviction_trigger_count", "eviction_ttl_mins"}),
     CountTimestampMixedEvictionPolicy: frozenset({"training_id_eviction_trigger_count", "eviction_threshold",
                                                   "decay_rate", "eviction_ttl_mins"}),
+    FeatureL2NormBasedEvictionPolicy: frozenset({"training_id_eviction_trigger_count", "eviction_threshold"}),
 }
 # Ignored, with why (one warning per field): they act when a model is published for
 # inference, which this plugin does not do; training computes the same without them.
@@ -74,8 +76,6 @@ _IGNORED: Mapping[str, str] = {
 }
 # Policies refused, with why: their rules need what the CPU kernels do not keep yet.
 _REFUSED: Mapping[str, str] = {
-    "FeatureL2NormBasedEvictionPolicy": "L2-norm eviction reads every candidate row's weights, which the "
-                                        "CPU kernels do not do yet; use a count or timestamp policy",
     "FeatureScoreBasedEvictionPolicy": "feature-score eviction needs per-id scores from the input's weights, "
                                        "which the CPU kernels do not collect yet; use a count or timestamp policy",
 }
@@ -111,7 +111,8 @@ def eviction_spec_of(table: str, policy: Optional[VirtualTableEvictionPolicy],
     if kind not in _HONOURED:
         raise ValueError(f"table {table}: virtual_table_eviction_policy {kind.__name__} is not known to the "
                          "tiered kernel; use NoEvictionPolicy, CountBasedEvictionPolicy, "
-                         "TimestampBasedEvictionPolicy or CountTimestampMixedEvictionPolicy")
+                         "TimestampBasedEvictionPolicy, CountTimestampMixedEvictionPolicy or "
+                         "FeatureL2NormBasedEvictionPolicy")
     notes = {} if notes is None else notes
     for f in dataclasses.fields(policy):
         value = getattr(policy, f.name)
@@ -119,7 +120,18 @@ def eviction_spec_of(table: str, policy: Optional[VirtualTableEvictionPolicy],
             continue
         why = _IGNORED.get(f.name, "the tiered kernel has no such setting")
         notes.setdefault(f"{kind.__name__}.{f.name}", (why, []))[1].append(table)
-    trigger = int(getattr(policy, "training_id_eviction_trigger_count", 0) or 0)
+    trigger = getattr(policy, "training_id_eviction_trigger_count", 0) or 0
+    if (isinstance(trigger, bool) or not isinstance(trigger, (int, float)) or not math.isfinite(trigger)
+            or trigger < 0 or trigger != int(trigger)):
+        raise ValueError(f"table {table}: {kind.__name__}: training_id_eviction_trigger_count={trigger!r} must be "
+                         "a whole number >= 0")
+    trigger = int(trigger)
+    if kind is FeatureL2NormBasedEvictionPolicy:  # FBGEMM's L2WeightBasedEvict: a rule of its own
+        l2 = policy.eviction_threshold
+        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not math.isfinite(l2) or l2 < 0:
+            raise ValueError(f"table {table}: {kind.__name__}: eviction_threshold={l2!r} must be a finite "
+                             "L2 norm >= 0 (0: no eviction)")
+        return EvictionSpec(trigger_ids=trigger, l2_threshold=float(l2))
     threshold = float(getattr(policy, "eviction_threshold", 0) or 0)
     decay = float(getattr(policy, "decay_rate", 1.0))
     ttl_mins = int(getattr(policy, "eviction_ttl_mins", 0) or 0)
