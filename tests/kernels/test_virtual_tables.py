@@ -221,3 +221,21 @@ def test_ten_million_distinct_ids_each_their_own_row(tmp_path):
     stats = virt.cache_stats()["v10m"]
     assert stats["index_bytes_per_live_id"] <= 16.0
     virt.close()
+
+
+def test_a_pass_for_want_of_rows_keeps_the_steps_own_ids(tmp_path):
+    """A step brings more new ids than free rows: the pass it runs first never evicts the
+    ids of that very step that hold rows, however cold (they keep their trained rows)."""
+    emb = _kernel(tmp_path, "v", 100, virtual=VirtualTableSpec(id_space=2**40,
+                                                               eviction=EvictionSpec(count_threshold=5.0)))
+    _step(emb, torch.arange(88))  # 88 ids, each looked up once: all below the threshold
+    _step(emb, torch.arange(4))  # the step before is no longer live: its rows may go
+    kept = torch.arange(4, 14)
+    before = emb.read_ids(0, kept)[0]
+    step = torch.cat([kept, torch.arange(1000, 1030)])  # 30 new ids, 12 free rows
+    _step(emb, step, bag=5, train=False)
+    after = emb.read_ids(0, kept)[0]
+    assert torch.equal(after, before)
+    live, _ = emb.virtual_ids(0)
+    assert set(step.tolist()) <= set(live.tolist())
+    emb.close()

@@ -40,6 +40,18 @@ class VirtualRun:
     # and 2 ranks here (its losses part after the first step), which is not what they test.
     plain_weight: float = 1.0
     planner: str = "torchrec"  # or "storage_aware" (the same constraints)
+    cache_load_factor: float = 0.0  # the virtual table's row cache (CacheParams.load_factor); 0: the default
+    # Checkpoints: saves (DifferentialCheckpointer in ckpt_dir) after the steps in save_at;
+    # a run with ``restore`` (a step directory) restores it first and trains from ``start``.
+    # Each save and restore writes the rank's virtual rows to out_dir/state<step>.rank<r>.pt.
+    # TorchRec divides embedding gradients by the world size (as DDP averages); off, a run
+    # trains the same on any number of ranks, so a restore onto another world size compares
+    # with the uninterrupted run.
+    gradient_division: bool = True
+    ckpt_dir: str = ""
+    save_at: List[int] = dataclasses.field(default_factory=list)
+    restore: str = ""
+    start: int = 0
     init_method: str = ""
 
 
@@ -51,10 +63,20 @@ class Model(nn.Module):
         self.head = nn.Linear(2 * DIM, 1)  # never stepped (DDP wraps it, so it takes grads)
 
     def forward(self, kjt, labels):
-        by_name = self.ebc(kjt).to_dict()
+        return self.loss(self.ebc(kjt).to_dict(), labels)
+
+    def loss(self, by_name, labels):
         plain = by_name["f_plain"] * self.plain_weight
         logits = self.head(torch.cat([by_name["f_virt"], plain], dim=1)).squeeze(1)
         return nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+
+
+class PipelinedModel(Model):
+    """The model of a TorchRec ``Batch`` (what a train pipeline feeds): (loss, loss)."""
+
+    def forward(self, batch):
+        loss = self.loss(self.ebc(batch.sparse_features).to_dict(), batch.labels)
+        return loss, loss.detach()
 
 
 def configs(trigger: int):
@@ -100,42 +122,44 @@ def local_batch(step: int, rank: int, world: int):
     return kjt, labels[lo:hi]
 
 
+def pipeline_batch(step: int, rank: int, world: int):
+    """``local_batch`` as a TorchRec ``Batch`` (what a train pipeline takes)."""
+    from torchrec.datasets.utils import Batch
+
+    kjt, labels = local_batch(step, rank, world)
+    return Batch(dense_features=torch.zeros(labels.numel(), 1), sparse_features=kjt, labels=labels)
+
+
 def run(rank: int, spec_json: str) -> None:
-    from torchrec import EmbeddingBagCollection
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import ParameterConstraints
-    from torchrec.distributed.types import KeyValueParams, ShardingEnv
-
-    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
-
     spec = VirtualRun(**json.loads(spec_json))
     world = spec.world_size
     dist.init_process_group("gloo", init_method=spec.init_method, rank=rank, world_size=world)
-    pg = dist.GroupMember.WORLD
-    # On the meta device, as TorchRec builds large models: DMP materialises the shards only.
-    model = Model(EmbeddingBagCollection(tables=configs(spec.trigger), device=torch.device("meta")), spec.plain_weight)
-    kv = None
-    if spec.kernel != "dram_virtual_table":
-        kv = KeyValueParams(ssd_storage_directory=os.path.join(spec.storage_dir, "r@local_rank"))
-    constraints = {
-        "virt": ParameterConstraints(sharding_types=["row_wise"], compute_kernels=[spec.kernel],
-                                     key_value_params=kv, use_virtual_table=True),
-        "plain": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"]),
-    }
-    sharder = TieredEmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.05})
-    plan = _planner(spec, constraints).collective_plan(model, [sharder], pg)
-    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), plan=plan,
-                                   sharders=[sharder], device=torch.device("cpu"))
+    if not spec.gradient_division:
+        from torchrec.distributed.comm_ops import set_gradient_division
+
+        set_gradient_division(False)
+    dmp, plan = build(spec, dist.GroupMember.WORLD)
+    ckpt = None
+    if spec.ckpt_dir:
+        from torchrec_mtrains.checkpoint import DifferentialCheckpointer
+
+        ckpt = DifferentialCheckpointer(spec.ckpt_dir, full_every=10, max_chain_fraction=100.0)
+    if spec.restore:
+        ckpt.restore(dmp, None, path=spec.restore)
+        torch.save(virtual_rows(dmp), os.path.join(spec.out_dir, f"state{spec.start}.rank{rank}.pt"))
     losses: List[float] = []
-    for step in range(spec.steps):
+    for step in range(spec.start, spec.steps):
         kjt, labels = local_batch(step, rank, world)
         loss = dmp(kjt, labels)
         loss.backward()
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(float(total))
+        if step + 1 in spec.save_at:
+            ckpt.save(step + 1, dmp, None, {})
+            torch.save(virtual_rows(dmp), os.path.join(spec.out_dir, f"state{step + 1}.rank{rank}.pt"))
     stats: Dict[str, Dict[str, float]] = {}
-    for emb in _tiered_kernels(dmp):
+    for emb in tiered_kernels(dmp):
         for name, s in emb.cache_stats().items():
             if "live_ids" in s:
                 stats[name] = {k: s[k] for k in ("live_ids", "ids_evicted", "eviction_passes", "capacity",
@@ -144,12 +168,61 @@ def run(rank: int, spec_json: str) -> None:
     with open(os.path.join(spec.out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "virtual": stats, "kernel": plan_entry.compute_kernel,
                    "sharding": plan_entry.sharding_type}, f)
-    for emb in _tiered_kernels(dmp):
+    for emb in tiered_kernels(dmp):
         emb.close()
     dist.destroy_process_group()
 
 
-def _tiered_kernels(dmp) -> List:
+def build(spec: VirtualRun, pg, pipelined: bool = False):
+    """The model planned and sharded by DMP on ``pg`` (already initialised); (dmp, plan).
+    ``pipelined``: the model takes TorchRec ``Batch``es (``pipeline_batch``)."""
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+
+    from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
+
+    # On the meta device, as TorchRec builds large models: DMP materialises the shards only.
+    model = (PipelinedModel if pipelined else Model)(EmbeddingBagCollection(tables=configs(spec.trigger), device=torch.device("meta")), spec.plain_weight)
+    kv = None
+    if spec.kernel != "dram_virtual_table":
+        kv = KeyValueParams(ssd_storage_directory=os.path.join(spec.storage_dir, "r@local_rank"))
+    cache = CacheParams(load_factor=spec.cache_load_factor) if spec.cache_load_factor else None
+    constraints = {
+        "virt": ParameterConstraints(sharding_types=["row_wise"], compute_kernels=[spec.kernel],
+                                     key_value_params=kv, use_virtual_table=True, cache_params=cache),
+        "plain": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"]),
+    }
+    sharder = TieredEmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.05})
+    plan = _planner(spec, constraints).collective_plan(model, [sharder], pg)
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), plan=plan,
+                                   sharders=[sharder], device=torch.device("cpu"))
+    return dmp, plan
+
+
+def virtual_rows(dmp) -> Dict[str, torch.Tensor]:
+    """This rank's live ids of the virtual table (global, ascending), their weights and
+    optimizer state."""
+    from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+    from torchrec_mtrains.sharding.kernel import shard_offsets
+
+    parts = []
+    for m in dmp.modules():
+        if isinstance(m, ShardedTieredEmbeddingBagCollection):
+            for kernel in m.tiered_kernels():
+                for t, table in kernel.shards():
+                    if table.name == "virt":
+                        ids, _ = kernel.emb_module.virtual_ids(t)
+                        weights, state = kernel.emb_module.read_ids(t, ids)
+                        parts.append((ids + shard_offsets(table)[0], weights, state))
+    ids = torch.cat([p[0] for p in parts])
+    order = torch.argsort(ids)
+    return {"ids": ids[order], "weights": torch.cat([p[1] for p in parts])[order],
+            "state": torch.cat([p[2] for p in parts])[order]}
+
+
+def tiered_kernels(dmp) -> List:
     """The TieredEmbeddingBags of every sharded tiered collection (the lookups hold them
     outside the module tree)."""
     from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection

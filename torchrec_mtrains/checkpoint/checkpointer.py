@@ -72,6 +72,14 @@ from torchrec_mtrains.checkpoint.types import (
     CheckpointRecord,
     PieceRecord,
     StepManifest,
+    VirtualRecord,
+)
+from torchrec_mtrains.checkpoint.virtual_pieces import (
+    apply_virtual,
+    check_virtual,
+    live_chunks,
+    plan_virtual_chunks,
+    virtual_snapshot,
 )
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.storage.file_lock import FileLock, lock_directory
@@ -289,7 +297,7 @@ class DifferentialCheckpointer:
                 pop_tables(state, tracked)
             if staged:
                 state = stage(state)
-        snapshots = snapshots_of(copied, fused, full=kind == FULL)
+        snapshots = snapshots_of(copied, fused, kind == FULL, virtual_snapshot)
         linked_marks = [(p.emb.dirty_rows(p.t), taken_marks(p.emb.dirty_rows(p.t))) for p in linked]
         links, link_error = self._link(linked, path, step)
         job = _SaveJob(self, model, step, path, previous, kind, layout, snapshots, linked, linked_marks, links,
@@ -299,14 +307,14 @@ class DifferentialCheckpointer:
 
     def _finish(self, path: str, step: int, kind: str, base: int, parent: Optional[int], copied: List[LocalPiece],
                 fused: List[LocalPiece], chunks: List[PlannedChunk], links: List[PieceRecord],
-                error: Optional[str], writer: RowChunkWriter,
-                trainer: Dict[str, Any]) -> Tuple[CheckpointRecord, int, int]:
+                error: Optional[str], writer: RowChunkWriter, trainer: Dict[str, Any],
+                live: Dict[str, VirtualRecord]) -> Tuple[CheckpointRecord, int, int]:
         """Once DCP wrote the step's data: writes this rank's manifest (unless linking the
         SSD tables failed: ``error``) and (rank 0) trainer.json. Returns the step's record,
         its copied rows' bytes and the bytes of the FUSED shards it holds whole (every rank's)."""
         if error is None:
             error = self._write_manifest(path, step, kind, base, parent, copied, fused, chunks, links,
-                                         writer.state_files, trainer)
+                                         writer.state_files, trainer, live)
         errors = gather_errors(error)
         if errors:
             raise OSError(errno.EIO, "; ".join(errors))
@@ -358,6 +366,10 @@ class DifferentialCheckpointer:
             p = s.piece
             select = (lambda lo, hi, s=s: s.selected.ids(lo, hi))
             quantize = self.quantize if kind == DELTA else ""  # full steps stay exact
+            if p.spec.virtual:  # by id
+                chunks += plan_virtual_chunks(p, s.selected, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0],
+                                              quantize)
+                continue
             order = getattr(p.emb, "storage_order", None)  # the block store's: chunks in log order
             chunks += plan_chunks(p, select, max(1, self.chunk_bytes // p.spec.row_bytes), kind[0], quantize,
                                   order=order)
@@ -365,13 +377,14 @@ class DifferentialCheckpointer:
 
     def _write_manifest(self, path: str, step: int, kind: str, base: int, parent: Optional[int],
                         pieces: List[LocalPiece], fused: List[LocalPiece], chunks: List[PlannedChunk],
-                        links: List[PieceRecord], state_files: List[str], trainer: Dict[str, Any]) -> Optional[str]:
+                        links: List[PieceRecord], state_files: List[str], trainer: Dict[str, Any],
+                        live: Dict[str, VirtualRecord]) -> Optional[str]:
         """Writes this rank's manifest; returns the error that prevented it, if any."""
         records = list(links)
         for p in pieces:
             mine = [c for c in chunks if c.piece is p]
-            complete = kind == FULL and sum(c.count for c in mine) == p.spec.rows
-            records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine]))
+            complete = kind == FULL and (p.spec.virtual or sum(c.count for c in mine) == p.spec.rows)
+            records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine], virtual=live.get(p.spec.key)))
         for p in fused:  # whole in the dense state (full) or its changed rows (delta)
             mine = [c for c in chunks if c.piece is p]
             records.append(PieceRecord(p.spec, kind == FULL, [c.spec() for c in mine], fused=True))
@@ -434,6 +447,7 @@ class DifferentialCheckpointer:
                 targets = [p for p in pieces if p.spec.key not in adopted] + \
                     fused_pieces(state, changed.to_fused | fused_now)
                 check_files(chain)
+                check_virtual(pieces, chain)
                 check_rows(targets, chain)
                 dense_sources(chain, changed.to_tiered)  # raises unless a step holds them
             except ChainError as e:
@@ -448,6 +462,7 @@ class DifferentialCheckpointer:
                 adopt(adoption, self.directory)
             restore_from_dense(pieces, changed.to_tiered, chain)
             apply_rows(targets, chain)  # FUSED-now tables: into the state's tensors
+            apply_virtual(pieces, chain)
             load_state_dicts(state, model, dense_optimizer)
         clear_dirty(model)
         clear_fused_dirty(model)
@@ -497,11 +512,12 @@ class _SaveJob:
         try:
             try:
                 chunks = ck._plan(self.snapshots, kind)
-                planner = RowChunkPlanner(chunks)
+                live, live_tensors = live_chunks(self.snapshots)
+                planner = RowChunkPlanner(chunks, live_tensors)
                 writer = RowChunkWriter(path, planner.chunk_keys(), file_bytes=2 * ck.chunk_bytes)
                 dcp.save(self.state, storage_writer=writer, planner=planner, process_group=current_group())
                 record, tiered, fused_bytes = ck._finish(path, step, kind, base, parent, copied, fused, chunks,
-                                                         self.links, self.link_error, writer, self.trainer)
+                                                         self.links, self.link_error, writer, self.trainer, live)
             except (CheckpointException, Exception) as e:  # any failure (DCP's is a BaseException): the
                 # step goes, its rows go into the next save
                 self._failed(e)

@@ -10,6 +10,10 @@ out its own (``torchrec_mtrains.sharding.checkpoint``):
 * ``optim.state.<module>embedding_bags.<table>.weight.<table>.momentum1``: fp32, one value
   per row of each shard for a row-wise optimizer (column-wise shards stacked), or
   ``[table_rows, table_cols]`` for an element-wise one; absent for SGD;
+* a virtual table (its rows keyed by id): ``model.<module>embedding_bags.<table>.weight_id``,
+  its live ids (int64, global, ascending), beside ``...weight`` ``[live ids, table_cols]`` and
+  the optimizer state ``optim.state....momentum1`` of those ids (one value or a row each);
+  a table's live rows are held in memory while they are written;
 * every other item of the chain's last step (dense parameters, FUSED tables, the fused
   and dense optimizers' remaining state) as that step saved it.
 
@@ -32,7 +36,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -58,6 +62,7 @@ from torchrec_mtrains.checkpoint.kind_change import dense_sources, read_dense_ro
 from torchrec_mtrains.checkpoint.restore import init_rows, join_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
+from torchrec_mtrains.checkpoint.virtual_pieces import export_virtual
 from torchrec_mtrains.sharding.checkpoint import rowwise_metadata
 
 __all__ = ["export_full_checkpoint"]
@@ -97,7 +102,10 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
     last = chain[-1]
     chain_dir.read_trainer(last.reader.path, last.step)  # the step is complete
     pieces = _export_pieces(chain)
-    dense, mappings = _read_dense(last, pieces)
+    virtual = _virtual_items(export_virtual(chain))
+    dense, mappings = _read_dense(last, pieces, set(virtual))
+    for fqn, (value, mapping) in virtual.items():
+        dense[fqn], mappings[fqn] = value, mapping
     partial = os.path.abspath(destination) + _PARTIAL
     shutil.rmtree(partial, ignore_errors=True)  # what an export killed half-way left
     spill = os.path.abspath(destination) + _SPILL
@@ -166,6 +174,8 @@ def _export_pieces(chain: List[ChainStep]) -> List[_ExportPiece]:
     specs: Dict[str, PieceSpec] = {}
     for n, step in enumerate(chain):
         for record in step.pieces():
+            if record.spec.virtual:  # by id: _virtual_items
+                continue
             key = record.spec.key
             if n == 0 and key in specs:
                 raise _layout_error(full, f"saves shard {key} twice")
@@ -423,11 +433,31 @@ def _file_bytes(pieces: List[_ExportPiece], block_rows: int) -> int:
 
 
 # ---------------------------------------------------------------------- dense items ----
-def _read_dense(last: ChainStep, pieces: List[_ExportPiece]) -> Tuple[Dict[str, Any], Dict[str, Tuple]]:
-    """Every item of the last step but its row chunks and the tiered tables' placeholders:
-    (flat values, their unflattening as that step recorded it)."""
+def _virtual_items(tables: Dict[str, Tuple[PieceSpec, torch.Tensor, torch.Tensor]]) -> Dict[str, Tuple[Any, Tuple]]:
+    """A virtual table's export items (fqn -> (tensor, its unflattening)): its live ids
+    (``.weight_id``, global, ascending), their weights (``.weight``, ``[n, cols]``) and
+    optimizer state (as a FUSED table's, by live id)."""
+    out: Dict[str, Tuple[Any, Tuple]] = {}
+    for spec, ids, rows in tables.values():
+        param = f"{spec.module}embedding_bags.{spec.table}.weight"
+        weights, state = split_rows(spec, rows)
+        out[f"model.{param}"] = (weights.contiguous(), ("model", param))
+        out[f"model.{param}_id"] = (ids, ("model", f"{param}_id"))
+        if state is not None:
+            key = f"{spec.table}.momentum1"
+            out[f"optim.state.{param}.{key}"] = (state.reshape(-1) if spec.state_values == 1 else state.contiguous(),
+                                                 ("optim", "state", param, key))
+    return out
+
+
+def _read_dense(last: ChainStep, pieces: List[_ExportPiece],
+                virtual: Set[str]) -> Tuple[Dict[str, Any], Dict[str, Tuple]]:
+    """Every item of the last step but its row chunks, virtual tables' live lists and the
+    tiered tables' placeholders: (flat values, their unflattening as that step recorded it)."""
     metadata = last.reader.metadata
     skip = {f"{c.key}{end}" for m in last.manifests for r in m.pieces for c in r.chunks for end in ("", "/ids")}
+    skip |= {c.key for m in last.manifests for r in m.pieces if r.virtual is not None for c in r.virtual.live}
+    skip |= virtual
     placeholders = {p.weight_fqn for p in pieces if p.source is None}
     for fqn in sorted(placeholders):
         if fqn not in metadata.state_dict_metadata:

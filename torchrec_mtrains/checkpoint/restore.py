@@ -144,10 +144,12 @@ _Work = Tuple[str, LocalPiece, ChainStep, PieceRecord, Optional[ChunkSpec]]
 def _work(pieces: List[LocalPiece], chain: List[ChainStep]) -> Iterator[_Work]:
     """In restore order: ("fill", piece, step, source, None) and ("chunk", ..., chunk)."""
     for piece in pieces:
+        if piece.spec.virtual:  # rows by id: virtual_pieces.py
+            continue
         for n, step in enumerate(chain):
             for record in step.pieces():
                 source = record.spec
-                if not _overlap(piece.spec, source):
+                if source.virtual or not _overlap(piece.spec, source):
                     continue
                 if n == 0 and not record.complete:
                     yield "fill", piece, step, record, None

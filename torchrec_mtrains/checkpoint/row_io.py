@@ -194,9 +194,10 @@ def _write_item(fqn: str, shape: Tuple[int, ...], dtype: torch.dtype) -> WriteIt
 class RowChunkPlanner(DefaultSavePlanner):
     """DCP's default planner for the state_dict, plus the row chunks, read on demand."""
 
-    def __init__(self, chunks: List[PlannedChunk]) -> None:
+    def __init__(self, chunks: List[PlannedChunk], extra: Optional[Dict[str, torch.Tensor]] = None) -> None:
         super().__init__()
         self.chunks = chunks
+        self._extra = dict(extra or {})  # more tensors, each in the files of the chunks
         self._rows = {c.key: c for c in chunks}
         self._ids = {f"{c.key}/ids": c for c in chunks if c.with_ids}
         self._last: Optional[Tuple[str, torch.Tensor]] = None  # (chunk key, its ids)
@@ -212,12 +213,15 @@ class RowChunkPlanner(DefaultSavePlanner):
                 items.append(_write_item(c.key, (c.count, spec.quantized_row_bytes(c.quantize)), torch.uint8))
             else:
                 items.append(_write_item(c.key, (c.count, spec.row_width), spec.torch_dtype))
+        for key, tensor in self._extra.items():
+            items.append(_write_item(key, tuple(tensor.shape), tensor.dtype))
         self.plan = dataclasses.replace(plan, items=items)
         return self.plan
 
     def chunk_keys(self) -> Dict[str, str]:
         """DCP key -> its chunk's rows key, for every tensor this planner adds."""
-        return {**{k: k for k in self._rows}, **{k: c.key for k, c in self._ids.items()}}
+        return {**{k: k for k in self._rows}, **{k: c.key for k, c in self._ids.items()},
+                **{k: k for k in self._extra}}
 
     def _chunk_ids(self, c: PlannedChunk) -> torch.Tensor:
         if self._last is not None and self._last[0] == c.key:
@@ -238,6 +242,8 @@ class RowChunkPlanner(DefaultSavePlanner):
 
     def resolve_data(self, write_item: WriteItem):
         fqn = write_item.index.fqn
+        if fqn in self._extra:
+            return self._extra[fqn]
         if fqn in self._ids:
             return self._chunk_ids(self._ids[fqn]).to(self._ids[fqn].piece.spec.ids_dtype)
         c = self._rows.get(fqn)

@@ -15,7 +15,7 @@ At the saving step, between training steps:
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
@@ -58,12 +58,14 @@ class HeldRows:
 
 class PieceSnapshot:
     """One shard as a save holds it: ``piece`` (reading through the snapshot), the rows it
-    saves (``selected``), and the dirty marks taken from the live shard (``marks``)."""
+    saves (``selected``: a DirtyRows, or a virtual shard's SortedIds), and the dirty marks
+    taken from the live shard (``marks``)."""
 
-    def __init__(self, piece: LocalPiece, selected: DirtyRows, marks: DirtyRows, live: DirtyRows,
-                 release: Optional[Any] = None, fused: bool = False) -> None:
+    def __init__(self, piece: LocalPiece, selected: Any, marks: DirtyRows, live: DirtyRows,
+                 release: Optional[Any] = None, fused: bool = False, virtual: Optional[Any] = None) -> None:
         self.piece, self.selected, self.marks, self._live = piece, selected, marks, live
         self.fused = fused  # a FUSED shard (else a copied tiered one)
+        self.virtual = virtual  # a virtual shard's VirtualSave (virtual_pieces.py)
         self._release = release
 
     def give_back_marks(self) -> None:
@@ -136,12 +138,14 @@ def stage(state: Dict[str, Any]) -> Dict[str, Any]:
     return copy.deepcopy(state)
 
 
-def snapshots_of(pieces: List[LocalPiece], fused: List[LocalPiece], full: bool) -> List[PieceSnapshot]:
-    """Snapshots of the copied tiered shards, then of the tracked FUSED ones."""
+def snapshots_of(pieces: List[LocalPiece], fused: List[LocalPiece], full: bool,
+                 virtual_snapshot: Callable[[LocalPiece, bool], PieceSnapshot]) -> List[PieceSnapshot]:
+    """Snapshots of the copied tiered shards (a virtual one's by ``virtual_snapshot``),
+    then of the tracked FUSED ones."""
     out: List[PieceSnapshot] = []
     try:
         for p in pieces:
-            out.append(tiered_snapshot(p, full))
+            out.append(virtual_snapshot(p, full) if p.spec.virtual else tiered_snapshot(p, full))
         for p in fused:
             out.append(fused_snapshot(p, full))
     except BaseException:

@@ -59,7 +59,11 @@ _MAP_WINDOW_ROWS = 1 << 22  # rows whose map entries are listed (and saved as on
 
 def linked_store(piece: LocalPiece, directory: str) -> Optional[BlockStore]:
     """The piece's block store when a step in ``directory`` can link its file (an SSD table
-    of one file, on the checkpoint's filesystem: a hard link cannot cross one), else None."""
+    of one file, on the checkpoint's filesystem: a hard link cannot cross one), else None.
+    A virtual table's rows are copied: its rows hold other ids over time, so a map of rows
+    is not a map of ids."""
+    if piece.spec.virtual:
+        return None
     linkable = getattr(piece.emb, "linkable_store", None)
     store = linkable(piece.t) if linkable is not None else None
     if store is None:

@@ -58,10 +58,6 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
         for kernel in collection.tiered_kernels():
             emb = kernel.emb_module
             for t, table in kernel.shards():
-                if table.use_virtual_table:
-                    raise ValueError(
-                        f"table {table.name} is a virtual table: differential checkpoints do not save "
-                        "virtual tables yet (their rows are keyed by id; see docs/virtual-tables.md)")
                 row, col = shard_offsets(table)
                 layout = emb.layouts[t]
                 lo, hi = emb.init_range(t)
@@ -71,6 +67,7 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
                     table_rows=int(table.num_embeddings), table_cols=int(table.embedding_dim),
                     dtype=layout.torch_dtype_name, state_values=int(layout.state_values),
                     seed=int(emb.store_seed(t)), init_range=[float(lo), float(hi)],
+                    virtual=bool(table.use_virtual_table),  # rows: its id space; ids: the live ones
                 )
                 out.append(LocalPiece(emb, t, spec))
     return sorted(out, key=lambda p: p.spec.key)

@@ -18,6 +18,7 @@ __all__ = [
     "LINKS_DIR",
     "MAP_ENTRY_BYTES",
     "SnapshotSpec",
+    "VirtualRecord",
     "PieceRecord",
     "PieceSpec",
     "StepManifest",
@@ -62,6 +63,9 @@ class PieceSpec:
     state_values: int
     seed: int
     init_range: List[float]
+    # A virtual table's shard: ``rows`` is its id space (``row_offset`` its first id) and
+    # its chunks' ids are the live ids saved (no row of it is implied; VirtualRecord).
+    virtual: bool = False
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -143,6 +147,21 @@ class SnapshotSpec:
 
 
 @dataclasses.dataclass
+class VirtualRecord:
+    """A virtual table shard's live ids as of the step: ``live`` chunks, each a DCP tensor
+    ``key`` of ``[count, 3]`` int64 -- shard-local id (ascending, in ``[row_lo, row_hi)``),
+    access count (its fp32 bits), last-use seconds -- with its CRC-32. Every live id's row
+    is in this step's chunks or, unchanged since, in an earlier step's of the chain.
+    ``pending``: steps its kernel had mapped (prefetched) but not computed; a restore
+    replays them without counting their ids again. ``next_pass_at``: live ids at which the
+    next eviction pass may run."""
+
+    live: List[ChunkSpec]
+    pending: int = 0
+    next_pass_at: int = 0
+
+
+@dataclasses.dataclass
 class PieceRecord:
     spec: PieceSpec
     complete: bool  # every row of the piece is in this step (no initial values implied)
@@ -152,6 +171,7 @@ class PieceRecord:
     # dense state (plain DCP, as TorchRec saves it; no chunks), a delta the rows its
     # training looked up since the parent step.
     fused: bool = False
+    virtual: Optional[VirtualRecord] = None  # a virtual table's shard: its live ids
 
     @property
     def rows_saved(self) -> int:
@@ -223,7 +243,7 @@ def _list(value: Any, where: str) -> List[Any]:
 
 
 def _piece(raw: Any, where: str) -> PieceRecord:
-    fields = check_fields(PieceRecord, raw, where, skip=("spec", "chunks", "snapshot"))
+    fields = check_fields(PieceRecord, raw, where, skip=("spec", "chunks", "snapshot", "virtual"))
     spec = PieceSpec(**check_fields(PieceSpec, fields["spec"], f"{where}.spec"))
     chunks = [ChunkSpec(**check_fields(ChunkSpec, c, f"{where}.chunks[{j}]"))
               for j, c in enumerate(_list(fields["chunks"], f"{where}.chunks"))]
@@ -232,7 +252,17 @@ def _piece(raw: Any, where: str) -> PieceRecord:
     fused = fields.get("fused", False)
     if fused and (snapshot is not None or (fields["complete"] and chunks)):
         raise ValueError(f"{where}: a FUSED shard is either whole in the dense state or chunks of changed rows")
-    return PieceRecord(spec, fields["complete"], chunks, snapshot, fused)
+    virtual = None
+    if fields.get("virtual") is not None:
+        raw_virtual = check_fields(VirtualRecord, fields["virtual"], f"{where}.virtual", skip=("live",))
+        live = [ChunkSpec(**check_fields(ChunkSpec, c, f"{where}.virtual.live[{j}]"))
+                for j, c in enumerate(_list(raw_virtual.pop("live"), f"{where}.virtual.live"))]
+        virtual = VirtualRecord(live, **raw_virtual)
+        if not spec.virtual or snapshot is not None or fused:
+            raise ValueError(f"{where}: live ids belong to a virtual table's copied shard")
+    elif spec.virtual:
+        raise ValueError(f"{where}: a virtual table's shard lacks its live ids")
+    return PieceRecord(spec, fields["complete"], chunks, snapshot, fused, virtual)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,7 +88,7 @@ class CheckpointRows:
                 f"({ids.numel()}, {codec.layout.row_width}), got {rows.dtype} {tuple(rows.shape)}"
             )
         weights, state = codec.split(rows)
-        self._rows.set_rows(table, ids, weights.contiguous(), state)
+        self._rows.set_rows(table, ids, weights.contiguous(), state, by_row=True)  # a virtual table's too
 
     def linkable_store(self, table: int) -> Optional[BlockStore]:
         store = self.cache.stores[table]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Deque, List, Optional
+from typing import Deque, Dict, List, Optional
 
 import torch
 
@@ -37,6 +37,9 @@ class Step:
     ticket: Optional[Ticket] = None
     rows: Optional[torch.Tensor] = None  # the tables' rows of the indices, once planned
     remapped: Optional[torch.Tensor] = None
+    # Per virtual table, the rows its plan gave to new ids: they change (made) whether the
+    # step trains or not, so a checkpoint saves them.
+    created_rows: Dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
     moves: List["Move"] = dataclasses.field(default_factory=list)  # tables with rows to move
 
 
@@ -140,7 +143,18 @@ class StepPath:
         if train:  # the rows this step trains may change: the next delta saves them
             cache.run.unflushed = True
             torch.ops.mtrains.mark_row_bits(cache.dirty_bits, job.rows, bounds)
+        self._mark_created(job)
         cache.run.last_forward_step = job.step
+
+    def mark_pending_created(self) -> None:
+        """Marks the rows the pending steps gave to new ids as changed (a checkpoint taken
+        now lists those ids as live: it saves their rows, their initial values)."""
+        for job in self.pending:
+            self._mark_created(job)
+
+    def _mark_created(self, job: Step) -> None:
+        for t, rows in job.created_rows.items():
+            self.cache.dirty[t].mark(rows)
 
     def drain(self) -> None:
         """Waits for every queued job and puts its rows in their slots."""
@@ -166,6 +180,7 @@ class StepPath:
         rows, created = batch.indices, {}
         if cache.virtual:  # virtual tables' ids -> their rows (new ids take fresh rows)
             rows, created = cache.virtual.map_step(batch.indices, batch.bounds, job.step, oldest_live)
+            job.created_rows = {t: rows[batch.bounds[t] + at] for t, at in created.items()}
         job.rows = rows
         remapped, tables, load_rows, load_slots, evict_rows, evict_slots, plan_s, plan_cpu_ns = \
             cache.index.plan_step(rows, batch.bounds, job.step, oldest_live, train)

@@ -60,11 +60,13 @@ class TableRows:
         run.unflushed = not (steps_done and durable and tables is None)
 
     def set_rows(self, table: int, ids: torch.Tensor, weights: torch.Tensor,
-                 optimizer_state: Optional[torch.Tensor]) -> None:
+                 optimizer_state: Optional[torch.Tensor], by_row: bool = False) -> None:
+        """``by_row``: ``ids`` are a virtual table's rows (a checkpoint's restore)."""
         cache = self.cache
         cache.check_usable()
         cache.check_table(table)
-        self._check_dense(table, "set_rows")
+        if not by_row:
+            self._check_dense(table, "set_rows")
         name, (rows_t, dim) = cache.names[table], cache.specs[table]
         codec = cache.codecs[table]
         ids = check_index_tensor("ids", torch.as_tensor(ids))

@@ -19,7 +19,7 @@ it composes, each given what it needs: ``slots.py`` (the TBE over the cache slot
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
@@ -35,6 +35,7 @@ from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_cache import RowCache
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
+from torchrec_mtrains.kernels.row_weights import RowWeights
 from torchrec_mtrains.kernels.slots import CacheSlots
 from torchrec_mtrains.kernels.steps import StepPath
 from torchrec_mtrains.kernels.table_rows import TableRows
@@ -170,6 +171,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._cache = RowCache(self.table_names, self.tiers, specs, codecs, stores, index, slots, mover,
                                virtual, tier_wrappers)
         self._steps = StepPath(self._cache, pipeline, self.feature_table_map)
+        virtual.set_weight_reader(RowWeights(self._cache, pipeline))  # the L2-norm policy's
         self._rows = TableRows(self._cache, self._steps.drain)
         self._checkpoint = CheckpointRows(self._cache, self._rows, self._steps, config.ssd_dram_cache_mb)
 
@@ -323,6 +325,52 @@ class TieredEmbeddingBags(torch.nn.Module):
             ValueError: ``table`` is not a virtual table.
         """
         return self._virtual(table).entries(table)
+
+    def virtual_state(self, table: int) -> Dict[str, Any]:
+        """What a checkpoint saves of virtual table ``table`` besides its rows, between
+        steps: ``ids``, ``rows`` (by row), their ``counts`` and ``times`` (the policy's
+        metadata), ``pending`` (steps prefetched, not computed: their ids are mapped, so a
+        restore replays them without counting them again) and ``next_pass_at``. The rows the
+        pending steps gave to new ids are marked changed (``dirty_rows``).
+
+        Raises:
+            ValueError: ``table`` is not a virtual table.
+        """
+        virtual = self._virtual(table)
+        self._cache.check_usable()
+        self._steps.drain()
+        self._steps.mark_pending_created()
+        ids, rows = virtual.entries(table)
+        counts, times = virtual.metadata(table, rows)
+        return {"ids": ids, "rows": rows, "counts": counts, "times": times,
+                "pending": len(self._steps.pending), "next_pass_at": virtual.next_pass_at(table)}
+
+    def virtual_capacity(self, table: int) -> int:
+        """The live ids virtual table ``table`` can hold: its rows."""
+        return self._virtual(table).tables[table].rows
+
+    def restore_virtual(self, table: int, ids: torch.Tensor, counts: torch.Tensor, times: torch.Tensor,
+                        replay: int = 0, next_pass_at: Optional[int] = None) -> torch.Tensor:
+        """Makes virtual table ``table`` hold exactly ``ids`` (distinct, in its id space) with
+        that metadata, id i in row i (returned); write their rows with ``set_store_rows``.
+        ``replay`` and ``next_pass_at`` as ``virtual_state`` gave them (see
+        ``VirtualRows.restore``).
+
+        Raises:
+            ValueError: not a virtual table; more ids than its rows; an id outside its
+                space; a prefetched step is pending.
+        """
+        virtual = self._virtual(table)
+        self._cache.check_usable()
+        if self._steps.pending:
+            raise ValueError(f"table {self.table_names[table]}: restore a virtual table only with no prefetched "
+                             "step pending")
+        ids = check_index_tensor("ids", ids)
+        bound = self._cache.id_specs[table][0]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= bound):
+            raise ValueError(f"table {self.table_names[table]}: ids must lie in [0, {bound})")
+        self._steps.drain()
+        return virtual.restore(table, ids, counts, times, replay, next_pass_at)
 
     def read_ids(self, table: int, ids: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Rows ``ids`` of virtual table ``table`` as ``read_rows`` gives rows: weights and

@@ -13,8 +13,8 @@ turns the step's ids into rows (on the plan thread, in step order):
   The slot is kept dirty, so the new row reaches the tier;
 - an eviction pass runs once a step took the live ids past the policy's trigger, or when a
   step's new ids would not fit the table's rows: it removes the ids the policy names (count with decay, time since last use, or
-  both, as FBGEMM's policies do), never those of a step still planned or running, and drops
-  their rows from the cache unwritten. An evicted id that comes back is a fresh row again.
+  both, or the L2 norm of the row's weights, as FBGEMM's policies do), never those of a step
+  still planned or running, and drops their rows from the cache unwritten. An evicted id that comes back is a fresh row again.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import dataclasses
 import errno
 import math
 import time
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,6 +33,9 @@ from torchrec_mtrains.storage.status import raise_for_status
 __all__ = ["EvictionSpec", "VirtualRows", "VirtualTableFull", "VirtualTableSpec"]
 
 _MAX_ROWS = 2**32 - 2  # the index's row numbers are 32-bit
+
+WeightReader = Callable[[int, torch.Tensor], Iterable[torch.Tensor]]
+"""(table, rows) -> that table's current weights of ``rows``, in blocks (``set_weight_reader``)."""
 
 
 class VirtualTableFull(RuntimeError):
@@ -51,6 +54,10 @@ class EvictionSpec:
         decay_rate: in (0, 1].
         ttl_seconds: evict ids not looked up for longer than this (0: time does not decide).
             With ``count_threshold`` too, only ids both rules name go.
+        l2_threshold: evict ids whose row's weights have an L2 norm below this, as FBGEMM's
+            ``L2WeightBasedEvict`` (0: the norm does not decide). It reads the rows' weights
+            at each pass (no metadata is kept), and is not combined with the count or time
+            rules (FBGEMM has no such mix).
         clock: seconds now (time.time); a test passes its own.
     """
 
@@ -58,6 +65,7 @@ class EvictionSpec:
     count_threshold: float = 0.0
     decay_rate: float = 1.0
     ttl_seconds: int = 0
+    l2_threshold: float = 0.0
     clock: Callable[[], float] = dataclasses.field(default=time.time, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,12 +78,19 @@ class EvictionSpec:
             raise ValueError(f"EvictionSpec: count_threshold={self.count_threshold!r} must be a number >= 0")
         if not (isinstance(self.decay_rate, (int, float)) and 0 < self.decay_rate <= 1):
             raise ValueError(f"EvictionSpec: decay_rate={self.decay_rate!r} must be in (0, 1]")
+        if not (isinstance(self.l2_threshold, (int, float)) and not isinstance(self.l2_threshold, bool)
+                and math.isfinite(self.l2_threshold) and self.l2_threshold >= 0):
+            raise ValueError(f"EvictionSpec: l2_threshold={self.l2_threshold!r} must be a number >= 0")
+        if self.l2_threshold > 0 and (self.count_threshold > 0 or self.ttl_seconds > 0):
+            raise ValueError(f"EvictionSpec: l2_threshold={self.l2_threshold!r} does not combine with "
+                             f"count_threshold={self.count_threshold!r} or ttl_seconds={self.ttl_seconds!r}: "
+                             "FBGEMM's L2-norm policy is a rule of its own")
         if not callable(self.clock):
             raise ValueError("EvictionSpec: clock must be callable")
 
     @property
     def evicts(self) -> bool:
-        return self.count_threshold > 0 or self.ttl_seconds > 0
+        return self.count_threshold > 0 or self.ttl_seconds > 0 or self.l2_threshold > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +135,9 @@ class _Table:
         # The policy had its pass: the next waits until the live ids grow by 1% of the trigger.
         self.next_pass_at = 0
         self.passes = 0
+        # Steps a restored checkpoint had mapped already (prefetched, not computed, when it
+        # was saved): their ids are looked up again without counting them twice.
+        self.replay = 0
 
     def protected_rows(self, oldest_live: int) -> torch.Tensor:
         while self.step_rows and self.step_rows[0][0] < oldest_live:
@@ -138,6 +156,9 @@ class VirtualRows:
         names: the tables' names (errors, stats).
         cache_index: the kernel's KernelCacheIndex (evicted rows are dropped from it).
     """
+
+    # Reads rows' weights for the L2-norm policy: the kernel's, given by set_weight_reader.
+    _read_weights: Optional[WeightReader] = None
 
     def __init__(self, specs: Sequence[Optional[VirtualTableSpec]], rows: Sequence[int], names: Sequence[str],
                  cache_index: torch.ScriptObject) -> None:
@@ -171,9 +192,18 @@ class VirtualRows:
         created: Dict[int, torch.Tensor] = {}
         for t, table in self.tables.items():
             lo, hi = bounds[t], bounds[t + 1]
+            replay = table.replay > 0
+            table.replay = max(0, table.replay - 1)
             if hi == lo:
                 continue
             ids = indices[lo:hi]
+            if replay:
+                mapped = table.index.find(ids)
+                if bool((mapped >= 0).all()):  # the saved run's step: counted in its checkpoint
+                    rows[lo:hi] = mapped
+                    table.step_rows.append((step, mapped))
+                    continue
+                table.replay = 0  # another batch than the saved run's: map it as any
             mapped, new_at = self._map(table, ids, oldest_live)
             table.live += new_at.numel()
             rows[lo:hi] = mapped
@@ -194,7 +224,8 @@ class VirtualRows:
         status, mapped, new_at = table.index.map(ids, True, self._now(table))
         if status[1] == errno.ENOSPC:
             if table.spec.eviction.evicts:
-                self._evict(table, oldest_live)
+                held = table.index.find(ids)  # this step's ids with rows: in use, kept
+                self._evict(table, oldest_live, held[held >= 0])
                 status, mapped, new_at = table.index.map(ids, True, self._now(table))
             if status[1] == errno.ENOSPC:
                 ev = table.spec.eviction
@@ -207,18 +238,55 @@ class VirtualRows:
         raise_for_status(status)
         return mapped, new_at
 
-    def _evict(self, table: _Table, oldest_live: int) -> None:
-        """One eviction pass: the policy's ids go, except those of live steps; their rows
-        leave the cache unwritten (they now belong to no id)."""
+    def _evict(self, table: _Table, oldest_live: int, also_keep: Optional[torch.Tensor] = None) -> None:
+        """One eviction pass: the policy's ids go, except those of live steps (and the rows
+        ``also_keep``); their rows leave the cache unwritten (they now belong to no id)."""
         ev = table.spec.eviction
         keep = table.protected_rows(oldest_live)
-        _, evicted_rows = table.index.evict(ev.decay_rate, float(ev.count_threshold), ev.ttl_seconds,
-                                            self._now(table), keep)
+        if also_keep is not None and also_keep.numel():
+            keep = torch.cat([keep, also_keep])
+        if ev.l2_threshold > 0:
+            evicted_rows = self._evict_by_l2_norm(table, keep)
+        else:
+            _, evicted_rows = table.index.evict(ev.decay_rate, float(ev.count_threshold), ev.ttl_seconds,
+                                                self._now(table), keep)
         table.passes += 1
         if evicted_rows.numel():
             self._cache_index.forget(table.number, evicted_rows)
         table.live -= evicted_rows.numel()
         table.next_pass_at = table.live + max(1, (ev.trigger_ids or table.rows) // 100)
+
+    def set_weight_reader(self, read_weights: WeightReader) -> None:
+        """Gives the L2-norm policy its rows' weights: ``read_weights(t, rows)`` yields table
+        t's current weights of ``rows`` (kernel rows of live ids in no live step), ``[n, dim]``
+        blocks of consecutive rows, in order. It is called during a pass, on the plan thread
+        (the kernel's ``RowWeights``)."""
+        self._read_weights = read_weights
+
+    def _evict_by_l2_norm(self, table: _Table, keep: torch.Tensor) -> torch.Tensor:
+        """FBGEMM's L2WeightBasedEvict: removes the live ids, except those holding rows in
+        ``keep``, whose row's weights have an L2 norm (computed in float32) below the
+        threshold; returns their rows. Memory: the live (id, row) pairs and one block of rows."""
+        threshold = table.spec.eviction.l2_threshold
+        if self._read_weights is None:
+            raise RuntimeError(f"virtual table {table.name}: its L2-norm eviction reads rows' weights, and no "
+                               "reader was given (VirtualRows.set_weight_reader)")
+        ids, rows = table.index.entries()
+        if keep.numel():
+            candidate = ~torch.isin(rows, keep)
+            ids, rows = ids[candidate], rows[candidate]
+        chosen: List[torch.Tensor] = []
+        done = 0
+        for weights in self._read_weights(table.number, rows):
+            n = weights.shape[0]
+            norms = torch.linalg.vector_norm(weights.to(torch.float32), dim=1)
+            chosen.append(ids[done: done + n][norms < threshold])
+            done += n
+        if done != rows.numel():
+            raise RuntimeError(f"virtual table {table.name}: the weight reader gave {done} rows of {rows.numel()}")
+        # Counts the pass in the index's stats (a rule naming no id removes none).
+        table.index.evict(1.0, 0.0, 0, self._now(table), keep)
+        return table.index.remove(torch.cat(chosen) if chosen else ids[:0])
 
     def find(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """Table t's rows of ``ids`` (-1 where an id has none); changes nothing."""
@@ -227,6 +295,44 @@ class VirtualRows:
     def entries(self, t: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """(ids, rows) of table t's live ids, by row."""
         return self.tables[t].index.entries()
+
+    def metadata(self, t: int, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(access counts fp32, last-use seconds int64) of table t's ``rows`` (0 where the
+        policy keeps none)."""
+        counts, times = self.tables[t].index.metadata(rows)
+        return counts, times.to(torch.int64)
+
+    def next_pass_at(self, t: int) -> int:
+        """Table t's live ids at which its next eviction pass may run."""
+        return self.tables[t].next_pass_at
+
+    def restore(self, t: int, ids: torch.Tensor, counts: torch.Tensor, times: torch.Tensor, replay: int,
+                next_pass_at: Optional[int]) -> torch.Tensor:
+        """Makes table t hold exactly ``ids`` (distinct, in its id space), id i in row i,
+        with that metadata; returns the rows. The rows' bytes are the caller's to write.
+        ``replay``: steps the saved run had mapped but not computed; ``next_pass_at``: the
+        saved shard's (None: as after a pass now). No step may be pending.
+
+        Raises:
+            ValueError: more ids than the table's rows, naming it.
+        """
+        table = self.tables[t]
+        if ids.numel() > table.rows:
+            raise ValueError(f"virtual table {table.name}: the checkpoint holds {ids.numel()} live ids for this "
+                             f"shard, more than its {table.rows} rows; give it more (TieredParams.virtual_rows)")
+        _, old_rows = table.index.entries()
+        if old_rows.numel():  # rows of the ids it held: dropped from the cache unwritten
+            self._cache_index.forget(table.number, old_rows)
+        rows = torch.arange(ids.numel(), dtype=torch.int64)
+        raise_for_status(table.index.assign(ids.to(torch.int64), rows, counts.to(torch.float32),
+                                            times.clamp(0, 2**32 - 1).to(torch.int64)))
+        table.live = int(ids.numel())
+        table.step_rows.clear()
+        table.replay = max(0, int(replay))
+        ev = table.spec.eviction
+        table.next_pass_at = (table.live + max(1, (ev.trigger_ids or table.rows) // 100)
+                              if next_pass_at is None else int(next_pass_at))
+        return rows
 
     def stats(self, t: int, row_bytes: int) -> Dict[str, float]:
         """Table t's live ids, index and metadata bytes (per live id, and per row ever used:
