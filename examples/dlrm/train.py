@@ -216,11 +216,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
     if args.virtual_tables:
-        clash = [f for f, on in (("--checkpoint-every", args.checkpoint_every), ("--resume", args.resume),
-                                 ("--weights-checksum", args.weights_checksum), ("--criteo-dir", args.data_dir)) if on]
+        clash = [f for f, on in (("--weights-checksum", args.weights_checksum), ("--criteo-dir", args.data_dir)) if on]
         if clash:
-            p.error(f"--virtual-tables does not work with {', '.join(clash)} yet: checkpoints and state_dict of "
-                    "virtual tables are not built, and Criteo's ids come hashed already (docs/virtual-tables.md)")
+            p.error(f"--virtual-tables does not work with {', '.join(clash)}: a virtual table has no state_dict "
+                    "of rows to hash (its rows are keyed by id), and Criteo's ids come hashed already "
+                    "(docs/virtual-tables.md)")
     try:
         args.dram_budget_bytes = parse_bytes(args.dram_budget, "--dram-budget")
         args.scm_budget_bytes = (None if str(args.scm_budget).lower() == "none"

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -50,12 +49,28 @@ def test_raw_ids_keep_distinct_rows_distinct() -> None:
     assert int(kjt[f"f_{DEFAULT_TABLES[1].name}"].values().max()) < DEFAULT_TABLES[1].num_rows
 
 
-@pytest.mark.parametrize("flag", [["--checkpoint-every", "5", "--checkpoint-dir", "{ck}"], ["--weights-checksum"]])
-def test_virtual_tables_refuse_what_they_do_not_support(tmp_path, flag) -> None:
+def test_virtual_tables_refuse_what_they_do_not_support(tmp_path) -> None:
     out = tmp_path / "out"
-    flag = [f.format(ck=tmp_path / "ck") for f in flag]
-    proc = subprocess.run([sys.executable, str(EXAMPLE_DLRM / "train.py"), "--virtual-tables", *flag,
+    proc = subprocess.run([sys.executable, str(EXAMPLE_DLRM / "train.py"), "--virtual-tables", "--weights-checksum",
                            "--out", str(out)], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "--virtual-tables does not work with" in proc.stderr
-    assert not out.exists() and not os.path.exists(tmp_path / "ck")
+    assert "--virtual-tables does not work with --weights-checksum" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_virtual_tables_resume_from_a_checkpoint_as_if_never_stopped(tmp_path) -> None:
+    """A run saves at step 10 (the pipeline has prefetched step 11 then) and goes on to 16;
+    another resumes from that step: the same losses, step by step."""
+    def run(name: str, *extra: str) -> dict:
+        out = tmp_path / name
+        proc = _torchx("dist.ddp", "-j", "1x2", "--script", "examples/dlrm/train.py", "--", "--virtual-tables",
+                       "--steps", "16", "--checkpoint-dir", str(tmp_path / "ck"), "--out", str(out), *extra)
+        assert "Job finished: SUCCEEDED" in proc.stderr + proc.stdout, proc.stderr[-4000:]
+        return _metrics(out)
+
+    whole = run("whole", "--checkpoint-every", "10")
+    resumed = run("resumed", "--resume")
+    assert [c["step"] for c in whole["checkpoints"]] == [10]
+    assert resumed["losses"] == whole["losses"]
