@@ -175,6 +175,17 @@ def test_optimizers_pooling_and_weights(tmp_path: Path, optimizer: EmbOptimType,
                        "ahead", cache_rows=48, cache_ways=8)
 
 
+@pytest.mark.parametrize("schedule", ["inline", "ahead", "overlap"])
+@pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
+def test_sequences_unpooled_match_fbgemm(tmp_path: Path, tier: Tier, schedule: str) -> None:
+    """PoolingMode.NONE (TorchRec's EmbeddingCollection): one output row per id, through the
+    same cache, prefetch and tiers; outputs, weights and state as FBGEMM's sequence TBE."""
+    optimizer = OPTIMIZERS[TIERS.index(tier)]
+    model = Model(specs=((1500, 8), (600, 8)), optimizer=optimizer, pooling=PoolingMode.NONE, learning_rate=0.1)
+    _train_and_compare(tmp_path, model, Workload(steps=100, sequence=True, data_seed=7), tier, schedule,
+                       cache_rows=48, cache_ways=8)
+
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
 def test_fp16_weights_equal_fbgemm_fp16(tmp_path: Path, tier: Tier, optimizer: EmbOptimType) -> None:

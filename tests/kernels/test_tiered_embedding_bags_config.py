@@ -123,7 +123,7 @@ CONFIG_ERRORS = {
     "optimizer_adam": (dict(optimizer=EmbOptimType.ADAM), r"optimizer=.*must be one of"),
     "optimizer_string": (dict(optimizer="adam"), r"optimizer='adam' must be one of"),
     "precision_int8": (dict(weights_precision=SparseType.INT8), r"weights_precision=.*must be one of"),
-    "pooling_none": (dict(pooling_mode=PoolingMode.NONE), "pooling_mode"),
+    "pooling_string": (dict(pooling_mode="sum"), "pooling_mode"),
     "cache_algorithm": (dict(cache_algorithm="fifo"), "cache_algorithm='fifo'"),
     "tier_string": (dict(tier="ssd"), "tier='ssd' must be a torchrec_mtrains.Tier"),
     "learning_rate_nan": (dict(learning_rate=math.nan), "learning_rate=nan"),

@@ -81,6 +81,9 @@ class Workload:
     alpha: float = 1.05
     per_sample_weights: bool = False
     data_seed: int = 0
+    # Unpooled (PoolingMode.NONE): the output and its gradient have a row per id; the
+    # tables' dims must be equal (FBGEMM's sequence TBE).
+    sequence: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +91,7 @@ class Step:
     indices: torch.Tensor
     offsets: torch.Tensor
     per_sample_weights: Optional[torch.Tensor]
-    grad: torch.Tensor  # gradient of the pooled output, [B, sum(dims)]
+    grad: torch.Tensor  # gradient of the output: pooled [B, sum(dims)]; a sequence's [ids, dim]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +121,10 @@ def make_steps(specs: Tuple[Tuple[int, int], ...], workload: Workload) -> Tuple[
         indices = torch.cat(ids)
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cat(lengths).cumsum(0)])
         psw = torch.rand(indices.numel(), generator=g) * 2 if workload.per_sample_weights else None
-        grad = torch.randn(b, total_dim, generator=g)
+        if workload.sequence:
+            grad = torch.randn(indices.numel(), specs[0][1], generator=g)
+        else:
+            grad = torch.randn(b, total_dim, generator=g)
         out.append(Step(indices, offsets, psw, grad))
     return tuple(out)
 

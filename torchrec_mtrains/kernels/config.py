@@ -22,7 +22,7 @@ __all__ = ["CACHE_ALGORITHMS", "DEFAULTS", "DEFAULT_CACHE_LOAD_FACTOR", "TieredC
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
 """Cache size as a fraction of a table's rows when neither cache_rows nor a load factor is given."""
 CACHE_ALGORITHMS = ("lru", "lfu", "tinylfu")
-_POOLING_MODES = (PoolingMode.SUM, PoolingMode.MEAN)
+_POOLING_MODES = (PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE)  # NONE: a row per id (sequences)
 _MAX_CACHE_WAYS = 1024  # the C++ cache's limit
 
 InitRange = Tuple[float, float]
@@ -183,7 +183,7 @@ def _is_default(value: Any, default: Any) -> bool:
 
 def _check_choices(config: TieredConfig) -> None:
     if config.pooling_mode not in _POOLING_MODES:
-        raise ValueError(f"pooling_mode={config.pooling_mode} must be PoolingMode.SUM or PoolingMode.MEAN")
+        raise ValueError(f"pooling_mode={config.pooling_mode} must be PoolingMode.SUM, MEAN or NONE")
     if config.cache_algorithm not in CACHE_ALGORITHMS:
         raise ValueError(f"cache_algorithm={config.cache_algorithm!r} must be 'lru', 'lfu' or 'tinylfu'")
 

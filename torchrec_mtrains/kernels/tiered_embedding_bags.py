@@ -77,7 +77,9 @@ class TieredEmbeddingBags(torch.nn.Module):
             the same table names there are replaced: this is working storage).
         optimizer: EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD or EXACT_SGD (fused, FBGEMM's).
         learning_rate, eps: optimizer hyper-parameters.
-        pooling_mode: PoolingMode.SUM or PoolingMode.MEAN.
+        pooling_mode: PoolingMode.SUM or PoolingMode.MEAN (bags: one row per bag), or
+            PoolingMode.NONE (sequences, TorchRec's EmbeddingCollection: one output row per
+            id, ``[len(indices), dim]``; every table of one dim).
         cache_algorithm: "lru", "lfu" or "tinylfu" (LFU behind a TinyLFU admission filter).
         prefetch_pipeline: run ``prefetch()`` on a background thread (False: inline).
         weights_precision: SparseType.FP32 or SparseType.FP16.
@@ -139,6 +141,9 @@ class TieredEmbeddingBags(torch.nn.Module):
         load_extension()
         specs = check_embedding_specs(embedding_specs)
         config = resolve_config(config, settings)
+        if config.pooling_mode == PoolingMode.NONE and len({dim for _, dim in specs}) > 1:
+            raise ValueError(f"pooling_mode=PoolingMode.NONE (a row per id) needs tables of one dim, got dims "
+                             f"{sorted({dim for _, dim in specs})} (FBGEMM's sequence TBE); give each dim a kernel")
         num_rows = [rows for rows, _ in specs]
         self.config = config
         self.embedding_specs = specs
