@@ -6,7 +6,8 @@
     model = DistributedModelParallel(model, plan=ShardingPlan({"sparse.ebc": plan}),
                                      sharders=[sharder])
 
-On the CPU the sharder also trains TorchRec's ``key_value`` tables (ParameterConstraints with
+``TieredEmbeddingCollectionSharder`` does the same for an EmbeddingCollection (a row per id:
+sequence models). On the CPU the sharders also train TorchRec's ``key_value`` tables (ParameterConstraints with
 KeyValueParams / CacheParams, planned by TorchRec's planner or ours) on the SSD tier: see
 ``key_value``.
 """
@@ -18,14 +19,17 @@ from torchrec_mtrains.sharding.kernel import (
 from torchrec_mtrains.sharding.pipeline import TieredTrainPipeline
 from torchrec_mtrains.sharding.plan import tiered_sharding_plan
 from torchrec_mtrains.sharding.sharded_ebc import ShardedTieredEmbeddingBagCollection
-from torchrec_mtrains.sharding.sharder import TieredEmbeddingBagCollectionSharder
+from torchrec_mtrains.sharding.sharded_ec import ShardedTieredEmbeddingCollection
+from torchrec_mtrains.sharding.sharder import TieredEmbeddingBagCollectionSharder, TieredEmbeddingCollectionSharder
 from torchrec_mtrains.sharding.types import TieredParameterSharding, TieredParams
 
 # What a user imports from here (pinned by tests/package/test_package.py). The kernel and
 # its fused optimizer stay importable from here and from sharding.kernel.
 __all__ = [
     "ShardedTieredEmbeddingBagCollection",
+    "ShardedTieredEmbeddingCollection",
     "TieredEmbeddingBagCollectionSharder",
+    "TieredEmbeddingCollectionSharder",
     "TieredParameterSharding",
     "TieredParams",
     "TieredTrainPipeline",

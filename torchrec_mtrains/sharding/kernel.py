@@ -39,7 +39,8 @@ from torchrec_mtrains.types import Tier
 
 __all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "rank_storage_dir"]
 
-_POOLING = {PoolingType.SUM: PoolingMode.SUM, PoolingType.MEAN: PoolingMode.MEAN}
+# NONE: the lookups of an EmbeddingCollection (a row per id).
+_POOLING = {PoolingType.SUM: PoolingMode.SUM, PoolingType.MEAN: PoolingMode.MEAN, PoolingType.NONE: PoolingMode.NONE}
 _PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
 _CHUNK_ROWS = 1 << 16  # rows per read or write when streaming a shard
 
@@ -193,7 +194,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             raise ValueError(f"tables {', '.join(names)}: {e}") from None
         self.params = self.table_params[0]
         if config.pooling not in _POOLING:
-            raise ValueError(f"tables {', '.join(names)}: pooling {config.pooling} is not SUM or MEAN")
+            raise ValueError(f"tables {', '.join(names)}: pooling {config.pooling} is not SUM, MEAN or NONE")
         if config.data_type not in _PRECISION:
             raise ValueError(f"tables {', '.join(names)}: data type {config.data_type} is not FP32 or FP16")
         self.rank = dist.get_rank() if dist.is_initialized() else 0

@@ -1,4 +1,5 @@
-"""The lookup and sharding classes that build tiered kernels for CUSTOMIZED_KERNEL tables.
+"""The lookup and sharding classes that build tiered kernels for CUSTOMIZED_KERNEL tables,
+pooled (EmbeddingBagCollection) and sequence (EmbeddingCollection) ones.
 
 TorchRec has no kernel registry; its ``CUSTOMIZED_KERNEL`` slot passes plan validation and
 reaches the lookup's ``_create_embedding_kernel``, which we override. Each sharding type
@@ -14,7 +15,7 @@ from typing import Any, Dict, Optional, Type
 import torch
 import torch.distributed as dist
 from torchrec.distributed.embedding_kernel import BaseEmbedding
-from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
+from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_sharding import EmbeddingSharding
 from torchrec.distributed.embedding_types import (
     BaseEmbeddingLookup,
@@ -22,15 +23,21 @@ from torchrec.distributed.embedding_types import (
     EmbeddingComputeKernel,
     GroupedEmbeddingConfig,
 )
+from torchrec.distributed.sharding.cw_sequence_sharding import CwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.cw_sharding import CwPooledEmbeddingSharding
+from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.sharding.tw_sequence_sharding import TwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag
 
-__all__ = ["TieredGroupedPooledEmbeddingsLookup", "TIERED_SHARDINGS"]
+__all__ = [
+    "TIERED_SEQUENCE_SHARDINGS", "TIERED_SHARDINGS", "TieredGroupedEmbeddingsLookup",
+    "TieredGroupedPooledEmbeddingsLookup",
+]
 
 
 class TieredGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
@@ -58,6 +65,50 @@ class TieredGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
 
     def tiered_kernels(self):
         return [m for m in self._emb_modules if isinstance(m, TieredBatchedEmbeddingBag)]
+
+
+class TieredGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
+    """TorchRec's sequence lookup (EmbeddingCollection: a row per id), with tiered kernels
+    (PoolingMode.NONE) for CUSTOMIZED_KERNEL groups."""
+
+    def _create_embedding_kernel(
+        self,
+        config: GroupedEmbeddingConfig,
+        pg: Optional[dist.ProcessGroup],
+        device: Optional[torch.device],
+        env: Optional[ShardingEnv] = None,
+    ) -> BaseEmbedding:
+        if config.compute_kernel == EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
+            return TieredBatchedEmbeddingBag(config, pg=pg, device=device)
+        return super()._create_embedding_kernel(config, pg, device, env)
+
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Optional[Any] = None) -> None:
+        super().prefetch(sparse_features, forward_stream)  # TorchRec's own cached kernels
+        if not self._emb_modules:
+            return
+        for emb, features in zip(self._emb_modules, sparse_features.split(self._feature_splits)):
+            if isinstance(emb, TieredBatchedEmbeddingBag):
+                emb.prefetch(features)
+
+    def tiered_kernels(self):
+        return [m for m in self._emb_modules if isinstance(m, TieredBatchedEmbeddingBag)]
+
+
+def _with_sequence_lookup(base: Type[EmbeddingSharding]) -> Type[EmbeddingSharding]:
+    def create_lookup(
+        self,
+        device: Optional[torch.device] = None,
+        fused_params: Optional[Dict[str, Any]] = None,
+        feature_processor: Optional[BaseGroupedFeatureProcessor] = None,
+    ) -> BaseEmbeddingLookup:
+        return TieredGroupedEmbeddingsLookup(
+            grouped_configs=self._grouped_embedding_configs,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            env=self._env,
+        )
+
+    return type(f"Tiered{base.__name__}", (base,), {"create_lookup": create_lookup, "__module__": __name__})
 
 
 def _with_tiered_lookup(base: Type[EmbeddingSharding], sharding_type: Optional[ShardingType]) -> Type[EmbeddingSharding]:
@@ -88,4 +139,11 @@ TIERED_SHARDINGS: Dict[str, Type[EmbeddingSharding]] = {
     ShardingType.TABLE_WISE.value: TieredTwPooledEmbeddingSharding,
     ShardingType.ROW_WISE.value: TieredRwPooledEmbeddingSharding,
     ShardingType.COLUMN_WISE.value: TieredCwPooledEmbeddingSharding,
+}
+
+# The same for an EmbeddingCollection's (sequence) shardings.
+TIERED_SEQUENCE_SHARDINGS: Dict[str, Type[EmbeddingSharding]] = {
+    ShardingType.TABLE_WISE.value: _with_sequence_lookup(TwSequenceEmbeddingSharding),
+    ShardingType.ROW_WISE.value: _with_sequence_lookup(RwSequenceEmbeddingSharding),
+    ShardingType.COLUMN_WISE.value: _with_sequence_lookup(CwSequenceEmbeddingSharding),
 }

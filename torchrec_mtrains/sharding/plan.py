@@ -1,4 +1,5 @@
-"""tiered_sharding_plan: a hand-made plan for an EBC with some tables on tiers."""
+"""tiered_sharding_plan: a hand-made plan for an EmbeddingBagCollection or an
+EmbeddingCollection with some tables on tiers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding
 
-from torchrec_mtrains.sharding.sharder import TieredEmbeddingBagCollectionSharder
+from torchrec.modules.embedding_modules import EmbeddingCollection
+
+from torchrec_mtrains.sharding.sharder import TieredEmbeddingBagCollectionSharder, TieredEmbeddingCollectionSharder
 from torchrec_mtrains.sharding.types import TieredParameterSharding, TieredParams
 
 __all__ = ["tiered_sharding_plan"]
@@ -38,7 +41,8 @@ def tiered_sharding_plan(
     sharding_type: str = "table_wise",
     device_type: str = "cpu",
 ) -> EmbeddingModuleShardingPlan:
-    """The plan of an EmbeddingBagCollection, as TorchRec's ``construct_module_sharding_plan``
+    """The plan of an EmbeddingBagCollection or an EmbeddingCollection (``module``), as
+    TorchRec's ``construct_module_sharding_plan``
     builds it: tables in ``tables`` mapped to TieredParams run on their tier behind a row
     cache (the tiered kernel), those mapped to None (and any not named) are plain FUSED.
     Table-wise plans spread tables over ranks, largest first onto the least loaded rank.
@@ -47,7 +51,8 @@ def tiered_sharding_plan(
         raise ValueError(f"sharding_type={sharding_type!r} must be one of {_SHARDING_TYPES}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} must be a positive int")
-    configs = {c.name: c for c in module.embedding_bag_configs()}
+    sequences = isinstance(module, EmbeddingCollection)
+    configs = {c.name: c for c in (module.embedding_configs() if sequences else module.embedding_bag_configs())}
     unknown = sorted(set(tables) - set(configs))
     if unknown:
         raise ValueError(f"tables {unknown} are not tables of the module (it has {sorted(configs)})")
@@ -74,7 +79,7 @@ def tiered_sharding_plan(
     plan = construct_module_sharding_plan(
         module,
         generators,
-        sharder=TieredEmbeddingBagCollectionSharder(),
+        sharder=TieredEmbeddingCollectionSharder() if sequences else TieredEmbeddingBagCollectionSharder(),
         local_size=world_size,
         world_size=world_size,
         device_type=device_type,

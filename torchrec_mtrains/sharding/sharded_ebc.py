@@ -1,58 +1,30 @@
-"""ShardedTieredEmbeddingBagCollection: TorchRec's sharded EBC with tiered tables in it.
-
-TorchRec leaves the state of CUSTOMIZED_KERNEL tables to the subclass: this one registers
-an empty placeholder ``weight`` for each tiered table on every rank (TorchRec expects one),
-adds their ShardedTensors to ``state_dict()`` (rows streamed from the tiers) and writes them
-back on ``load_state_dict()``.
-"""
+"""ShardedTieredEmbeddingBagCollection: TorchRec's sharded EBC with tiered tables in it
+(their state: ``tiered_state.py``)."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
 import torch
-from torch import nn
-from torch.distributed._shard.sharded_tensor import TensorProperties
 from torchrec.distributed.embedding_sharding import (
     EmbeddingSharding,
     EmbeddingShardingInfo,
 )
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv, ShardingType
-from torchrec.modules.embedding_configs import data_type_to_dtype
-from torchrec.optim.fused import EmptyFusedOptimizer
 
-from torchrec_mtrains.sharding.checkpoint import (
-    LocalShard,
-    load_weights,
-    weights_sharded_tensor,
-)
-from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag, shard_offsets
-from torchrec_mtrains.sharding.lookup import (
-    TIERED_SHARDINGS,
-    TieredGroupedPooledEmbeddingsLookup,
-)
-from torchrec_mtrains.sharding.types import (
-    CACHE_LOAD_FACTOR,
-    FUSED_PARAM_KEYS,
-    TieredParameterSharding,
-    per_table_fused_params,
-)
+from torchrec_mtrains.sharding.lookup import TIERED_SHARDINGS
+from torchrec_mtrains.sharding.tiered_state import TieredTablesState, join_tier_params
 
 __all__ = ["ShardedTieredEmbeddingBagCollection"]
 
-_CUSTOM = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 
+class ShardedTieredEmbeddingBagCollection(TieredTablesState, ShardedEmbeddingBagCollection):
+    TABLES_ATTR = "embedding_bags"
 
-class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # While set, state_dict() holds each tiered table's empty placeholder and
-        # load_state_dict() leaves the tiers alone (torchrec_mtrains.checkpoint saves them).
-        self.tiered_state_excluded = False
-        self._register_state_dict_hook(ShardedTieredEmbeddingBagCollection._tiered_state_dict_hook)
-        self._register_load_state_dict_pre_hook(self._tiered_load_hook, with_module=True)
+        self._init_tiered_state()
 
     @classmethod
     def create_embedding_bag_sharding(
@@ -63,29 +35,11 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         permute_embeddings: bool = False,
         qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
     ) -> EmbeddingSharding:
-        tiered = [i for i in sharding_infos if i.param_sharding.compute_kernel == _CUSTOM]
+        tiered = join_tier_params(sharding_infos)
         if not tiered:
             return super().create_embedding_bag_sharding(
                 sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
             )
-        params = {
-            info.embedding_config.name: info.param_sharding.tiered
-            for info in tiered
-            if isinstance(info.param_sharding, TieredParameterSharding) and info.param_sharding.tiered is not None
-        }
-        shared = per_table_fused_params(params)
-        for info in tiered:
-            p = params.get(info.embedding_config.name)
-            if p is not None:
-                # Tier settings join fused_params, so TorchRec groups tables by them, except
-                # the per-table ones: the cache size goes under TorchRec's own
-                # "cache_load_factor", which its grouping ignores, and the tier and rows
-                # written into one map all tables share, so a rank's tables of every tier
-                # and cache size that agree on the rest share one kernel.
-                fused = {**(info.fused_params or {}), **p.to_fused_params(), **shared}
-                fused[CACHE_LOAD_FACTOR] = p.load_factor(info.embedding_config.num_embeddings)
-                fused[FUSED_PARAM_KEYS[1]] = fused[FUSED_PARAM_KEYS[2]] = None
-                info.fused_params = fused
         sharding_type = sharding_infos[0].param_sharding.sharding_type
         sharding_cls = TIERED_SHARDINGS.get(sharding_type)
         if sharding_cls is None:
@@ -99,67 +53,8 @@ class ShardedTieredEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             kwargs["permute_embeddings"] = permute_embeddings
         return sharding_cls(sharding_infos, env, device, **kwargs)
 
-    # --------------------------------------------------------------- tiered tables ----
-    def tiered_kernels(self) -> List[TieredBatchedEmbeddingBag]:
-        out = []
-        for lookup in self._lookups:
-            lookup = getattr(lookup, "module", lookup)  # DDP-wrapped (data parallel) lookups
-            if isinstance(lookup, TieredGroupedPooledEmbeddingsLookup):
-                out.extend(lookup.tiered_kernels())
-        return out
-
-    def tiered_table_names(self) -> List[str]:
-        """The tables of this collection that the plan puts on the tiered kernel."""
-        return self._tiered_tables()
-
-    def _tiered_tables(self) -> List[str]:
-        return [name for name, ps in self.module_sharding_plan.items() if ps.compute_kernel == _CUSTOM]
-
-    def _local_shards(self) -> Dict[str, List[LocalShard]]:
-        out: Dict[str, List[LocalShard]] = {name: [] for name in self._tiered_tables()}
-        for kernel in self.tiered_kernels():
-            for t, table in kernel.shards():
-                out[table.name].append((kernel, t, shard_offsets(table)))
-        return out
-
     def reset_parameters(self) -> None:
         # TorchRec initialises every table's ``weight`` here; a tiered table has only an
         # empty placeholder (its rows live on the tier, initialised there).
-        for name in self._tiered_tables():
-            holder = self.embedding_bags[name]
-            if "weight" not in holder._parameters:
-                weight = nn.Parameter(torch.empty(0), requires_grad=False)
-                weight._in_backward_optimizers = [EmptyFusedOptimizer()]  # type: ignore[attr-defined]
-                holder.register_parameter("weight", weight)
+        self._register_placeholders()
         super().reset_parameters()
-
-    @staticmethod
-    def _tiered_state_dict_hook(
-        module: "ShardedTieredEmbeddingBagCollection", destination: Dict[str, Any], prefix: str, _meta: Any
-    ) -> None:
-        if module.tiered_state_excluded:
-            return  # a differential checkpoint saves the tiered rows itself
-        local = module._local_shards()
-        for name in module._tiered_tables():
-            config = module._table_name_to_config[name]
-            metadata = module.module_sharding_plan[name].sharding_spec.build_metadata(
-                tensor_sizes=torch.Size([config.num_embeddings, config.embedding_dim]),
-                tensor_properties=TensorProperties(dtype=data_type_to_dtype(config.data_type)),
-            )
-            destination[f"{prefix}embedding_bags.{name}.weight"] = weights_sharded_tensor(
-                metadata, local[name], module._env.process_group
-            )
-
-    @staticmethod
-    def _tiered_load_hook(
-        module: "ShardedTieredEmbeddingBagCollection", state_dict: Dict[str, Any], prefix: str, *args: Any
-    ) -> None:
-        local = module._local_shards()
-        for name in module._tiered_tables():
-            key = f"{prefix}embedding_bags.{name}.weight"
-            if key not in state_dict:
-                continue  # reported as a missing key by load_state_dict
-            if not module.tiered_state_excluded:
-                load_weights(name, state_dict[key], local[name])
-            state_dict[key] = module.embedding_bags[name].weight  # the placeholder loads as is
-
