@@ -127,27 +127,12 @@ def _optimizer_params() -> dict:
 
 def run(rank: int, spec_json: str) -> None:
     import torch.distributed.checkpoint as dcp
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-
-    from torchrec_mtrains.sharding import TieredTrainPipeline
 
     spec = SequenceRun(**json.loads(spec_json))
     dist.init_process_group("gloo", init_method=spec.init_method, rank=rank, world_size=spec.world_size)
     pg = dist.GroupMember.WORLD
-    model = SequenceModel(make_collection())
-    plan, sharder = _plan(spec, model, pg)
-    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), plan=plan, sharders=[sharder],
-                                   device=torch.device("cpu"))
-    opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.0)  # the head stays fixed
-    pipeline = TieredTrainPipeline(dmp, opt, torch.device("cpu"))
-    batches = iter([local_batch(s, rank, spec.world_size) for s in range(spec.steps)])
-    losses: List[float] = []
-    for _ in range(spec.steps):
-        loss = pipeline.progress(batches).clone()
-        dist.all_reduce(loss)
-        losses.append(float(loss))
-    pipeline.detach()
+    dmp, plan = build(spec, pg)
+    losses = train(dmp, range(spec.steps), rank, spec.world_size)
     kernels = {name: ps.compute_kernel for name, ps in plan.plan["ec"].items()}
     state = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
     dcp.save(state, checkpoint_id=os.path.join(spec.out_dir, "final"), process_group=pg)
@@ -158,6 +143,37 @@ def run(rank: int, spec_json: str) -> None:
         for k in getattr(m, "tiered_kernels", lambda: [])():
             k.close()
     dist.destroy_process_group()
+
+
+def build(spec: SequenceRun, pg):
+    """The model planned and sharded by DMP on ``pg`` (initialised); (dmp, plan)."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    model = SequenceModel(make_collection())
+    plan, sharder = _plan(spec, model, pg)
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), plan=plan, sharders=[sharder],
+                                   device=torch.device("cpu"))
+    return dmp, plan
+
+
+def train(dmp, steps: range, rank: int, world: int, on_step=None) -> List[float]:
+    """Trains ``steps`` through TorchRec's prefetching pipeline; the global losses.
+    ``on_step(s)`` after step s - 1 (a save: the next step is prefetched by then)."""
+    from torchrec_mtrains.sharding import TieredTrainPipeline
+
+    opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.0)  # the head stays fixed
+    pipeline = TieredTrainPipeline(dmp, opt, torch.device("cpu"))
+    batches = iter([local_batch(s, rank, world) for s in steps])
+    losses: List[float] = []
+    for s in steps:
+        loss = pipeline.progress(batches).clone()
+        dist.all_reduce(loss)
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(s + 1)
+    pipeline.detach()
+    return losses
 
 
 def launch(spec: SequenceRun, timeout: float = 300.0) -> List[int]:

@@ -50,6 +50,7 @@ from torchrec_mtrains.checkpoint.kind_change import (
     pop_tables,
     restore_from_dense,
     tiered_tables,
+    table_of,
     weight_key,
 )
 from torchrec_mtrains.checkpoint.steps import ChainStep
@@ -439,7 +440,7 @@ class DifferentialCheckpointer:
                 changed = changed_tables(pieces, tiered_tables(model), chain, state["model"])
                 # FUSED when saved and now, with deltas of their changed rows: their dense
                 # state loads from the step that holds it, the deltas' rows go on top.
-                fused_then = {(s.module, s.table) for s in chain_specs(chain, fused=True)}
+                fused_then = {table_of(s) for s in chain_specs(chain, fused=True)}
                 fused_now = {t for t in fused_then - tiered_tables(model) if weight_key(t) in state["model"]}
                 earlier = _earlier_sources(chain, fused_now)
                 adoptions = _adoptions(pieces, chain)

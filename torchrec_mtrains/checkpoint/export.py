@@ -58,7 +58,7 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from torchrec_mtrains.checkpoint import chain as chain_dir
 from torchrec_mtrains.checkpoint.integrity import check_files
 from torchrec_mtrains.checkpoint.steps import ChainStep
-from torchrec_mtrains.checkpoint.kind_change import dense_sources, read_dense_rows
+from torchrec_mtrains.checkpoint.kind_change import dense_sources, read_dense_rows, table_of
 from torchrec_mtrains.checkpoint.restore import init_rows, join_rows, read_chunk, split_rows
 from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
@@ -185,8 +185,8 @@ def _export_pieces(chain: List[ChainStep]) -> List[_ExportPiece]:
             by_key.setdefault(key, [None] * len(chain))[n] = record
     tables: Dict[Tuple[str, str], List[PieceSpec]] = {}
     for spec in specs.values():
-        tables.setdefault((spec.module, spec.table), []).append(spec)
-    fused = {(r.spec.module, r.spec.table) for records in by_key.values() for r in records if r is not None and r.fused}
+        tables.setdefault(table_of(spec), []).append(spec)
+    fused = {table_of(r.spec) for records in by_key.values() for r in records if r is not None and r.fused}
     sources = dense_sources(chain, fused)
     out = []
     for table, table_specs in tables.items():
@@ -220,7 +220,7 @@ def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[Piece
                   source: Optional[int]) -> List[_ExportPiece]:
     """One table's shards with the keys and optimizer-state layout of TorchRec's FUSED kernel."""
     first = specs[0]
-    param = f"{first.module}embedding_bags.{first.table}.weight"
+    param = first.weight_key
     rowwise: Dict[Offsets, ShardMetadata] = {}
     size: Tuple[int, ...] = (first.table_rows, first.table_cols)
     if first.state_values == 1:
@@ -439,7 +439,7 @@ def _virtual_items(tables: Dict[str, Tuple[PieceSpec, torch.Tensor, torch.Tensor
     optimizer state (as a FUSED table's, by live id)."""
     out: Dict[str, Tuple[Any, Tuple]] = {}
     for spec, ids, rows in tables.values():
-        param = f"{spec.module}embedding_bags.{spec.table}.weight"
+        param = spec.weight_key
         weights, state = split_rows(spec, rows)
         out[f"model.{param}"] = (weights.contiguous(), ("model", param))
         out[f"model.{param}_id"] = (ids, ("model", f"{param}_id"))

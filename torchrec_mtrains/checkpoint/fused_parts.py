@@ -16,7 +16,7 @@ import torch
 
 from torchrec_mtrains.checkpoint.collectives import all_gather
 from torchrec_mtrains.checkpoint.fused_tracking import FusedShardRows
-from torchrec_mtrains.checkpoint.kind_change import FusedRows, Table, fused_pieces, state_key, weight_key
+from torchrec_mtrains.checkpoint.kind_change import FusedRows, Table, fused_pieces, state_key, table_of, weight_key
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 
@@ -39,7 +39,7 @@ def delta_tables(state: Dict[str, Any], shards: List[FusedShardRows]) -> Set[Tab
     on every rank, whichever rank holds a table's shards)."""
     optim_state = state.get("optim", {}).get("state", {})
     fits, does_not = set(), set()
-    for table in {(s.module, s.table) for s in shards}:
+    for table in {table_of(s) for s in shards}:
         keys = set(optim_state.get(weight_key(table), {}))
         (fits if keys <= {state_key(table)} else does_not).add(table)
     every = all_gather((sorted(fits), sorted(does_not)))

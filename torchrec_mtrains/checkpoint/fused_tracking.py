@@ -66,6 +66,7 @@ class FusedShardRows:
         table = kernel.config.embedding_tables[t]
         row, col = table.local_metadata.shard_offsets if table.local_metadata is not None else (0, 0)
         self.module, self.table, self.row_offset, self.col_offset = module, table.name, int(row), int(col)
+        self.tables_attr = "embedding_bags"  # tracked: TorchRec's FUSED bag kernels
         self.tracking: _Tracking = kernel._mtrains_tracking
         self.dirty = self.tracking.dirty[t]
 

@@ -28,14 +28,21 @@ from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
 
 __all__ = [
     "ChangedTables", "FusedRows", "changed_tables", "dense_sources", "fused_pieces", "pop_tables",
-    "read_dense_rows", "restore_from_dense", "table_state", "tiered_tables",
+    "read_dense_rows", "restore_from_dense", "table_of", "table_state", "tiered_tables",
 ]
 
-Table = Tuple[str, str]  # (state_dict prefix of the collection, table name)
+# (state_dict prefix of the collection, table name, its module dict: "embedding_bags" or
+# "embeddings"); a plain tuple after a collective.
+Table = Tuple[str, str, str]
+
+
+def table_of(spec: Any) -> Table:
+    """The table of a PieceSpec (or anything with ``module``, ``table``, ``tables_attr``)."""
+    return (spec.module, spec.table, spec.tables_attr)
 
 
 def weight_key(table: Table) -> str:
-    return f"{table[0]}embedding_bags.{table[1]}.weight"
+    return f"{table[0]}{table[2]}.{table[1]}.weight"
 
 
 def state_key(table: Table) -> str:
@@ -54,7 +61,7 @@ class ChangedTables:
 def changed_tables(pieces: List[LocalPiece], tiered_now: Set[Table], chain: List[ChainStep],
                    model_state: Dict[str, Any]) -> ChangedTables:
     """Which tables changed kind (the same answer on every rank: from the plan and the chain)."""
-    saved_tiered = {(s.module, s.table) for s in chain_specs(chain, fused=False)}
+    saved_tiered = {table_of(s) for s in chain_specs(chain, fused=False)}
     fused_now = {t for t in saved_tiered if isinstance(model_state.get(weight_key(t)), ShardedTensor)}
     return ChangedTables(fused_now - tiered_now, tiered_now - saved_tiered)
 
@@ -86,7 +93,7 @@ class FusedRows:
             table=table[1], module=table[0], row_offset=int(offsets[0]), col_offset=int(offsets[1]),
             rows=int(self.weights.shape[0]), cols=int(self.weights.shape[1]), table_rows=int(size[0]),
             table_cols=int(size[1]), dtype=str(self.weights.dtype).replace("torch.", ""), state_values=values,
-            seed=0, init_range=[0.0, 0.0],
+            seed=0, init_range=[0.0, 0.0], tables_attr=table[2],
         )
 
     def written_ids(self, t: int, start: int, stop: int) -> torch.Tensor:
@@ -159,7 +166,7 @@ def read_dense_rows(step: ChainStep, spec: PieceSpec, lo: int, hi: int,
     as step ``step`` saved them in its dense state (ShardedTensors, read through DCP's
     resharding reads). A row-wise state is read at row ``state_row`` of its tensor (TorchRec
     stacks one per column shard)."""
-    table = (spec.module, spec.table)
+    table = table_of(spec)
     read = step.reader.read_block
     r0 = spec.row_offset + lo
     weights = read(f"model.{weight_key(table)}", [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
@@ -194,7 +201,7 @@ def restore_from_dense(
     sources = dense_sources(chain, tables)
     for piece in pieces:
         spec = piece.spec
-        table = (spec.module, spec.table)
+        table = table_of(spec)
         if table not in tables:
             continue
         for lo, hi in _blocks(spec.rows, block_rows):
@@ -204,7 +211,8 @@ def restore_from_dense(
 
 
 def tiered_tables(model: nn.Module) -> Set[Table]:
-    """The (prefix, table) of every tiered table of the model (from its sharding plans)."""
+    """The (prefix, table, module dict) of every tiered table of the model (from its
+    sharding plans)."""
     from torchrec_mtrains.checkpoint.tiered_parts import collections_of
 
-    return {(prefix, name) for prefix, m in collections_of(model) for name in m.tiered_table_names()}
+    return {(prefix, name, m.TABLES_ATTR) for prefix, m in collections_of(model) for name in m.tiered_table_names()}

@@ -98,6 +98,8 @@ def _check_piece(p: Any, where: str) -> None:
     if s.row_offset + s.rows > s.table_rows or s.col_offset + s.cols > s.table_cols:
         raise ValueError(f"{where}.spec: rows [{s.row_offset}, +{s.rows}) x cols [{s.col_offset}, +{s.cols}) "
                          f"exceed the table's {s.table_rows} x {s.table_cols}")
+    if s.tables_attr not in ("embedding_bags", "embeddings"):
+        raise ValueError(f"{where}.spec.tables_attr={s.tables_attr!r} must be 'embedding_bags' or 'embeddings'")
     if s.dtype not in _TORCH_DTYPES:
         raise ValueError(f"{where}.spec.dtype={s.dtype!r} must be one of {sorted(_TORCH_DTYPES)}")
     if len(s.init_range) != 2:

@@ -84,7 +84,7 @@ def init_rows(spec: PieceSpec, ids: torch.Tensor) -> torch.Tensor:
 
 def _overlap(a: PieceSpec, b: PieceSpec) -> bool:
     return (
-        a.table == b.table and a.module == b.module
+        (a.table, a.module, a.tables_attr) == (b.table, b.module, b.tables_attr)
         and a.row_offset < b.row_offset + b.rows and b.row_offset < a.row_offset + a.rows
         and a.col_offset < b.col_offset + b.cols and b.col_offset < a.col_offset + a.cols
     )

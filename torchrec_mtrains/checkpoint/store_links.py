@@ -77,7 +77,7 @@ def linked_store(piece: LocalPiece, directory: str) -> Optional[BlockStore]:
 
 def _names(piece: LocalPiece) -> Tuple[str, str]:
     spec = piece.spec
-    stem = f"{spec.module}{spec.table}.r{spec.row_offset}_c{spec.col_offset}"
+    stem = f"{spec.module}{spec.table_prefix}{spec.table}.r{spec.row_offset}_c{spec.col_offset}"
     return f"{stem}.blk", f"{stem}.map"
 
 

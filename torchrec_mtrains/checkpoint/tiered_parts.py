@@ -11,7 +11,7 @@ from torch import nn
 
 from torchrec_mtrains.checkpoint.types import PieceSpec
 from torchrec_mtrains.kernels import TieredEmbeddingBags
-from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection, ShardedTieredEmbeddingCollection
 from torchrec_mtrains.sharding.kernel import shard_offsets
 
 __all__ = [
@@ -32,7 +32,7 @@ class LocalPiece:
 
 def _collections(model: nn.Module) -> Iterator[tuple]:
     for fqn, m in model.named_modules():
-        if isinstance(m, ShardedTieredEmbeddingBagCollection):
+        if isinstance(m, (ShardedTieredEmbeddingBagCollection, ShardedTieredEmbeddingCollection)):
             yield (f"{fqn}." if fqn else ""), m
 
 
@@ -68,6 +68,7 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
                     dtype=layout.torch_dtype_name, state_values=int(layout.state_values),
                     seed=int(emb.store_seed(t)), init_range=[float(lo), float(hi)],
                     virtual=bool(table.use_virtual_table),  # rows: its id space; ids: the live ones
+                    tables_attr=collection.TABLES_ATTR,
                 )
                 out.append(LocalPiece(emb, t, spec))
     return sorted(out, key=lambda p: p.spec.key)

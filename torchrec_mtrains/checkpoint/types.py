@@ -66,6 +66,10 @@ class PieceSpec:
     # A virtual table's shard: ``rows`` is its id space (``row_offset`` its first id) and
     # its chunks' ids are the live ids saved (no row of it is implied; VirtualRecord).
     virtual: bool = False
+    # The collection's module dict of tables: "embedding_bags" (an EmbeddingBagCollection)
+    # or "embeddings" (an EmbeddingCollection); the table's weight is
+    # ``<module><tables_attr>.<table>.weight``.
+    tables_attr: str = "embedding_bags"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -108,7 +112,17 @@ class PieceSpec:
 
     @property
     def key(self) -> str:
-        return f"{self.module}{self.table}/r{self.row_offset}_c{self.col_offset}"
+        return f"{self.module}{self.table_prefix}{self.table}/r{self.row_offset}_c{self.col_offset}"
+
+    @property
+    def table_prefix(self) -> str:
+        """"" for a bag table (the keys of older steps), "embeddings." for a sequence one."""
+        return "" if self.tables_attr == "embedding_bags" else f"{self.tables_attr}."
+
+    @property
+    def weight_key(self) -> str:
+        """The table's weight in the model's state_dict."""
+        return f"{self.module}{self.tables_attr}.{self.table}.weight"
 
 
 @dataclasses.dataclass(frozen=True)

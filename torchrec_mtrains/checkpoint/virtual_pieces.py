@@ -162,7 +162,7 @@ def _read_live(step: ChainStep, chunk: ChunkSpec) -> torch.Tensor:
 
 
 def _overlaps(target: PieceSpec, source: PieceSpec) -> bool:
-    return (target.table == source.table and target.module == source.module
+    return ((target.table, target.module, target.tables_attr) == (source.table, source.module, source.tables_attr)
             and source.row_offset < target.row_offset + target.rows
             and target.row_offset < source.row_offset + source.rows)
 
@@ -181,7 +181,8 @@ def _check_kinds(pieces: List[LocalPiece], chain: List[ChainStep]) -> None:
         for step in chain:
             for record in step.pieces():
                 s = record.spec
-                if (s.table, s.module) == (piece.spec.table, piece.spec.module) and s.virtual != piece.spec.virtual:
+                same = (s.table, s.module, s.tables_attr) == (piece.spec.table, piece.spec.module, piece.spec.tables_attr)
+                if same and s.virtual != piece.spec.virtual:
                     saved, now = ("a virtual", "not virtual") if s.virtual else ("not a virtual", "a virtual")
                     raise ValueError(f"table {s.table} was {saved} table when step {step.step} was saved and is "
                                      f"{now} one now: a checkpoint restores a virtual table only as one")
@@ -285,14 +286,14 @@ def _restore_piece(piece: LocalPiece, chain: List[ChainStep], write: bool) -> in
 
 
 def export_virtual(chain: List[ChainStep]) -> Dict[str, Tuple[PieceSpec, torch.Tensor, torch.Tensor]]:
-    """Each virtual table of the chain's last step (by ``<module><table>``): a spec of the
+    """Each virtual table of the chain's last step (by its weight's key): a spec of the
     whole table, its live ids (global, ascending) and their rows as the tiers store them.
     Holds a table's live rows in memory."""
     tables: Dict[str, PieceSpec] = {}
     for record in chain[-1].pieces():
         s = record.spec
         if s.virtual:
-            tables[f"{s.module}{s.table}"] = dataclasses.replace(s, row_offset=0, rows=s.table_rows)
+            tables[s.weight_key] = dataclasses.replace(s, row_offset=0, rows=s.table_rows)
     out = {}
     for name, spec in sorted(tables.items()):
         live, _, _ = _target_live(spec, chain)
