@@ -74,6 +74,7 @@ _SWITCHES = {
     "skip_belady": "do not compute Belady's optimal hit rate",
     "no_fill_scm": "do not write the SCM table first (misses read lazily initialised rows)",
     "keep": "keep data files",
+    "sequence": "unpooled lookups on both systems (PoolingMode.NONE: EmbeddingCollection's sequences)",
     "quick": "small run (the config's quick: overlay), about a minute",
 }
 
@@ -221,7 +222,8 @@ def _cache_rows(cfg: KernelBenchConfig) -> int:
 def _header(cfg: KernelBenchConfig, work_dir: Path, fs: Any, meta: dict[str, Any]) -> list[str]:
     return [
         f"kernel benchmark: {cfg.rows:,} rows x {cfg.dim} fp32 ({cfg.table_bytes / 2**30:.2f} GiB per copy), "
-        f"EXACT_ROWWISE_ADAGRAD lr {cfg.learning_rate:g}; batch {cfg.batch:,} x pooling {cfg.pooling} = "
+        f"EXACT_ROWWISE_ADAGRAD lr {cfg.learning_rate:g}; batch {cfg.batch:,} x "
+        f"{'sequences of' if cfg.sequence else 'pooling'} {cfg.pooling} = "
         f"{cfg.lookups_per_step:,} lookups/step; Zipf {cfg.zipf_alpha} (high locality {cfg.high_locality_alpha}); "
         f"cache {cfg.cache_load_factor:.0%} = {_cache_rows(cfg):,} rows",
         f"protocol: distinct batches, the same for every system: {cfg.warmup_steps} warm-up steps "

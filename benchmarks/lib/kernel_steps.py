@@ -101,7 +101,8 @@ def make_fbgemm(cfg: KernelBenchConfig) -> Any:
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(cfg.rows, cfg.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=cfg.learning_rate, eps=EPS,
-        pooling_mode=PoolingMode.SUM, weights_precision=SparseType.FP32, output_dtype=SparseType.FP32,
+        pooling_mode=PoolingMode.NONE if cfg.sequence else PoolingMode.SUM, weights_precision=SparseType.FP32,
+        output_dtype=SparseType.FP32,
     )
     with torch.no_grad():
         tbe.split_embedding_weights()[0].uniform_(-_init_bound(cfg.rows), _init_bound(cfg.rows))
@@ -134,6 +135,7 @@ def make_tiered(cfg: KernelBenchConfig, tier_name: str, policy: str, storage_dir
     read written rows from the device, not the lazy initialiser."""
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
     from torchrec_mtrains import Tier
     from torchrec_mtrains.kernels import TieredEmbeddingBags
@@ -142,7 +144,7 @@ def make_tiered(cfg: KernelBenchConfig, tier_name: str, policy: str, storage_dir
         [(cfg.rows, cfg.dim)], tier=Tier[tier_name], cache_load_factor=cfg.cache_load_factor,
         storage_dir=str(storage_dir), optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
         learning_rate=cfg.learning_rate, eps=EPS, cache_algorithm=policy, prefetch_pipeline=True,
-        seed=cfg.seed,
+        seed=cfg.seed, pooling_mode=PoolingMode.NONE if cfg.sequence else PoolingMode.SUM,
     )
     run = TieredRun(kernel, storage_dir)
     if not fill:

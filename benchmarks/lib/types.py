@@ -278,6 +278,8 @@ class KernelBenchConfig:
         fill_chunk_rows: Rows per ``set_rows`` call when writing a whole table first.
         fill_scm: Write every row of the SCM table before measuring (else rows never
             written are computed by the store's lazy initialiser).
+        sequence: Unpooled lookups (``PoolingMode.NONE``, TorchRec's EmbeddingCollection:
+            a row per id out, a sequence of ``pooling`` ids a sample) on both systems.
         dir: Directory for the table files and fio's file (on the device under test).
         seed: Seed of the ids and the initial row values.
         fio_runtime_s: Seconds each fio job runs.
@@ -307,6 +309,7 @@ class KernelBenchConfig:
     block_steps: int = 8
     fill_chunk_rows: int = 262_144
     fill_scm: bool = True
+    sequence: bool = False
     dir: Optional[Path] = None
     seed: int = 0
     fio_runtime_s: float = 5.0

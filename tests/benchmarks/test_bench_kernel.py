@@ -166,3 +166,15 @@ def test_cli_lists_and_dispatches_kernel(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "kernel", "--help"])
     assert e.value.code == 0 and "usage: mtrains bench kernel" in capsys.readouterr().out
+
+
+def test_tiny_sequence_run(tmp_path: Path) -> None:
+    """--sequence: both systems look ids up unpooled (PoolingMode.NONE) on the same trace."""
+    out = tmp_path / "k.json"
+    tiny = ["--rows", "3000", "--batch", "64", "--pooling", "4", "--warmup-steps", "3", "--blocks", "2",
+            "--block-steps", "2", "--fill-chunk-rows", "1000", "--skip-fio", "--skip-ssd", "--skip-high-locality",
+            "--skip-policies", "--skip-belady", "--sequence"]
+    assert kernel.main([*tiny, "--dir", str(tmp_path), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]["ours"]) == {"scm"} and set(doc["results"]["fbgemm"]) == {"scm"}
+    assert doc["results"]["ours"]["scm"]["steps"] == 4 and 0 < doc["results"]["ours"]["scm"]["hit_rate"] <= 1
