@@ -4,7 +4,8 @@ for the whole job); TieredEnumerator turns that into TorchRec sharding options (
 and row-wise per table) whose storage (TieredStorage: HBM, DRAM, SCM, SSD) and perf the
 tiered shard estimators fill in; TieredProposer proposes, TieredPartitioner spreads them
 over ranks; TorchRec's ``to_sharding_plan`` makes the ShardingPlan, tiered tables as
-TieredParameterSharding entries for TieredEmbeddingBagCollectionSharder."""
+TieredParameterSharding entries for TieredEmbeddingBagCollectionSharder (bags) and
+TieredEmbeddingCollectionSharder (EmbeddingCollections: sequences, a row per id out)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import DataType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR
 from torchrec_mtrains.planner.adapters.enumerator import TieredEnumerator
@@ -32,6 +32,7 @@ from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, 
 from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
+from torchrec_mtrains.planner.embedding_modules import embedding_modules
 from torchrec_mtrains.planner.virtual_tables import as_virtual, virtual_live_ids
 from torchrec_mtrains.types import Tier
 
@@ -42,7 +43,9 @@ _DEFAULT_OPTIMIZER = "rowwise_adagrad"  # the tiered kernel's default (EXACT_ROW
 
 
 class StorageAwarePlanner(ShardingPlanner):
-    """Plans EmbeddingBagCollections over the tiers of ``topology``.
+    """Plans EmbeddingBagCollections and EmbeddingCollections (planned together) over the
+    tiers of ``topology``. A sequence table's lookups are its sequence lengths
+    (``pooling_factor``: ids a sample) and its output is a row per id.
 
     Args:
         topology: the node type (a TieredTopology, or a profile name / YAML path for
@@ -129,8 +132,8 @@ class StorageAwarePlanner(ShardingPlanner):
         tables, dtypes, virtual = [], set(), {}
         # A TTL in steps: the steps a second the job is planned to run at, if it has a target.
         steps_per_second = self.target_qps / self.batch_size if self.target_qps else None
-        for _, ebc in _ebcs(module):
-            for config in ebc.embedding_bag_configs():
+        for collection in embedding_modules(module):
+            for config in collection.configs:
                 loc = dict(self.locality.get(config.name, self.default_locality))
                 rows = config.num_embeddings
                 if config.use_virtual_table:
@@ -141,10 +144,11 @@ class StorageAwarePlanner(ShardingPlanner):
                     rows = virtual[config.name] = virtual_live_ids(config, live_ids, self.world_size, trace,
                                                                    steps_per_second)
                 tables.append({"name": config.name, "num_embeddings": rows,
-                               "embedding_dim": config.embedding_dim, **loc})
+                               "embedding_dim": config.embedding_dim, **loc,
+                               **({"sequence": True} if collection.sequence else {})})
                 dtypes.add("fp16" if config.data_type == DataType.FP16 else "fp32")
         if not tables:
-            raise ValueError("the module has no EmbeddingBagCollection to plan")
+            raise ValueError("the module has no EmbeddingBagCollection or EmbeddingCollection to plan")
         doc = {"batch_size": self.batch_size, "target_qps": self.target_qps or 1.0,
                "dtype": "fp16" if dtypes == {"fp16"} else "fp32", "optimizer": self.row_optimizer(),
                "tables": tables}
@@ -154,7 +158,7 @@ class StorageAwarePlanner(ShardingPlanner):
             constrained_table(as_virtual(t) if t.name in virtual else t, self.constraints.get(t.name), compute_tier,
                               t.name in self.locality)
             for t in spec.tables))
-        dense = dense_spec_of(module, skip=[ebc for _, ebc in _ebcs(module)])  # its cost from its shapes
+        dense = dense_spec_of(module, skip=[c.module for c in embedding_modules(module)])  # its cost from its shapes
         return dataclasses.replace(spec, target_qps=self.target_qps, dense=dense,  # None: no target, place for speed
                                    input_s_per_sample=self.input_s_per_sample)
 
@@ -166,8 +170,7 @@ class StorageAwarePlanner(ShardingPlanner):
     def _check_optimizer(self, module: nn.Module, fused_params: Optional[Mapping[str, Any]]) -> None:
         """Takes the optimizer the tables will train with (their own, else the sharder's
         ``fused_params``'); ValueError if the planner's differs from it."""
-        own = [_table_optimizer(ebc.embedding_bags[c.name].weight) for _, ebc in _ebcs(module)
-               for c in ebc.embedding_bag_configs()]
+        own = [_table_optimizer(m.tables[c.name].weight) for m in embedding_modules(module) for c in m.configs]
         trained = trained_optimizer(fused_params, own)
         if self.optimizer is not None and trained is not None and canonical_optimizer(self.optimizer) != trained:
             raise ValueError(f"optimizer={self.optimizer!r} sizes the rows, but the tables will train with "
@@ -229,6 +232,7 @@ class StorageAwarePlanner(ShardingPlanner):
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         from torchrec_mtrains.sharding import (
             TieredEmbeddingBagCollectionSharder,
+            TieredEmbeddingCollectionSharder,
             TieredParameterSharding,
             TieredParams,
         )
@@ -240,9 +244,13 @@ class StorageAwarePlanner(ShardingPlanner):
                 f"runs on the CPU); {self.topology.name} is {self.topology.compute_device}: use "
                 "`mtrains plan` to size such a cluster"
             )
+        tiered_types = (TieredEmbeddingBagCollectionSharder, TieredEmbeddingCollectionSharder)
         if not any(isinstance(s, TieredEmbeddingBagCollectionSharder) for s in sharders):
             sharders = [TieredEmbeddingBagCollectionSharder()] + list(sharders)
-        tiered_sharders = [s for s in sharders if isinstance(s, TieredEmbeddingBagCollectionSharder)]
+        if (any(m.sequence for m in embedding_modules(module))
+                and not any(isinstance(s, TieredEmbeddingCollectionSharder) for s in sharders)):
+            sharders = list(sharders) + [TieredEmbeddingCollectionSharder()]
+        tiered_sharders = [s for s in sharders if isinstance(s, tiered_types)]
         self._check_optimizer(module, tiered_sharders[-1].fused_params)
         placement, options, topology, rank_steps = self._search(module, sharders)
         tiered = sorted(o.name for o in options if o.is_tiered)
@@ -298,7 +306,7 @@ class StorageAwarePlanner(ShardingPlanner):
         from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder
 
         pg = pg or dist.GroupMember.WORLD
-        sharders = sharders or [TieredEmbeddingBagCollectionSharder()]
+        sharders = sharders or [TieredEmbeddingBagCollectionSharder()]  # plan() adds the EC sharder as needed
         return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
 
 
@@ -314,7 +322,3 @@ def _table_optimizer(weight: Any) -> Optional[Any]:
     from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
     return optimizer_type_to_emb_opt_type(classes[0])
-
-
-def _ebcs(module: nn.Module):
-    return [(path, m) for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]

@@ -29,8 +29,8 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from torchrec.distributed.types import ModuleSharder, ShardingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_mtrains.planner.embedding_modules import embedding_modules
 from torchrec_mtrains.planner.model.estimator import TableCost
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.model.placement import Placement, tier_bytes
@@ -71,7 +71,8 @@ class TieredShardingOption(ShardingOption):
 
 
 class TieredEnumerator(Enumerator):
-    """Sharding options of every EmbeddingBagCollection table for a given placement.
+    """Sharding options of every EmbeddingBagCollection or EmbeddingCollection table for a
+    given placement.
 
     Args (beyond TorchRec's): ``model`` and ``placement``, the planner's view of the tables
     and where placement.py put them; ``compute_tier``: the tier kernels compute in (HBM on a
@@ -101,19 +102,18 @@ class TieredEnumerator(Enumerator):
         by_type = {sharder.module_type: sharder for sharder in sharders}
         device = self._topology.compute_device
         options: List[ShardingOption] = []
-        for path, ebc in module.named_modules():
-            if not isinstance(ebc, EmbeddingBagCollection):
-                continue
+        for collection in embedding_modules(module):
+            path, ebc = collection.path, collection.module
             sharder = by_type.get(type(ebc))
             if sharder is None:
                 raise PlannerError(f"no sharder for {type(ebc).__name__} at {path!r}", PlannerErrorType.OTHER)
-            for config in ebc.embedding_bag_configs():
+            for config in collection.configs:
                 where = self._placement.tables[config.name]
                 table = self._tables[config.name]
                 # A virtual table runs on the tiered kernel whatever its tier: FBGEMM's have no ids.
                 tiered = where.tier != self._compute_tier or where.cache_rows > 0 or table.virtual
                 kernel = (EmbeddingComputeKernel.CUSTOMIZED_KERNEL if tiered else EmbeddingComputeKernel.FUSED).value
-                tensor = ebc.embedding_bags[config.name].weight
+                tensor = collection.tables[config.name].weight
                 whole = tier_bytes(table, where.tier, where.cache_rows, where.extra.get("l2_cache_rows", 0.0),
                                    self._compute_tier)
                 allowed = getattr(self._constraints.get(config.name), "sharding_types", None) or SHARDING_TYPES

@@ -10,6 +10,10 @@ the host-device link; on a CPU node, moving them (copies, checksums, I/O submiss
 takes the rank's CPU. The prefetch pipeline overlaps tier I/O with compute, so a rank's
 step takes the larger of its compute and its busiest tier.
 
+A sequence table (an EmbeddingCollection's: a row per id out) also writes its output, ``B *
+pf`` rows of ``dim`` fp32, and its output distribution moves them: their bytes, twice, at the
+TBE's rate. A bag's pooled output (``pf`` times smaller) is left out.
+
 A tiered table adds the kernel's own cost: a fixed cost per step and a cost per lookup on
 the step's critical path, and its worker threads' CPU (prefetch plan, row I/O) per step and
 per lookup. On a CPU node those threads share the rank's cores with the step, whose
@@ -82,6 +86,8 @@ def table_cost(
     unique = min(table.locality.unique_rows_per_step, table.num_embeddings)  # at the model's batch
     spec = topo.compute
     compute = lookups * table.row_bytes / spec.tbe_bytes_per_s
+    if table.sequence:  # its output: a row per id, written, then moved by the output dist
+        compute += 2 * lookups * table.embedding_dim * 4 / spec.tbe_bytes_per_s
     if spec.tbe_row_update_bytes_per_s:
         compute += unique * table.row_bytes / spec.tbe_row_update_bytes_per_s
     io: Dict[Tier, float] = {}

@@ -29,7 +29,7 @@ __all__ = ["LAZY_TIERS", "DenseSpec", "ModelSpec", "ModelTable", "dense_spec_of"
 
 _TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables", "dense_layers", "input_time_per_sample"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
-               "reuse_trace_steps", "trace", "trace_table", "count", "rows_written", "drift"}
+               "reuse_trace_steps", "trace", "trace_table", "count", "rows_written", "drift", "sequence"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
 # Tiers whose stores take space only for rows written (the block store's sparse log); the
 # SCM store reserves its whole file at creation.
@@ -59,6 +59,9 @@ class ModelTable:
     # its id index takes ``index_bytes_per_row`` of host DRAM per live id on any tier.
     virtual: bool = False
     index_bytes_per_row: float = 0.0
+    # A table of an EmbeddingCollection (a row per id out, not one per bag): its output is
+    # ``pooling_factor`` rows a sample, the sequence's length.
+    sequence: bool = False
 
     @property
     def bytes(self) -> float:
@@ -224,9 +227,12 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
     written = entry.get("rows_written")
     if written is not None:
         written = int(_number(f"{where}.rows_written", written, integer=True))
+    sequence = entry.get("sequence", False)
+    if not isinstance(sequence, bool):
+        raise ValueError(f"{where}.sequence={sequence!r} must be true or false")
     rb = row_bytes(dim, dtype, optimizer)
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
-    return [ModelTable(n, rows, dim, pooling, rb, curve, written) for n in names]
+    return [ModelTable(n, rows, dim, pooling, rb, curve, written, sequence=sequence) for n in names]
 
 
 def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:
