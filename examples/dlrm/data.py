@@ -49,7 +49,7 @@ from torchrec_mtrains.stats.large_tables import KeyedPermutation, expected_disti
 __all__ = ["DENSE_FEATURES", "LARGE_TABLE_ROWS", "RAW_ID_BITS", "SyntheticData", "SyntheticTableSpec", "DEFAULT_TABLES",
            "calibration_samples", "CRITEO_ROWS", "MultiHotCriteoBatches",
            "criteo_files", "criteo_batches", "criteo_multi_hot_sizes", "criteo_splits", "criteo_table_rows",
-           "expected_live_ids", "hashed_down", "raw_ids", "scaled_tables", "table_locality"]
+           "expected_live_ids", "hashed_down", "raw_ids", "scaled_tables", "table_locality", "table_sampler"]
 
 DENSE_FEATURES = 13
 CALIBRATION_SAMPLES = 65_536  # the histogram is matched over one dlrm_datasets batch...
@@ -207,10 +207,14 @@ class _TableSampler:
     def sample(self, rng: np.random.Generator, batch: int, step: int = 0):
         """(lengths [batch], ids, summed effect per sample [batch]) of ``step``."""
         lengths = _draw_lengths(rng, batch, self.pooling_factor)
-        slots = np.minimum(np.searchsorted(self.cdf, rng.random(int(lengths.sum())), side="right"),
-                           self.rows.size - 1)
+        ids, effects = self.draw(rng, int(lengths.sum()), step)
+        return lengths, ids, _mean_per_sample(lengths, effects)
+
+    def draw(self, rng: np.random.Generator, n: int, step: int = 0):
+        """(ids, their rows' effects) of ``n`` lookups at ``step``."""
+        slots = np.minimum(np.searchsorted(self.cdf, rng.random(n), side="right"), self.rows.size - 1)
         ids = drifted_ids(self.pool, self.phase, self.drift, step, slots) if self.drift else self.rows[slots]
-        return lengths, ids, _mean_per_sample(lengths, self.effect[slots])
+        return ids, self.effect[slots]
 
 
 class _LargeTableSampler:
@@ -257,13 +261,23 @@ class _LargeTableSampler:
     def sample(self, rng: np.random.Generator, batch: int, step: int = 0):
         """(lengths [batch], ids, summed effect per sample [batch]) of ``step``."""
         lengths = _draw_lengths(rng, batch, self.pooling_factor)
-        n = int(lengths.sum())
+        ids, effects = self.draw(rng, int(lengths.sum()), step)
+        return lengths, ids, _mean_per_sample(lengths, effects)
+
+    def draw(self, rng: np.random.Generator, n: int, step: int = 0):
+        """(ids, their rows' effects) of ``n`` lookups at ``step``."""
         if self.alpha is not None:
             ranks = zipf_ranks(rng, self.num_rows, n, self.alpha)
         else:
             ranks = np.minimum(np.searchsorted(self.cdf, rng.random(n), side="right"), self.ranks - 1)
         pos = drifted_positions(self.phase, self.drift, step, ranks, self.num_rows) if self.drift else ranks
-        return lengths, self.perm(pos), _mean_per_sample(lengths, hashed_normal(self.seed + 1, ranks))
+        return self.perm(pos), hashed_normal(self.seed + 1, ranks)
+
+
+def table_sampler(spec: SyntheticTableSpec, seed: int, drift: float = 0.0):
+    """The table's sampler (``draw(rng, n, step)`` -> ids and their effects; ``sample``):
+    per-row arrays up to ``LARGE_TABLE_ROWS`` rows, functions above."""
+    return _sampler(spec, seed, drift)
 
 
 def _sampler(spec: SyntheticTableSpec, seed: int, drift: float):
