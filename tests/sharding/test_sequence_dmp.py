@@ -47,3 +47,20 @@ def test_stock_planner_trains_key_value_sequences(tmp_path: Path) -> None:
     assert kv["kernels"]["seq_a"] == "key_value"  # TorchRec's plan; the sharder runs it on the tiered kernel
     assert kv["losses"] == fused["losses"]
     assert list((tmp_path / "storage_kv").rglob("*.blk")), "key_value tables keep their rows in block stores"
+
+
+def test_a_sequence_chain_restores_onto_one_rank_and_other_tiers(tmp_path: Path) -> None:
+    """Saved by 2 ranks row-wise (SSD, SCM, FUSED), restored into 1 rank table-wise on other
+    tiers: the same weights and optimizer state."""
+    ckpt = tmp_path / "ckpt"
+    saved = _run(tmp_path, "saved", tiers=TIERED, sharding_type="row_wise", steps=6, ckpt_dir=str(ckpt), save=True)
+    out = tmp_path / "restored"
+    out.mkdir()
+    spec = ec_dmp.SequenceRun(out_dir=str(out), world_size=1, storage_dir=str(tmp_path / "storage_restored"),
+                              tiers={"seq_a": "dram", "seq_b": "ssd", "seq_c": "scm"}, steps=6, start=6,
+                              ckpt_dir=str(ckpt), restore=str(ckpt / "step_00000006"))
+    assert ec_dmp.launch(spec) == [0]
+    restored = ec_dmp.read(str(out))
+    assert set(restored["final"]) == set(saved["final"])
+    for key, value in saved["final"].items():
+        assert torch.equal(restored["final"][key], value), key

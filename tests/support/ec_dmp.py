@@ -36,6 +36,12 @@ class SequenceRun:
     # "hand": tiered_sharding_plan; "key_value": TorchRec's EmbeddingShardingPlanner with
     # ParameterConstraints(compute_kernels=["key_value"]) on the tables ``tiers`` names.
     planner: str = "hand"
+    # Differential checkpoints in ckpt_dir: a save after the last step (``save``), or a
+    # restore of the step directory ``restore`` first, then training from step ``start``.
+    ckpt_dir: str = ""
+    save: bool = False
+    restore: str = ""
+    start: int = 0
     init_method: str = ""
 
 
@@ -132,7 +138,16 @@ def run(rank: int, spec_json: str) -> None:
     dist.init_process_group("gloo", init_method=spec.init_method, rank=rank, world_size=spec.world_size)
     pg = dist.GroupMember.WORLD
     dmp, plan = build(spec, pg)
-    losses = train(dmp, range(spec.steps), rank, spec.world_size)
+    ckpt = None
+    if spec.ckpt_dir:
+        from torchrec_mtrains.checkpoint import DifferentialCheckpointer
+
+        ckpt = DifferentialCheckpointer(spec.ckpt_dir, link_ssd_tables=False)
+    if spec.restore:
+        ckpt.restore(dmp, None, path=spec.restore)
+    losses = train(dmp, range(spec.start, spec.steps), rank, spec.world_size)
+    if spec.save:
+        ckpt.save(spec.steps, dmp, None, {})
     kernels = {name: ps.compute_kernel for name, ps in plan.plan["ec"].items()}
     state = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
     dcp.save(state, checkpoint_id=os.path.join(spec.out_dir, "final"), process_group=pg)
