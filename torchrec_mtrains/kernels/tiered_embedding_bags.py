@@ -393,6 +393,7 @@ class TieredEmbeddingBags(torch.nn.Module):
             raise IndexError(f"table {self.table_names[table]}: ids must lie in [0, {bound})")
         codec = self._cache.codecs[table]
         layout, (lo, hi) = codec.layout, self._init_ranges[table]
+        self._steps.drain()  # no eviction pass may run between the lookup and the read
         rows = virtual.find(table, ids)
         out = torch.ops.mtrains.lazy_init_rows(ids + virtual.tables[table].spec.id_offset, layout.dim,
                                                layout.state_slots, self.store_seed(table), lo, hi, codec.dtype)
