@@ -168,18 +168,24 @@ def _copy(tmp: Path, ckpt: DifferentialCheckpointer, name: str) -> Path:
     return out
 
 
+def _edit_virtual_record(path: Path, change) -> None:
+    """Changes the virtual table's record of a manifest and rewrites it with a valid
+    checksum (as a hand or a bug could write it)."""
+    import zlib
+
+    body = json.loads(json.loads(path.read_text())["manifest"])
+    change(next(p for p in body["pieces"] if p["spec"]["table"] == "virt"))
+    text = json.dumps(body, sort_keys=True)
+    path.write_text(json.dumps({"crc32": zlib.crc32(text.encode()), "manifest": text}))
+
+
 def test_a_damaged_live_list_is_named_and_nothing_restored(chain) -> None:
     tmp, ckpt, _, _, _, _ = chain
     broken = _copy(tmp, ckpt, "damaged")
-    path = broken / "step_00000008" / "tiered.rank0.json"
-    outer = json.loads(path.read_text())
-    body = json.loads(outer["manifest"])
-    piece = next(p for p in body["pieces"] if p["spec"]["table"] == "virt")
-    piece["virtual"]["live"][0]["crc32"] ^= 1
-    import zlib
+    def flip_crc(record) -> None:
+        record["virtual"]["live"][0]["crc32"] ^= 1
 
-    text = json.dumps(body, sort_keys=True)
-    path.write_text(json.dumps({"crc32": zlib.crc32(text.encode()), "manifest": text}))
+    _edit_virtual_record(broken / "step_00000008" / "tiered.rank0.json", flip_crc)
     dmp, _ = virtual_dmp.build(_spec(tmp, "damaged"), _world(), pipelined=True)
     before = virtual_state(dmp)
     with pytest.raises(ChainError, match="live ids .* fails its checksum"):
@@ -190,16 +196,7 @@ def test_a_damaged_live_list_is_named_and_nothing_restored(chain) -> None:
 def test_a_table_that_is_no_longer_virtual_is_refused(chain) -> None:
     tmp, ckpt, _, _, _, _ = chain
     broken = _copy(tmp, ckpt, "was_dense")
-    path = broken / "step_00000004" / "tiered.rank0.json"
-    outer = json.loads(path.read_text())
-    body = json.loads(outer["manifest"])
-    for p in body["pieces"]:
-        if p["spec"]["table"] == "virt":
-            p["virtual"] = None
-    import zlib
-
-    text = json.dumps(body, sort_keys=True)
-    path.write_text(json.dumps({"crc32": zlib.crc32(text.encode()), "manifest": text}))
+    _edit_virtual_record(broken / "step_00000004" / "tiered.rank0.json", lambda record: record.update(virtual=None))
     dmp, _ = virtual_dmp.build(_spec(tmp, "was_dense"), _world(), pipelined=True)
     with pytest.raises(ChainError, match="lacks its live ids"):
         DifferentialCheckpointer(str(broken)).restore(dmp, None, path=str(broken / "step_00000004"))

@@ -40,7 +40,22 @@ __all__ = [
 ]
 
 
-class TieredGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
+class _TieredKernelsLookup:
+    """Mixed into a TorchRec lookup: ``prefetch()`` reaches its tiered kernels too."""
+
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Optional[Any] = None) -> None:
+        super().prefetch(sparse_features, forward_stream)  # TorchRec's own cached kernels
+        if not self._emb_modules:
+            return
+        for emb, features in zip(self._emb_modules, sparse_features.split(self._feature_splits)):
+            if isinstance(emb, TieredBatchedEmbeddingBag):
+                emb.prefetch(features)
+
+    def tiered_kernels(self):
+        return [m for m in self._emb_modules if isinstance(m, TieredBatchedEmbeddingBag)]
+
+
+class TieredGroupedPooledEmbeddingsLookup(_TieredKernelsLookup, GroupedPooledEmbeddingsLookup):
     """TorchRec's pooled lookup, with tiered kernels for CUSTOMIZED_KERNEL groups."""
 
     def _create_embedding_kernel(
@@ -55,19 +70,8 @@ class TieredGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
             return TieredBatchedEmbeddingBag(config, pg=pg, device=device)
         return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
 
-    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Optional[Any] = None) -> None:
-        super().prefetch(sparse_features, forward_stream)  # TorchRec's own cached kernels
-        if not self._emb_modules:
-            return
-        for emb, features in zip(self._emb_modules, sparse_features.split(self._feature_splits)):
-            if isinstance(emb, TieredBatchedEmbeddingBag):
-                emb.prefetch(features)
 
-    def tiered_kernels(self):
-        return [m for m in self._emb_modules if isinstance(m, TieredBatchedEmbeddingBag)]
-
-
-class TieredGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
+class TieredGroupedEmbeddingsLookup(_TieredKernelsLookup, GroupedEmbeddingsLookup):
     """TorchRec's sequence lookup (EmbeddingCollection: a row per id), with tiered kernels
     (PoolingMode.NONE) for CUSTOMIZED_KERNEL groups."""
 
@@ -82,52 +86,31 @@ class TieredGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
             return TieredBatchedEmbeddingBag(config, pg=pg, device=device)
         return super()._create_embedding_kernel(config, pg, device, env)
 
-    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Optional[Any] = None) -> None:
-        super().prefetch(sparse_features, forward_stream)  # TorchRec's own cached kernels
-        if not self._emb_modules:
-            return
-        for emb, features in zip(self._emb_modules, sparse_features.split(self._feature_splits)):
-            if isinstance(emb, TieredBatchedEmbeddingBag):
-                emb.prefetch(features)
 
-    def tiered_kernels(self):
-        return [m for m in self._emb_modules if isinstance(m, TieredBatchedEmbeddingBag)]
+def _with_lookup(base: Type[EmbeddingSharding], lookup: Type[BaseEmbeddingLookup],
+                 **extra: Any) -> Type[EmbeddingSharding]:
+    """``base`` whose ``create_lookup`` builds ``lookup`` (with ``extra`` arguments)."""
+    pooled = lookup is TieredGroupedPooledEmbeddingsLookup
 
-
-def _with_sequence_lookup(base: Type[EmbeddingSharding]) -> Type[EmbeddingSharding]:
     def create_lookup(
         self,
         device: Optional[torch.device] = None,
         fused_params: Optional[Dict[str, Any]] = None,
         feature_processor: Optional[BaseGroupedFeatureProcessor] = None,
     ) -> BaseEmbeddingLookup:
-        return TieredGroupedEmbeddingsLookup(
-            grouped_configs=self._grouped_embedding_configs,
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            env=self._env,
-        )
+        kwargs = {"feature_processor": feature_processor} if pooled else {}
+        return lookup(grouped_configs=self._grouped_embedding_configs, pg=self._pg,
+                      device=device if device is not None else self._device, env=self._env, **kwargs, **extra)
 
     return type(f"Tiered{base.__name__}", (base,), {"create_lookup": create_lookup, "__module__": __name__})
 
 
 def _with_tiered_lookup(base: Type[EmbeddingSharding], sharding_type: Optional[ShardingType]) -> Type[EmbeddingSharding]:
-    def create_lookup(
-        self,
-        device: Optional[torch.device] = None,
-        fused_params: Optional[Dict[str, Any]] = None,
-        feature_processor: Optional[BaseGroupedFeatureProcessor] = None,
-    ) -> BaseEmbeddingLookup:
-        return TieredGroupedPooledEmbeddingsLookup(
-            grouped_configs=self._grouped_embedding_configs,
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            feature_processor=feature_processor,
-            sharding_type=sharding_type,
-            env=self._env,
-        )
+    return _with_lookup(base, TieredGroupedPooledEmbeddingsLookup, sharding_type=sharding_type)
 
-    return type(f"Tiered{base.__name__}", (base,), {"create_lookup": create_lookup, "__module__": __name__})
+
+def _with_sequence_lookup(base: Type[EmbeddingSharding]) -> Type[EmbeddingSharding]:
+    return _with_lookup(base, TieredGroupedEmbeddingsLookup)
 
 
 TieredTwPooledEmbeddingSharding = _with_tiered_lookup(TwPooledEmbeddingSharding, None)

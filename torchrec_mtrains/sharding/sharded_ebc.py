@@ -52,9 +52,3 @@ class ShardedTieredEmbeddingBagCollection(TieredTablesState, ShardedEmbeddingBag
         if sharding_type == ShardingType.COLUMN_WISE.value:
             kwargs["permute_embeddings"] = permute_embeddings
         return sharding_cls(sharding_infos, env, device, **kwargs)
-
-    def reset_parameters(self) -> None:
-        # TorchRec initialises every table's ``weight`` here; a tiered table has only an
-        # empty placeholder (its rows live on the tier, initialised there).
-        self._register_placeholders()
-        super().reset_parameters()

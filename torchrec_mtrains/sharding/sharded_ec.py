@@ -51,9 +51,3 @@ class ShardedTieredEmbeddingCollection(TieredTablesState, ShardedEmbeddingCollec
             )
         return sharding_cls(sharding_infos=sharding_infos, env=env, device=device,
                             qcomm_codecs_registry=qcomm_codecs_registry)
-
-    def reset_parameters(self) -> None:
-        # TorchRec initialises every table's ``weight`` here; a tiered table has only an
-        # empty placeholder (its rows live on the tier, initialised there).
-        self._register_placeholders()
-        super().reset_parameters()

@@ -99,6 +99,12 @@ class TieredTablesState:
                 out[table.name].append((kernel, t, shard_offsets(table)))
         return out
 
+    def reset_parameters(self) -> None:
+        # TorchRec initialises every table's ``weight`` here; a tiered table has only an
+        # empty placeholder (its rows live on the tier, initialised there).
+        self._register_placeholders()
+        super().reset_parameters()
+
     def _register_placeholders(self) -> None:
         """An empty ``weight`` for each tiered table (its rows live on the tier)."""
         for name in self._tiered_tables():
