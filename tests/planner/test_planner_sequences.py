@@ -87,3 +87,17 @@ def test_a_mixed_model_plans_and_trains(process_group, tmp_path) -> None:
     loss.backward()
     assert torch.isfinite(loss)
     assert list(tmp_path.rglob("*.blk")), "the constrained sequence table keeps its rows in a block store"
+
+
+def test_model_yaml_takes_sequence_tables() -> None:
+    from torchrec_mtrains.planner.model.model_spec import parse_model_spec
+
+    doc = {"batch_size": 64, "target_qps": 1000, "tables": [
+        {"name": "hist", "num_embeddings": 1000, "embedding_dim": 16, "pooling_factor": 50, "zipf_alpha": 1.1,
+         "sequence": True},
+        {"name": "bag", "num_embeddings": 1000, "embedding_dim": 16, "pooling_factor": 5, "zipf_alpha": 1.1}]}
+    tables = {t.name: t for t in parse_model_spec(doc).tables}
+    assert tables["hist"].sequence and not tables["bag"].sequence
+    doc["tables"][0]["sequence"] = "yes"
+    with pytest.raises(ValueError, match="sequence='yes' must be true or false"):
+        parse_model_spec(doc)
