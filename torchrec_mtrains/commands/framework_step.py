@@ -73,10 +73,32 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
         pipe.progress(it)
         if i:
             times.append(clock() - t0)
-    dist.barrier()  # no rank tears down its group while a peer still has a collective in flight
-    dist.destroy_process_group()
+    if world > 1:
+        _all_past_their_collectives(rank, world)
+    else:
+        dist.destroy_process_group()
     return statistics.median(times)
 
 
+def _all_past_their_collectives(rank: int, world: int) -> None:
+    """Returns once every rank is past its last collective and every other rank is leaving,
+    by keys in the group's store (rank 0 serves it, so it leaves last). The worker then exits
+    without tearing its gloo group down: under load, a rank that destroyed the group while a
+    peer still finished the barrier's last message aborted in gloo's destructors
+    ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"framework_step/past/{rank}", "1")
+    store.wait([f"framework_step/past/{r}" for r in range(world)])
+    if rank:
+        store.set(f"framework_step/leaving/{rank}", "1")  # its last word: the store may go next
+    else:
+        store.wait([f"framework_step/leaving/{r}" for r in range(1, world)])
+
+
 if __name__ == "__main__":
-    print(measure(*(int(a) for a in sys.argv[1:])))
+    print(measure(*(int(a) for a in sys.argv[1:])), flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown of the (multi-rank) gloo group: see _all_past_their_collectives
