@@ -32,11 +32,12 @@ def test_sequence_model_trains_on_tiers_on_two_ranks(tmp_path) -> None:
 
 
 def test_histories_are_long_tailed_and_deterministic() -> None:
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import train as sequence_train
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    import importlib.util
+
+    # By path: "train" may already be the DLRM example's module in this process.
+    spec = importlib.util.spec_from_file_location("mtrains_sequence_train", SCRIPT)
+    sequence_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sequence_train)
     args = sequence_train.parse_args(["--items", "50000", "--users", "1000", "--batch-size", "512"])
     data = sequence_train.SequenceData(args)
     a, b = data.batch(3, 1), data.batch(3, 1)
