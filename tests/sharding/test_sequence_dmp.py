@@ -27,9 +27,23 @@ def _run(tmp: Path, name: str, **kw) -> dict:
     return ec_dmp.read(str(out))
 
 
+@pytest.fixture(scope="module")
+def fused_runs(tmp_path_factory) -> dict:
+    """The all-FUSED run of each sharding type, once per module (several tests compare with it)."""
+    done: dict = {}
+
+    def get(sharding_type: str) -> dict:
+        if sharding_type not in done:
+            done[sharding_type] = _run(tmp_path_factory.mktemp("fused"), "fused", tiers=ALL_FUSED,
+                                       sharding_type=sharding_type)
+        return done[sharding_type]
+
+    return get
+
+
 @pytest.mark.parametrize("sharding_type", ["table_wise", "row_wise", "column_wise"])
-def test_tiered_sequences_equal_fused_ones(tmp_path: Path, sharding_type: str) -> None:
-    fused = _run(tmp_path, "fused", tiers=ALL_FUSED, sharding_type=sharding_type)
+def test_tiered_sequences_equal_fused_ones(tmp_path: Path, fused_runs, sharding_type: str) -> None:
+    fused = fused_runs(sharding_type)
     tiered = _run(tmp_path, "tiered", tiers=TIERED, sharding_type=sharding_type)
     assert tiered["kernels"]["seq_a"] == "customized_kernel" and fused["kernels"]["seq_a"] == "fused"
     assert tiered["losses"] == fused["losses"]
@@ -40,10 +54,10 @@ def test_tiered_sequences_equal_fused_ones(tmp_path: Path, sharding_type: str) -
     assert tiered["losses"][-1] < tiered["losses"][0]
 
 
-def test_stock_planner_trains_key_value_sequences(tmp_path: Path) -> None:
+def test_stock_planner_trains_key_value_sequences(tmp_path: Path, fused_runs) -> None:
     kv = _run(tmp_path, "kv", tiers={"seq_a": "ssd", "seq_b": "ssd", "seq_c": None}, sharding_type="row_wise",
               planner="key_value")
-    fused = _run(tmp_path, "fused_rw", tiers=ALL_FUSED, sharding_type="row_wise")
+    fused = fused_runs("row_wise")
     assert kv["kernels"]["seq_a"] == "key_value"  # TorchRec's plan; the sharder runs it on the tiered kernel
     assert kv["losses"] == fused["losses"]
     assert list((tmp_path / "storage_kv").rglob("*.blk")), "key_value tables keep their rows in block stores"
