@@ -223,10 +223,8 @@ def train(args: argparse.Namespace, rank: int, world: int, root: str) -> Dict:
     batches = (data.batch(step, rank) for step in range(args.steps))
     losses, times = [], []
     for step in range(args.steps):
-        loss = pipeline.progress(batches)
-        if isinstance(loss, tuple):
-            loss = loss[0]
-        total = loss.detach().clone()
+        loss, _, _ = pipeline.progress(batches)  # the model's (loss, logits, labels)
+        total = loss.clone()
         dist.all_reduce(total)
         losses.append(float(total) / world)
         times.append(time.perf_counter())

@@ -193,7 +193,7 @@ def test_a_damaged_live_list_is_named_and_nothing_restored(chain) -> None:
     assert_same(virtual_state(dmp), before)
 
 
-def test_a_table_that_is_no_longer_virtual_is_refused(chain) -> None:
+def test_a_virtual_shard_without_its_live_ids_is_refused(chain) -> None:
     tmp, ckpt, _, _, _, _ = chain
     broken = _copy(tmp, ckpt, "was_dense")
     _edit_virtual_record(broken / "step_00000004" / "tiered.rank0.json", lambda record: record.update(virtual=None))

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.support.virtual_dmp import tiered_kernels
+
 BATCH = 16  # global batch
 DIM = 8
 TABLES = {"seq_a": 400, "seq_b": 300, "seq_c": 200}  # name -> rows; one feature each
@@ -154,9 +156,8 @@ def run(rank: int, spec_json: str) -> None:
     if rank == 0:
         with open(os.path.join(spec.out_dir, "losses.json"), "w") as f:
             json.dump({"losses": losses, "kernels": kernels}, f)
-    for m in dmp.modules():
-        for k in getattr(m, "tiered_kernels", lambda: [])():
-            k.close()
+    for emb in tiered_kernels(dmp):
+        emb.close()
     dist.destroy_process_group()
 
 

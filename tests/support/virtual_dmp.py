@@ -223,12 +223,11 @@ def virtual_rows(dmp) -> Dict[str, torch.Tensor]:
 
 
 def tiered_kernels(dmp) -> List:
-    """The TieredEmbeddingBags of every sharded tiered collection (the lookups hold them
-    outside the module tree)."""
-    from torchrec_mtrains.sharding import ShardedTieredEmbeddingBagCollection
+    """The TieredEmbeddingBags of every sharded tiered collection, bags or sequences (the
+    lookups hold them outside the module tree)."""
+    from torchrec_mtrains.sharding.tiered_state import TieredTablesState
 
-    return [k.emb_module for m in dmp.modules() if isinstance(m, ShardedTieredEmbeddingBagCollection)
-            for k in m.tiered_kernels()]
+    return [k.emb_module for m in dmp.modules() if isinstance(m, TieredTablesState) for k in m.tiered_kernels()]
 
 
 def _planner(spec: VirtualRun, constraints):

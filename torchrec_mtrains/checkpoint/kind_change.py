@@ -24,22 +24,12 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.restore import chain_specs, join_rows
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
-from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec
+from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec, Table, table_of
 
 __all__ = [
     "ChangedTables", "FusedRows", "changed_tables", "dense_sources", "fused_pieces", "pop_tables",
     "read_dense_rows", "restore_from_dense", "table_of", "table_state", "tiered_tables",
 ]
-
-# (state_dict prefix of the collection, table name, its module dict: "embedding_bags" or
-# "embeddings"); a plain tuple after a collective.
-Table = Tuple[str, str, str]
-
-
-def table_of(spec: Any) -> Table:
-    """The table of a PieceSpec (or anything with ``module``, ``table``, ``tables_attr``)."""
-    return (spec.module, spec.table, spec.tables_attr)
-
 
 def weight_key(table: Table) -> str:
     return f"{table[0]}{table[2]}.{table[1]}.weight"

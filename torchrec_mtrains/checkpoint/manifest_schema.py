@@ -104,14 +104,13 @@ def _check_piece(p: Any, where: str) -> None:
         raise ValueError(f"{where}.spec.dtype={s.dtype!r} must be one of {sorted(_TORCH_DTYPES)}")
     if len(s.init_range) != 2:
         raise ValueError(f"{where}.spec.init_range={s.init_range!r} must be [low, high]")
-    live = p.virtual.live if p.virtual is not None else []
     if p.virtual is not None:
         _non_negative(p.virtual, ("pending", "next_pass_at"), f"{where}.virtual")
-    for j, c in enumerate(live):
-        _non_negative(c, ("row_lo", "count", "crc32"), f"{where}.virtual.live[{j}]")
-        if not c.row_lo <= c.row_hi <= s.rows or c.count > c.row_hi - c.row_lo or c.quantize:
-            raise ValueError(f"{where}.virtual.live[{j}]: {c.count} ids of [{c.row_lo}, {c.row_hi}) do not fit the "
-                             f"piece's {s.rows} ids")
+        for j, c in enumerate(p.virtual.live):
+            _non_negative(c, ("row_lo", "count", "crc32"), f"{where}.virtual.live[{j}]")
+            if not c.row_lo <= c.row_hi <= s.rows or c.count > c.row_hi - c.row_lo or c.quantize:
+                raise ValueError(f"{where}.virtual.live[{j}]: {c.count} ids of [{c.row_lo}, {c.row_hi}) do not fit "
+                                 f"the piece's {s.rows} ids")
     for j, c in enumerate(p.chunks):
         _non_negative(c, ("row_lo", "count", "crc32"), f"{where}.chunks[{j}]")
         if c.quantize not in ("", "fp16", "int8"):

@@ -19,7 +19,7 @@ from torchrec_mtrains.checkpoint.row_io import chunk_crc32
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.store_links import read_linked_rows, read_map_chunk
-from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec, table_of
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 
 __all__ = ["apply_rows", "chain_specs", "check_rows", "init_rows", "join_rows", "read_chunk", "split_rows"]
@@ -84,7 +84,7 @@ def init_rows(spec: PieceSpec, ids: torch.Tensor) -> torch.Tensor:
 
 def _overlap(a: PieceSpec, b: PieceSpec) -> bool:
     return (
-        (a.table, a.module, a.tables_attr) == (b.table, b.module, b.tables_attr)
+        table_of(a) == table_of(b)
         and a.row_offset < b.row_offset + b.rows and b.row_offset < a.row_offset + a.rows
         and a.col_offset < b.col_offset + b.cols and b.col_offset < a.col_offset + a.cols
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -18,17 +18,29 @@ __all__ = [
     "LINKS_DIR",
     "MAP_ENTRY_BYTES",
     "SnapshotSpec",
+    "Table",
     "VirtualRecord",
     "PieceRecord",
     "PieceSpec",
     "StepManifest",
     "FULL",
+    "table_of",
     "DELTA",
 ]
 
 FULL, DELTA = "full", "delta"
 LINKS_DIR = "links"  # a step's hard links to block-store files (not the step's own bytes)
 MAP_ENTRY_BYTES = 16  # a location-map entry in a map file: row id int64, location int64
+
+
+# A table as checkpoints name it: (state_dict prefix of the collection, table name, its
+# module dict: "embedding_bags" or "embeddings"); a plain tuple after a collective.
+Table = Tuple[str, str, str]
+
+
+def table_of(spec: Any) -> Table:
+    """The table of a PieceSpec (or anything with ``module``, ``table``, ``tables_attr``)."""
+    return (spec.module, spec.table, spec.tables_attr)
 
 
 class ChainError(ValueError):

@@ -30,7 +30,7 @@ from torchrec_mtrains.checkpoint.row_io import PlannedChunk
 from torchrec_mtrains.checkpoint.save_snapshot import PieceSnapshot, taken_marks
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
-from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec, VirtualRecord
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec, VirtualRecord, table_of
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
 
@@ -162,14 +162,16 @@ def _read_live(step: ChainStep, chunk: ChunkSpec) -> torch.Tensor:
 
 
 def _overlaps(target: PieceSpec, source: PieceSpec) -> bool:
-    return ((target.table, target.module, target.tables_attr) == (source.table, source.module, source.tables_attr)
+    return (table_of(target) == table_of(source)
             and source.row_offset < target.row_offset + target.rows
             and target.row_offset < source.row_offset + source.rows)
 
 
-def _in_range(spec: PieceSpec, lo: int, hi: int) -> Tuple[int, int]:
-    """The global id range of ``[lo, hi)`` (``spec``-local) -- for overlap tests."""
-    return spec.row_offset + lo, spec.row_offset + hi
+def _chunk_overlaps(target: PieceSpec, source: PieceSpec, chunk: ChunkSpec) -> bool:
+    """Whether a chunk of ``source`` (its ids ``[row_lo, row_hi)``, source-local) may hold
+    ids of ``target``."""
+    return (source.row_offset + chunk.row_lo < target.row_offset + target.rows
+            and target.row_offset < source.row_offset + chunk.row_hi)
 
 
 def _sources(target: PieceSpec, step: ChainStep) -> List[PieceRecord]:
@@ -181,8 +183,7 @@ def _check_kinds(pieces: List[LocalPiece], chain: List[ChainStep]) -> None:
         for step in chain:
             for record in step.pieces():
                 s = record.spec
-                same = (s.table, s.module, s.tables_attr) == (piece.spec.table, piece.spec.module, piece.spec.tables_attr)
-                if same and s.virtual != piece.spec.virtual:
+                if table_of(s) == table_of(piece.spec) and s.virtual != piece.spec.virtual:
                     saved, now = ("a virtual", "not virtual") if s.virtual else ("not a virtual", "a virtual")
                     raise ValueError(f"table {s.table} was {saved} table when step {step.step} was saved and is "
                                      f"{now} one now: a checkpoint restores a virtual table only as one")
@@ -195,16 +196,12 @@ def _target_live(target: PieceSpec, chain: List[ChainStep]) -> Tuple[torch.Tenso
     last = chain[-1]
     lo, hi = target.row_offset, target.row_offset + target.rows
     parts, pending, next_pass_at = [], 0, None
-    for record in _sources(target, last):
-        if record.virtual is None:
-            raise ChainError(f"step {last.step}: virtual table {record.spec.table}'s shard lacks its live ids",
-                             last.reader.path, last.step)
+    for record in _sources(target, last):  # each has its live ids (StepManifest.from_json checks)
         pending = max(pending, record.virtual.pending)
         if record.spec == target:
             next_pass_at = record.virtual.next_pass_at
         for chunk in record.virtual.live:
-            glo, ghi = _in_range(record.spec, chunk.row_lo, chunk.row_hi)
-            if glo >= hi or ghi <= lo:
+            if not _chunk_overlaps(target, record.spec, chunk):
                 continue
             live = _read_live(last, chunk).clone()
             live[:, 0] += record.spec.row_offset
@@ -217,12 +214,10 @@ def _target_live(target: PieceSpec, chain: List[ChainStep]) -> Tuple[torch.Tenso
 
 def _row_chunks(target: PieceSpec, chain: List[ChainStep]):
     """(step, record, chunk) of every row chunk that may hold target ids, newest step first."""
-    lo, hi = target.row_offset, target.row_offset + target.rows
     for step in reversed(chain):
         for record in _sources(target, step):
             for chunk in record.chunks:
-                glo, ghi = _in_range(record.spec, chunk.row_lo, chunk.row_hi)
-                if glo < hi and ghi > lo:
+                if _chunk_overlaps(target, record.spec, chunk):
                     yield step, record, chunk
 
 

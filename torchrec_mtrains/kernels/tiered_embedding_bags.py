@@ -374,7 +374,6 @@ class TieredEmbeddingBags(torch.nn.Module):
         bound = self._cache.id_specs[table][0]
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= bound):
             raise ValueError(f"table {self.table_names[table]}: ids must lie in [0, {bound})")
-        self._steps.drain()
         return virtual.restore(table, ids, counts, times, replay, next_pass_at)
 
     def read_ids(self, table: int, ids: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -139,6 +139,11 @@ class _Table:
         # was saved): their ids are looked up again without counting them twice.
         self.replay = 0
 
+    def pass_done(self) -> None:
+        """After a pass (or a restore): the next waits until the live ids grow by 1% of the
+        trigger (of the rows, without one)."""
+        self.next_pass_at = self.live + max(1, (self.spec.eviction.trigger_ids or self.rows) // 100)
+
     def protected_rows(self, oldest_live: int) -> torch.Tensor:
         while self.step_rows and self.step_rows[0][0] < oldest_live:
             self.step_rows.popleft()
@@ -254,7 +259,7 @@ class VirtualRows:
         if evicted_rows.numel():
             self._cache_index.forget(table.number, evicted_rows)
         table.live -= evicted_rows.numel()
-        table.next_pass_at = table.live + max(1, (ev.trigger_ids or table.rows) // 100)
+        table.pass_done()
 
     def set_weight_reader(self, read_weights: WeightReader) -> None:
         """Gives the L2-norm policy its rows' weights: ``read_weights(t, rows)`` yields table
@@ -329,9 +334,10 @@ class VirtualRows:
         table.live = int(ids.numel())
         table.step_rows.clear()
         table.replay = max(0, int(replay))
-        ev = table.spec.eviction
-        table.next_pass_at = (table.live + max(1, (ev.trigger_ids or table.rows) // 100)
-                              if next_pass_at is None else int(next_pass_at))
+        if next_pass_at is None:
+            table.pass_done()
+        else:
+            table.next_pass_at = int(next_pass_at)
         return rows
 
     def stats(self, t: int, row_bytes: int) -> Dict[str, float]:

@@ -14,7 +14,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv, ShardingType
 
 from torchrec_mtrains.sharding.lookup import TIERED_SHARDINGS
-from torchrec_mtrains.sharding.tiered_state import TieredTablesState, join_tier_params
+from torchrec_mtrains.sharding.tiered_state import TieredTablesState, join_tier_params, tiered_sharding_class
 
 __all__ = ["ShardedTieredEmbeddingBagCollection"]
 
@@ -41,13 +41,7 @@ class ShardedTieredEmbeddingBagCollection(TieredTablesState, ShardedEmbeddingBag
                 sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
             )
         sharding_type = sharding_infos[0].param_sharding.sharding_type
-        sharding_cls = TIERED_SHARDINGS.get(sharding_type)
-        if sharding_cls is None:
-            names = ", ".join(i.embedding_config.name for i in tiered)
-            raise ValueError(
-                f"tables {names}: sharding type {sharding_type!r} is not supported for tiered tables "
-                f"(supported: {sorted(TIERED_SHARDINGS)})"
-            )
+        sharding_cls = tiered_sharding_class(TIERED_SHARDINGS, sharding_type, tiered)
         kwargs: Dict[str, Any] = {"qcomm_codecs_registry": qcomm_codecs_registry}
         if sharding_type == ShardingType.COLUMN_WISE.value:
             kwargs["permute_embeddings"] = permute_embeddings

@@ -11,7 +11,7 @@ from torchrec.distributed.embedding_sharding import EmbeddingSharding, Embedding
 from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
 
 from torchrec_mtrains.sharding.lookup import TIERED_SEQUENCE_SHARDINGS
-from torchrec_mtrains.sharding.tiered_state import TieredTablesState, join_tier_params
+from torchrec_mtrains.sharding.tiered_state import TieredTablesState, join_tier_params, tiered_sharding_class
 
 __all__ = ["ShardedTieredEmbeddingCollection"]
 
@@ -42,12 +42,6 @@ class ShardedTieredEmbeddingCollection(TieredTablesState, ShardedEmbeddingCollec
         if not tiered:
             return super().create_embedding_sharding(sharding_type, sharding_infos, env, device,
                                                      qcomm_codecs_registry)
-        sharding_cls = TIERED_SEQUENCE_SHARDINGS.get(sharding_type)
-        if sharding_cls is None:
-            names = ", ".join(i.embedding_config.name for i in tiered)
-            raise ValueError(
-                f"tables {names}: sharding type {sharding_type!r} is not supported for tiered tables "
-                f"(supported: {sorted(TIERED_SEQUENCE_SHARDINGS)})"
-            )
+        sharding_cls = tiered_sharding_class(TIERED_SEQUENCE_SHARDINGS, sharding_type, tiered)
         return sharding_cls(sharding_infos=sharding_infos, env=env, device=device,
                             qcomm_codecs_registry=qcomm_codecs_registry)

@@ -10,7 +10,7 @@ and writes them back on ``load_state_dict()``. The collection's tables live in i
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping
 
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 
@@ -30,7 +30,7 @@ from torchrec_mtrains.sharding.types import (
     per_table_fused_params,
 )
 
-__all__ = ["TieredTablesState", "join_tier_params"]
+__all__ = ["TieredTablesState", "join_tier_params", "tiered_sharding_class"]
 
 _CUSTOM = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 
@@ -58,6 +58,18 @@ def join_tier_params(sharding_infos: List[EmbeddingShardingInfo]) -> List[Embedd
             fused[FUSED_PARAM_KEYS[1]] = fused[FUSED_PARAM_KEYS[2]] = None
             info.fused_params = fused
     return tiered
+
+
+def tiered_sharding_class(shardings: Mapping[str, type], sharding_type: str,
+                          tiered: List[EmbeddingShardingInfo]) -> type:
+    """The sharding class of ``sharding_type`` among ``shardings`` (the tiered ones of a
+    collection's kind); ValueError naming the ``tiered`` tables if there is none."""
+    sharding_cls = shardings.get(sharding_type)
+    if sharding_cls is None:
+        names = ", ".join(i.embedding_config.name for i in tiered)
+        raise ValueError(f"tables {names}: sharding type {sharding_type!r} is not supported for tiered tables "
+                         f"(supported: {sorted(shardings)})")
+    return sharding_cls
 
 
 class TieredTablesState:
