@@ -9,20 +9,27 @@ import torch
 
 from torchrec_mtrains._ops import load_extension
 
-__all__ = ["Batch", "check_embedding_specs", "check_feature_table_map", "check_index_tensor", "split_batch"]
+__all__ = ["Batch", "BatchSizes", "check_embedding_specs", "check_feature_table_map", "check_index_tensor", "split_batch"]
 
 _INT_DTYPES = (torch.int64, torch.int32)
 _BAD_ENDS, _DECREASING, _ID_OUT_OF_RANGE = 1, 2, 3  # csrc/bindings/batch_ops.cpp BatchProblem
 
 
+BatchSizes = List[List[int]]
+"""FBGEMM's ``batch_size_per_feature_per_rank``: the bags of each feature from each rank
+(variable batch per feature, VBE)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """A checked batch: int64 ``indices`` and ``offsets``; table t's indices are
-    ``indices[bounds[t]:bounds[t + 1]]``."""
+    ``indices[bounds[t]:bounds[t + 1]]``; ``batch_sizes`` as given (None: every feature has
+    the same bags)."""
 
     indices: torch.Tensor
     offsets: torch.Tensor
     bounds: List[int]
+    batch_sizes: Optional[BatchSizes] = None
 
 
 def check_index_tensor(name: str, t: object) -> torch.Tensor:
@@ -49,30 +56,38 @@ def split_batch(
     specs: Sequence[Tuple[int, int]],
     names: Sequence[str],
     feature_table_map: Optional[Sequence[int]] = None,
+    batch_sizes: Optional[BatchSizes] = None,
 ) -> Batch:
     """Checks a batch and returns it split by table.
 
     ``feature_table_map`` (FBGEMM's) gives the table of each feature; the batch then has
     ``F * B + 1`` offsets. It must be non-decreasing (a table's features adjacent, tables in
     order), so concatenating the tables' parts gives back ``indices``. Default: one feature
-    per table.
+    per table. ``batch_sizes`` (FBGEMM's ``batch_size_per_feature_per_rank``): each
+    feature's bags from each rank, laid out feature by feature and rank by rank; offsets then
+    have one entry per bag plus one.
 
     Raises:
         ValueError: wrong dtypes or shapes, offsets that do not start at 0, decrease, or do
-            not end at ``len(indices)``, or whose length is not ``F * B + 1``.
+            not end at ``len(indices)``, or whose length is not ``F * B + 1`` (or the bags
+            of ``batch_sizes`` + 1).
         IndexError: an id outside its table, naming the table, the id and its position.
     """
     indices = check_index_tensor("indices", indices)
     offsets = check_index_tensor("offsets", offsets)
     table_of_feature = list(range(len(specs))) if feature_table_map is None else list(feature_table_map)
     num_features = len(table_of_feature)
-    if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
+    feature_batch = [] if batch_sizes is None else _feature_batch(batch_sizes, num_features)
+    if batch_sizes is not None and offsets.numel() != sum(feature_batch) + 1:
+        raise ValueError(f"offsets has {offsets.numel()} entries; expected one per bag of batch_size_per_feature_per_rank "
+                         f"+ 1 = {sum(feature_batch) + 1}")
+    if batch_sizes is None and (offsets.numel() < 1 or (offsets.numel() - 1) % num_features):
         what = "T * B + 1 with T = {} tables" if feature_table_map is None else "F * B + 1 with F = {} features"
         raise ValueError(f"offsets has {offsets.numel()} entries; expected {what.format(num_features)}")
     load_extension()
     # One C++ pass: offsets' ends and order, each table's slice, every id in its table.
     bounds, problem, table, pos, value = torch.ops.mtrains.batch_table_bounds(
-        indices, offsets, [rows for rows, _ in specs], table_of_feature)
+        indices, offsets, [rows for rows, _ in specs], table_of_feature, feature_batch)
     if problem == _BAD_ENDS:
         raise ValueError(
             f"offsets must start at 0 and end at len(indices) = {indices.numel()}, got {pos} .. {value}")
@@ -81,7 +96,20 @@ def split_batch(
     if problem == _ID_OUT_OF_RANGE:
         raise IndexError(
             f"table {names[table]}: id {value} at position {pos} of indices is outside [0, {specs[table][0]})")
-    return Batch(indices, offsets, list(bounds))
+    return Batch(indices, offsets, list(bounds), batch_sizes)
+
+
+def _feature_batch(batch_sizes: object, num_features: int) -> List[int]:
+    """Each feature's bags over every rank; ValueError unless ``batch_sizes`` has a list of
+    non-negative ints per feature, as many for each."""
+    ok = isinstance(batch_sizes, (list, tuple)) and len(batch_sizes) == num_features and all(
+        isinstance(per_rank, (list, tuple)) and all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in per_rank)
+        for per_rank in batch_sizes)
+    if not ok or len({len(per_rank) for per_rank in batch_sizes}) != 1:  # type: ignore[union-attr]
+        raise ValueError(f"batch_size_per_feature_per_rank must hold, for each of the {num_features} features, "
+                         f"one list of bag counts (ints >= 0) per rank, got {batch_sizes!r}")
+    return [sum(per_rank) for per_rank in batch_sizes]  # type: ignore[union-attr]
 
 
 def check_feature_table_map(feature_table_map: Optional[Sequence[int]], num_tables: int) -> Optional[List[int]]:

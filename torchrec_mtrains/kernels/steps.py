@@ -18,7 +18,7 @@ from typing import Deque, Dict, List, Optional
 
 import torch
 
-from torchrec_mtrains.kernels.batch import Batch, split_batch
+from torchrec_mtrains.kernels.batch import Batch, BatchSizes, split_batch
 from torchrec_mtrains.kernels.prefetch import PrefetchPipeline, Ticket
 from torchrec_mtrains.kernels.row_cache import RowCache
 from torchrec_mtrains.storage.status import raise_for_status
@@ -75,9 +75,10 @@ class StepPath:
         self._feature_table_map = feature_table_map
         self.pending: Deque[Step] = collections.deque()  # prefetched, not yet computed
 
-    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool) -> None:
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool,
+                 batch_sizes: Optional[BatchSizes] = None) -> None:
         """Queues the plan and moves of the batch after those pending."""
-        self.pending.append(self.submit(indices, offsets, train))
+        self.pending.append(self.submit(indices, offsets, train, batch_sizes))
 
     def cancel(self) -> int:
         """Drops every pending step once its rows are in place; returns how many."""
@@ -86,16 +87,18 @@ class StepPath:
         self.pending.clear()
         return dropped
 
-    def take(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool) -> Step:
+    def take(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool,
+             batch_sizes: Optional[BatchSizes] = None) -> Step:
         """The step of a checked batch: the one prefetched for it, else planned now.
 
         Raises:
             ValueError: a batch was prefetched and this is another one.
         """
         if not self.pending:
-            return self.submit(indices, offsets, train)
+            return self.submit(indices, offsets, train, batch_sizes)
         job = self.pending[0]
-        if not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets):
+        if (not _same(job.batch.indices, indices) or not _same(job.batch.offsets, offsets)
+                or _as_lists(job.batch.batch_sizes) != _as_lists(batch_sizes)):
             raise ValueError(
                 f"forward() got a batch different from the one prefetch() was given for it "
                 f"({len(self.pending)} prefetched batch(es) pending): prefetch(b) loads the rows "
@@ -105,9 +108,10 @@ class StepPath:
         self.cache.run.steps_prefetched += 1
         return job
 
-    def submit(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool) -> Step:
+    def submit(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool,
+               batch_sizes: Optional[BatchSizes] = None) -> Step:
         cache = self.cache
-        batch = split_batch(indices, offsets, cache.id_specs, cache.names, self._feature_table_map)
+        batch = split_batch(indices, offsets, cache.id_specs, cache.names, self._feature_table_map, batch_sizes)
         job = Step(cache.run.next_step, batch)
         cache.run.next_step += 1
         # Rows of the step that may still be running (its backward) and of every step
@@ -236,6 +240,10 @@ class StepPath:
             if m.overflow_at is not None and m.overflow_at.numel():
                 cache.slots.defer(t, m.load_slots[m.overflow_at], m.load_rows[m.overflow_at], m.overflow_rows)
         job.moves = []
+
+
+def _as_lists(batch_sizes: Optional[BatchSizes]) -> Optional[List[List[int]]]:
+    return None if batch_sizes is None else [list(per_rank) for per_rank in batch_sizes]
 
 
 def _same(a: torch.Tensor, b: object) -> bool:

@@ -26,7 +26,12 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
 from torchrec_mtrains._ops import load_extension
-from torchrec_mtrains.kernels.batch import check_embedding_specs, check_feature_table_map, check_index_tensor
+from torchrec_mtrains.kernels.batch import (
+    BatchSizes,
+    check_embedding_specs,
+    check_feature_table_map,
+    check_index_tensor,
+)
 from torchrec_mtrains.kernels.checkpoint_rows import CheckpointRows
 from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
@@ -235,16 +240,18 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._cache.slots.set_learning_rate(self.learning_rate)
 
     # ------------------------------------------------------------------- steps ----
-    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor,
+                 batch_size_per_feature_per_rank: Optional[BatchSizes] = None) -> None:
         """Starts loading the rows of the batch that the next ``forward`` (after any already
         prefetched) will compute, so the tier I/O overlaps the current step.
 
         Each prefetched batch must be the next one given to ``forward``, in order: call
         ``prefetch(b0)`` once, then each step ``out = emb(b_i)``, ``prefetch(b_{i+1})``,
         ``backward``. A caller whose next batch changed drops its prefetches with
-        ``cancel_prefetch()``."""
+        ``cancel_prefetch()``. ``batch_size_per_feature_per_rank`` as ``forward`` takes it."""
         self._cache.check_usable()
-        self._steps.prefetch(indices, offsets, self.training)
+        self._check_variable_batch(batch_size_per_feature_per_rank)
+        self._steps.prefetch(indices, offsets, self.training, batch_size_per_feature_per_rank)
 
     @property
     def pending_prefetches(self) -> int:
@@ -265,9 +272,16 @@ class TieredEmbeddingBags(torch.nn.Module):
         indices: torch.Tensor,
         offsets: torch.Tensor,
         per_sample_weights: Optional[torch.Tensor] = None,
+        batch_size_per_feature_per_rank: Optional[BatchSizes] = None,
     ) -> torch.Tensor:
-        """Pooled embeddings ``[B, sum(dims)]`` of a batch (FBGEMM's layout)."""
+        """Pooled embeddings ``[B, sum(dims)]`` of a batch (FBGEMM's layout).
+
+        ``batch_size_per_feature_per_rank`` (FBGEMM's, variable batch per feature): the bags
+        of each feature from each rank; offsets then have one entry per bag plus one, and
+        the output is FBGEMM's VBE output, 1-D, rank by rank, feature by feature within a
+        rank. Bags only (not ``PoolingMode.NONE``)."""
         self._cache.check_usable()
+        self._check_variable_batch(batch_size_per_feature_per_rank)
         # Everything about the input is checked before a queued plan is consumed or a new
         # one made, so a bad call changes nothing and can be retried.
         indices, offsets = check_index_tensor("indices", indices), check_index_tensor("offsets", offsets)
@@ -279,14 +293,22 @@ class TieredEmbeddingBags(torch.nn.Module):
         ):
             raise ValueError(f"per_sample_weights must be a float tensor of shape ({n},) like indices")
         steps, train = self._steps, self.training
-        job = steps.take(indices, offsets, train)
+        job = steps.take(indices, offsets, train, batch_size_per_feature_per_rank)
         steps.finish(job)
         steps.computed(job, train)
         fault_point("forward")
         tbe = self._cache.slots.tbe
         if tbe is not self._tbe:  # the cache outgrew the TBE, which was rebuilt larger
             self._tbe = tbe
-        return tbe(job.remapped, job.batch.offsets, per_sample_weights)
+        if batch_size_per_feature_per_rank is None:
+            return tbe(job.remapped, job.batch.offsets, per_sample_weights)
+        return tbe(job.remapped, job.batch.offsets, per_sample_weights,
+                   batch_size_per_feature_per_rank=[list(b) for b in batch_size_per_feature_per_rank])
+
+    def _check_variable_batch(self, batch_size_per_feature_per_rank: Optional[BatchSizes]) -> None:
+        if batch_size_per_feature_per_rank is not None and self.pooling_mode == PoolingMode.NONE:
+            raise ValueError("batch_size_per_feature_per_rank (a variable batch per feature) is for pooled bags; "
+                             "this kernel's pooling_mode is PoolingMode.NONE (a row per id)")
 
     # ------------------------------------------------------- whole-table access ----
     def flush(self, *, steps_done: bool = False, durable: bool = True,
