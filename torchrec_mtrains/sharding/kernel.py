@@ -23,7 +23,8 @@ from torchrec.distributed.embedding_types import (
     GroupedEmbeddingConfig,
     ShardedEmbeddingTable,
 )
-from torchrec.modules.embedding_configs import DataType, PoolingType
+from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import DataType, PoolingType, pooling_type_to_pooling_mode
 from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -31,16 +32,17 @@ from torchrec_mtrains.kernels import TieredConfig, TieredEmbeddingBags
 from torchrec_mtrains.kernels.tier_stores import ssd_file
 from torchrec_mtrains.kernels.virtual_rows import VirtualTableSpec
 from torchrec_mtrains.sharding.checkpoint import load_optimizer_state, optimizer_state_of
+from torchrec_mtrains.sharding.live_state import LiveStateShards
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
 from torchrec_mtrains.sharding.virtual_tables import eviction_spec_of, virtual_shard_rows, warn_ignored
 from torchrec_mtrains.storage.file_lock import FileLock, lock_directory
 from torchrec_mtrains.types import Tier
 
-__all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "rank_storage_dir"]
+__all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "place_vbe_output", "rank_storage_dir"]
 
 # NONE: the lookups of an EmbeddingCollection (a row per id).
-_POOLING = {PoolingType.SUM: PoolingMode.SUM, PoolingType.MEAN: PoolingMode.MEAN, PoolingType.NONE: PoolingMode.NONE}
+_POOLINGS = (PoolingType.SUM, PoolingType.MEAN, PoolingType.NONE)
 _PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
 _CHUNK_ROWS = 1 << 16  # rows per read or write when streaming a shard
 
@@ -150,16 +152,18 @@ def _allocated(path: str) -> int:
 
 def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
                    storage_dir: Optional[str], virtual: List[Optional[VirtualTableSpec]],
-                   kernel_rows: List[int]) -> TieredConfig:
+                   kernel_rows: List[int], sharding_type: Optional[ShardingType]) -> TieredConfig:
     """The kernel config of a group of local shards: one kernel table per shard on its
-    table's tier, named after its table and offsets, in the rank's storage directory."""
+    table's tier, named after its table and offsets, in the rank's storage directory. Its
+    pooling is what TorchRec's FUSED lookup runs for ``sharding_type``: MEAN bags of a
+    row-wise sharding pool as SUM, TorchRec dividing by the bag length after the reduce."""
     tables = list(config.embedding_tables)
     ssd_shards = sum(p.tier is Tier.SSD for p in params)
     return params[0].kernel_config(
         tier=tuple(p.tier for p in params),
         cache_rows=[_shard_cache_rows(p, t, r) for p, t, r in zip(params, tables, kernel_rows)],
         storage_dir=storage_dir,
-        pooling_mode=_POOLING[config.pooling],
+        pooling_mode=pooling_type_to_pooling_mode(config.pooling, sharding_type),
         weights_precision=_PRECISION[config.data_type],
         init_range=[(t.get_weight_init_min(), t.get_weight_init_max()) for t in tables],
         table_names=[_shard_name(t) for t in tables],
@@ -170,6 +174,25 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
     )
 
 
+def place_vbe_output(out: torch.Tensor, batch_sizes: List[List[int]], dims: List[int], vbe_output: torch.Tensor,
+                      vbe_output_offsets: torch.Tensor) -> torch.Tensor:
+    """``vbe_output`` with ``out`` (a kernel's VBE output: rank by rank, feature by feature,
+    ``batch_sizes[f][r] * dims[f]`` values each) put at ``vbe_output_offsets[r][f]``;
+    out of place, so autograd carries the gradients of both."""
+    offsets = vbe_output_offsets.tolist()
+    ranks = len(batch_sizes[0]) if batch_sizes else 0
+    if len(offsets) != ranks or any(len(row) != len(dims) for row in offsets):
+        raise ValueError(f"vbe_output_offsets has shape {tuple(vbe_output_offsets.shape)}; expected "
+                         f"[{ranks} ranks, {len(dims)} features]")
+    positions = [torch.arange(offsets[r][f], offsets[r][f] + batch_sizes[f][r] * dims[f])
+                 for r in range(ranks) for f in range(len(dims))]
+    index = torch.cat(positions) if positions else torch.empty(0, dtype=torch.long)
+    if index.numel() != out.numel() or (index.numel() and int(index.max()) >= vbe_output.numel()):
+        raise ValueError(f"vbe_output_offsets place {index.numel()} values in a vbe_output of {vbe_output.numel()}; "
+                         f"this kernel's output has {out.numel()}")
+    return vbe_output.index_copy(0, index, out.to(vbe_output.dtype))
+
+
 class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
     """A group of tiered table shards computed by one TieredEmbeddingBags."""
 
@@ -178,6 +201,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         config: GroupedEmbeddingConfig,
         pg: Optional[dist.ProcessGroup] = None,
         device: Optional[torch.device] = None,
+        sharding_type: Optional[ShardingType] = None,
     ) -> None:
         super().__init__()
         if device is not None and device.type not in ("cpu", "meta"):
@@ -193,7 +217,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         except ValueError as e:
             raise ValueError(f"tables {', '.join(names)}: {e}") from None
         self.params = self.table_params[0]
-        if config.pooling not in _POOLING:
+        if config.pooling not in _POOLINGS:
             raise ValueError(f"tables {', '.join(names)}: pooling {config.pooling} is not SUM, MEAN or NONE")
         if config.data_type not in _PRECISION:
             raise ValueError(f"tables {', '.join(names)}: data type {config.data_type} is not FP32 or FP16")
@@ -204,7 +228,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         try:
             self._virtual, self._kernel_rows = _virtual_specs(self.table_params, tables)
             kernel_config = _kernel_config(self.table_params, config, self.storage_dir, self._virtual,
-                                           self._kernel_rows)
+                                           self._kernel_rows, sharding_type)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         # This rank owns its storage directory while a kernel of it lives (the kernels of
@@ -229,18 +253,51 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
             raise ValueError(f"{where}: {e}") from None
         self._version = 0  # bumped whenever rows may have changed
         self.state_excluded = False  # the fused optimizer then reports no tiered state
+        # The state_dict() copies handed out: their in-place writes reach the tables.
+        self._live = LiveStateShards(self._load_shard, [t.name for t in tables])
         self._optim = TieredFusedOptimizer(self, kernel_config.learning_rate)
 
     # ---------------------------------------------------------------- compute ----
-    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(self, features: KeyedJaggedTensor, vbe_output: Optional[torch.Tensor] = None,
+                vbe_output_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The lookups of ``features`` (pooled, or a row per id), as TorchRec's FUSED kernel
+        gives them; with a variable batch per feature (VBE), FBGEMM's 1-D VBE output, or
+        ``vbe_output`` with this kernel's part put at ``vbe_output_offsets`` (``[ranks,
+        features]``: where each feature's bags from each rank start) when TorchRec's lookup
+        merges several kernels' outputs into one."""
+        self._live.apply()
         self._version += 1
-        return self._emb(features.values(), features.offsets(), features.weights_or_none())
+        if self.training:
+            self._live.shards_changed()
+        batch_sizes = features.stride_per_key_per_rank() if features.variable_stride_per_key() else None
+        weights = features.weights_or_none()
+        if weights is not None and not torch.is_floating_point(weights):
+            weights = None  # as TorchRec's FUSED kernel: integer weights are not per-sample weights
+        out = self._emb(features.values(), features.offsets(), weights, batch_size_per_feature_per_rank=batch_sizes)
+        if vbe_output is None and vbe_output_offsets is None:
+            return out
+        if batch_sizes is None or vbe_output is None or vbe_output_offsets is None:
+            raise ValueError(f"tables {', '.join(sorted({t.name for t in self._tables}))}: vbe_output and "
+                             "vbe_output_offsets go together, with a variable batch per feature")
+        return place_vbe_output(out, batch_sizes, self._config.embedding_dims(), vbe_output, vbe_output_offsets)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Starts loading the rows of ``features`` (the next batch this kernel computes)."""
-        self._emb.prefetch(features.values(), features.offsets())
+        self._live.apply()
+        batch_sizes = features.stride_per_key_per_rank() if features.variable_stride_per_key() else None
+        self._emb.prefetch(features.values(), features.offsets(), batch_sizes)
+
+    def apply_state_writes(self) -> None:
+        """Writes to the tables what was written in place into this kernel's ``state_dict()``
+        tensors since (every method that reads or changes the tables does this first).
+
+        Raises:
+            ValueError: such a tensor was written after its table changed (naming it).
+        """
+        self._live.apply()
 
     def flush(self, *, steps_done: bool = False, durable: bool = True) -> None:
+        self._live.apply()
         if self.state_excluded:
             # TorchRec's state_dict() flushes every lookup first; a differential checkpoint
             # asks for a state_dict without the tiered rows, having flushed them itself.
@@ -259,6 +316,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
 
     @property
     def emb_module(self) -> TieredEmbeddingBags:
+        self._live.apply()  # the caller sees the tables as written through state_dict()
         return self._emb
 
     @property
@@ -310,20 +368,29 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
 
     def stage_shard(self, t: int, part: str, area: StagingArea) -> torch.Tensor:
         """Local shard ``t``'s weights (``part="weight"``) or optimizer state
-        (``"state"``), read through the tiers in chunks into a tensor of ``area``."""
+        (``"state"``), read through the tiers in chunks into a tensor of ``area``. In-place
+        writes into it reach the shard before the kernel next reads or changes it (see
+        ``live_state.py``)."""
         self.check_dense(t, "staging")
+        self._live.apply()
         rows = self._tables[t].local_rows
         out = area.empty(*self._part_layout(t, part))
         for lo in range(0, rows, _CHUNK_ROWS):
             hi = min(rows, lo + _CHUNK_ROWS)
             weights, state = self._emb.read_rows(t, lo, hi)
             out[lo:hi] = weights if part == "weight" else state
+        self._live.track(t, part, out)
         return out
 
     def load_shard(self, t: int, part: str, source: torch.Tensor) -> None:
         """Writes ``source`` (the full local shard ``t``: weights or optimizer state) to
         the tiers in chunks, keeping the other part of each row."""
         self.check_dense(t, "loading")
+        self._live.apply()
+        self._load_shard(t, part, source)
+        self._live.shards_changed(t, part, source=source)
+
+    def _load_shard(self, t: int, part: str, source: torch.Tensor) -> None:
         rows = self._tables[t].local_rows
         want, dtype = self._part_layout(t, part)
         if tuple(source.shape) != want:

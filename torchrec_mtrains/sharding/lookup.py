@@ -10,7 +10,7 @@ TorchRec's own kernels.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Type
+from typing import Any, Dict, List, Optional, Type
 
 import torch
 import torch.distributed as dist
@@ -32,7 +32,7 @@ from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag
+from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag, place_vbe_output
 
 __all__ = [
     "TIERED_SEQUENCE_SHARDINGS", "TIERED_SHARDINGS", "TieredGroupedEmbeddingsLookup",
@@ -56,7 +56,26 @@ class _TieredKernelsLookup:
 
 
 class TieredGroupedPooledEmbeddingsLookup(_TieredKernelsLookup, GroupedPooledEmbeddingsLookup):
-    """TorchRec's pooled lookup, with tiered kernels for CUSTOMIZED_KERNEL groups."""
+    """TorchRec's pooled lookup, with tiered kernels for CUSTOMIZED_KERNEL groups.
+
+    With a variable batch per feature (VBE) and several kernels, TorchRec hands each kernel
+    one preallocated output to fill in place, which FBGEMM's CPU TBE refuses; on the CPU each
+    kernel's own VBE output is put in its place of the merged one instead."""
+
+    def _forward_with_vbe_merging(self, features_by_group: List[KeyedJaggedTensor],
+                                  device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":
+            return super()._forward_with_vbe_merging(features_by_group, device)
+        vbe_output, vbe_offsets = self._create_vbe_output_and_offsets(self._vbe_splits(features_by_group), device)
+        for config, emb_op, features, offsets in zip(self.grouped_configs, self._emb_modules, features_by_group,
+                                                      vbe_offsets):
+            features = self._apply_feature_processor_and_gradient_scaling(features, config)
+            out = emb_op(features)
+            vbe_output = place_vbe_output(out, features.stride_per_key_per_rank(), config.embedding_dims(),
+                                          vbe_output, torch.tensor(offsets))
+            if self.optim_state_tracker_fn is not None:
+                self.optim_state_tracker_fn(features, vbe_output, emb_op)
+        return vbe_output
 
     def _create_embedding_kernel(
         self,
@@ -67,7 +86,7 @@ class TieredGroupedPooledEmbeddingsLookup(_TieredKernelsLookup, GroupedPooledEmb
         env: Optional[ShardingEnv],
     ) -> BaseEmbedding:
         if config.compute_kernel == EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
-            return TieredBatchedEmbeddingBag(config, pg=pg, device=device)
+            return TieredBatchedEmbeddingBag(config, pg=pg, device=device, sharding_type=sharding_type)
         return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
 
 
