@@ -151,3 +151,41 @@ def test_unwritten_copies_are_forgotten_once_dropped(process_group, tmp_path: Pa
     del sd
     gc.collect()
     assert len(kernel._live) == 0
+
+
+def test_sequence_collection_writes_reach_the_table(process_group, tmp_path: Path) -> None:
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+
+    from torchrec_mtrains.sharding import TieredEmbeddingCollectionSharder
+
+    ec = EmbeddingCollection(
+        tables=[EmbeddingConfig(name="t", num_embeddings=ROWS, embedding_dim=DIM, feature_names=["f"])],
+        device=torch.device("cpu"))
+    plan = tiered_sharding_plan(ec, {"t": TieredParams(Tier.SSD, cache_load_factor=0.1, storage_dir=str(tmp_path))}, 1)
+    model = DistributedModelParallel(ec, plan=ShardingPlan({"": plan}), device=torch.device("cpu"),
+                                     sharders=[TieredEmbeddingCollectionSharder()])
+    new = torch.randn(ROWS, DIM)
+    _shard(model.state_dict(), "embeddings.t.weight").copy_(new)
+    model.eval()
+    with torch.no_grad():
+        got = model(_batch([4, 250]))["f"].values()
+    assert torch.equal(got, new[[4, 250]])
+
+
+def test_key_value_table_on_torchrecs_planner_takes_writes(process_group, tmp_path: Path) -> None:
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import KeyValueParams
+
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="t", num_embeddings=ROWS, embedding_dim=DIM, feature_names=["f"])],
+        device=torch.device("cpu"))
+    sharder = TieredEmbeddingBagCollectionSharder()
+    constraints = {"t": ParameterConstraints(compute_kernels=["key_value"], key_value_params=KeyValueParams(
+        ssd_storage_directory=str(tmp_path)))}
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
+                                    constraints=constraints).plan(ebc, [sharder])
+    model = DistributedModelParallel(ebc, plan=plan, sharders=[sharder], device=torch.device("cpu"))
+    assert _kernel(model).params.tier is Tier.SSD
+    new = torch.randn(ROWS, DIM)
+    _shard(model.state_dict()).copy_(new)
+    assert torch.equal(_lookup(model, [0, 299]), new[[0, 299]])
