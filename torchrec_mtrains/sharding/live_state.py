@@ -13,15 +13,16 @@ A copy is exact until its shard next changes (a training step, or a load from an
 source): written after that, writing it back whole would put back the rows trained since, so
 ``apply`` raises ``ValueError`` naming the table instead of dropping or misapplying the
 write. Writes that bypass torch's version counter (through ``.data``, numpy or raw memory)
-are not seen. A copy the caller no longer holds and never wrote is forgotten at once.
+are not seen. A copy the caller no longer holds and never wrote is forgotten (its memory
+freed) at the kernel's next call.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import threading
 import weakref
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 import torch
 
@@ -54,25 +55,28 @@ class LiveStateShards:
         self._names = table_names
         self._copies: Dict[int, _Copy] = {}
         self._next_key = 0
-        # Guards ``_copies``: weakref callbacks may run on any thread.
-        self._lock = threading.Lock()
+        # Keys of copies whose caller dropped them. A weakref callback only appends here
+        # (atomic): it may run inside any allocation, on any thread, mid-iteration.
+        self._gone: Deque[int] = collections.deque()
 
     def __len__(self) -> int:
+        """Copies watched (those dropped unwritten are forgotten first)."""
+        self._forget_dropped()
         return len(self._copies)
 
     def track(self, table: int, part: str, copy: torch.Tensor) -> None:
         """Watches ``copy`` (just staged from part ``part`` of kernel table ``table``, so equal
         to it) for in-place writes."""
         alias = copy.detach()
-        entry = _Copy(table, part, alias, alias._version)
-        with self._lock:
-            key, self._next_key = self._next_key, self._next_key + 1
-            self._copies[key] = entry
-        entry.owner = weakref.ref(copy, lambda _ref, key=key: self._owner_gone(key))
+        key, self._next_key = self._next_key, self._next_key + 1
+        gone = self._gone
+        self._copies[key] = _Copy(table, part, alias, alias._version,
+                                  owner=weakref.ref(copy, lambda _ref, key=key: gone.append(key)))
 
-    def _owner_gone(self, key: int) -> None:
-        """The caller dropped the copy: forget it unless it holds a write not applied yet."""
-        with self._lock:
+    def _forget_dropped(self) -> None:
+        """Forgets the copies dropped by their callers that hold no write to apply."""
+        while self._gone:
+            key = self._gone.popleft()
             entry = self._copies.get(key)
             if entry is not None and entry.alias._version == entry.version:
                 del self._copies[key]
@@ -81,9 +85,7 @@ class LiveStateShards:
                        source: Optional[torch.Tensor] = None) -> None:
         """Kernel table ``table``'s part ``part`` (None: every table, every part) changed,
         except that copies over the memory of ``source`` (what was just written) still match."""
-        with self._lock:
-            copies = list(self._copies.values())
-        for c in copies:
+        for c in list(self._copies.values()):
             if (table is None or c.table == table) and (part is None or c.part == part) and not _same_memory(c.alias, source):
                 c.stale = True
 
@@ -95,13 +97,11 @@ class LiveStateShards:
             ValueError: a copy was written after its shard changed (naming the table);
                 the copy is forgotten, so the error is raised once.
         """
-        with self._lock:
-            items = list(self._copies.items())
-        for key, c in items:
+        self._forget_dropped()
+        for key, c in list(self._copies.items()):
             written = c.alias._version != c.version
             if written and c.stale:
-                with self._lock:
-                    self._copies.pop(key, None)
+                del self._copies[key]
                 raise ValueError(
                     f"table {self._names[c.table]}: its {'weights' if c.part == 'weight' else 'optimizer state'} "
                     "were written in place through a state_dict() tensor taken before the table last changed "
@@ -113,9 +113,8 @@ class LiveStateShards:
                 c.version = c.alias._version
                 # The other copies of this part no longer match it.
                 self.shards_changed(c.table, c.part, source=c.alias)
-            if c.owner is not None and c.owner() is None and c.alias._version == c.version:
-                with self._lock:
-                    self._copies.pop(key, None)
+            if c.owner is not None and c.owner() is None:
+                del self._copies[key]  # written back, and no caller can write it again
 
 
 def _same_memory(a: torch.Tensor, b: Optional[torch.Tensor]) -> bool:
