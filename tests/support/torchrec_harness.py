@@ -127,7 +127,8 @@ def _write_result(out_dir: str, name: str, rank: int, result: Dict[str, Any]) ->
 
 
 def read_result(out_dir: str, name: str) -> Dict[str, Any]:
-    """The case's outcome: {"ok": bool, "error": the failing ranks' tracebacks, "seconds":
+    """The case's outcome: {"ok": bool, "error": each failing rank's exception on one line,
+    then where their output is and their tracebacks, "seconds":
     the slowest rank's time, "package": the torchrec_mtrains the ranks imported, "tiered":
     {table: tier} of the shards our sharder put on the tiered kernel, over all ranks}."""
     launcher = _result_path(out_dir, name, -1)
@@ -142,7 +143,7 @@ def read_result(out_dir: str, name: str) -> Dict[str, Any]:
         with open(path) as f:
             ranks.append(json.load(f))
     failed = [r for r, res in enumerate(ranks) if not res["ok"]]
-    summary = [f"rank {r}: {_last_line(ranks[r]['error'])}" for r in failed]
+    summary = [f"rank {r}: {ranks[r]['summary']}" for r in failed]
     details = [f"---- rank {r} ----\n{ranks[r]['error']}" for r in failed]
     tiered: Dict[str, set] = {}
     for res in ranks:
@@ -152,11 +153,6 @@ def read_result(out_dir: str, name: str) -> Dict[str, Any]:
     return {"ok": not failed, "error": "\n".join(summary + where + details),
             "seconds": max(res["seconds"] for res in ranks), "package": ranks[0]["package"],
             "tiered": {t: "/".join(sorted(v)) for t, v in tiered.items()}}
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 # ------------------------------------------------------------------- worker ----
@@ -184,8 +180,9 @@ def _worker(rank: int, cases_json: List[str], ports: List[int], out_dir: str) ->
             sharder = _sharder(case, case_dir)
             _run_case(case, rank, sharder, case_dir)
             result: Dict[str, Any] = {"ok": True, "error": ""}
-        except BaseException:  # noqa: BLE001 -- recorded for the test, then the next case
-            result = {"ok": False, "error": traceback.format_exc()}
+        except BaseException as e:  # noqa: BLE001 -- recorded for the test, then the next case
+            summary = " ".join(traceback.format_exception_only(type(e), e)).split()
+            result = {"ok": False, "summary": " ".join(summary), "error": traceback.format_exc()}
             print(result["error"], flush=True)
         result.update(seconds=time.monotonic() - start, package=torchrec_mtrains.__file__,
                       tiered=sorted(getattr(sharder, "tiered_shards", ())))
