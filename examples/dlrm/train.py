@@ -61,6 +61,7 @@ from placement import (  # noqa: E402
     placement_rows,
     tier_of,
 )
+from progress import progress_bar  # noqa: E402
 from report import auc, format_table, write_outputs  # noqa: E402
 from run_config import load_run_config, preset_path  # noqa: E402
 from tier_report import tier_counters  # noqa: E402
@@ -425,9 +426,7 @@ class Trainer:
         self.warm_from_step: Optional[int] = None
 
     def run(self, batches, start: int) -> None:
-        from tqdm import tqdm
-
-        bar = tqdm(total=self.args.steps, initial=start, disable=self.rank != 0, unit="step", dynamic_ncols=True)
+        bar = progress_bar(self.args.steps, initial=start, disable=self.rank != 0)
         try:
             self._loop(bar, batches, start)
             if self.checkpointer is not None:

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(_HERE, "..", "dlrm"))  # the DLRM example's data
 
 from data import SyntheticTableSpec, table_locality, table_sampler  # noqa: E402
 from placement import DEFAULT_PROFILE, load_hardware, node_of, parse_bytes  # noqa: E402
+from progress import progress_bar  # noqa: E402
 from report import auc  # noqa: E402
 
 from torchrec_mtrains import Tier  # noqa: E402
@@ -222,14 +223,18 @@ def train(args: argparse.Namespace, rank: int, world: int, root: str) -> Dict:
     pipeline = TieredTrainPipeline(dmp, dense, torch.device("cpu"))
     batches = (data.batch(step, rank) for step in range(args.steps))
     losses, times = [], []
-    for step in range(args.steps):
-        loss, _, _ = pipeline.progress(batches)  # the model's (loss, logits, labels)
-        total = loss.clone()
-        dist.all_reduce(total)
-        losses.append(float(total) / world)
-        times.append(time.perf_counter())
-        if rank == 0 and (step + 1) % max(1, args.steps // 10) == 0:
-            print(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}", flush=True)
+    bar = progress_bar(args.steps, disable=rank != 0)  # a bar on a terminal, a line now and then in a log
+    try:
+        for _ in range(args.steps):
+            loss, _, _ = pipeline.progress(batches)  # the model's (loss, logits, labels)
+            total = loss.clone()
+            dist.all_reduce(total)
+            losses.append(float(total) / world)
+            times.append(time.perf_counter())
+            bar.set_postfix({"loss": f"{losses[-1]:.4f}"}, refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
     pipeline.detach()
     warm = len(times) // 4  # the last three quarters: caches warm
     qps = (len(times) - 1 - warm) * args.batch_size * world / (times[-1] - times[warm]) if len(times) > warm + 1 else 0.0

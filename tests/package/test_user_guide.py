@@ -46,7 +46,8 @@ def program(name: str, found: Dict[str, Tuple[Optional[str], str]]) -> str:
 
 def test_every_python_block_is_a_snippet_and_every_after_exists() -> None:
     found = snippets()
-    assert {"kernel", "model", "shard", "checkpoint", "key_value", "planner"} <= set(found)
+    assert {"kernel", "model", "shard", "checkpoint", "key_value", "planner", "sequences",
+            "sequences-key-value"} <= set(found)
     assert all(after in found for after, _ in found.values() if after is not None)
 
 

@@ -19,7 +19,7 @@ from tests.support.planner_nodes import CPU_NODE, G
 from torchrec_mtrains import Tier
 from torchrec_mtrains.planner.model.locality import histogram_locality, zipf_locality
 from torchrec_mtrains.planner.model.model_spec import parse_model_spec
-from torchrec_mtrains.planner.model.placement import PlacementError, place
+from torchrec_mtrains.planner.model.placement import PlacementError, PlacementMemo, place
 from torchrec_mtrains.planner.model.sizing import size_cluster
 from torchrec_mtrains.planner.planner import StorageAwarePlanner
 from torchrec_mtrains.planner.types import ComputeSpec, TieredTopology, TierSpec
@@ -373,6 +373,42 @@ def test_placement_reports_what_does_not_fit() -> None:
     spec = parse_model_spec(MODEL)
     with pytest.raises(PlacementError, match=r"on 1 ranks of test-cpu: the tables do not fit \(no tier holds big"):
         place(spec, CPU_NODE, 1, tiers=[Tier.DRAM], budget_bytes={Tier.DRAM: 1 * G})
+
+
+def test_a_row_cache_dram_cannot_hold_is_named_with_its_size_and_the_budget() -> None:
+    # SSD and SCM have room for the table's rows, but its smallest row cache (two steps'
+    # distinct rows at 4096 x 20 lookups) does not fit 8 MiB of DRAM, nor does the table whole.
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+        name="big", num_embeddings=5_000_000, embedding_dim=64, feature_names=["f"])], device=torch.device("meta"))
+    planner = StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=1,
+                                  locality={"big": {"pooling_factor": 20, "zipf_alpha": 1.05}},
+                                  budget_bytes={Tier.DRAM: 8 << 20})
+    with pytest.raises(PlacementError) as got:
+        planner.place(ebc)
+    message = str(got.value)
+    spec = planner.model_spec(ebc)
+    table = spec.tables[0]
+    cache_rows = PlacementMemo(spec, CPU_NODE).sizes["big"][0]
+    cache_mib = cache_rows * table.row_bytes / 2**20
+    assert cache_mib > 8  # the scenario: the cache alone is over the budget
+    assert "table big (5,000,000 rows" in message
+    assert f"row cache of at least {cache_rows:,.0f} rows" in message and f"{cache_mib:,.1f} MiB of DRAM" in message
+    assert "the job's DRAM budget is 8.0 MiB (8.0 MiB left)" in message
+    assert "capacity left DRAM 8.0 MiB, " in message and "-" not in message.split("capacity left")[1]
+
+
+def test_tables_kept_whole_over_the_budget_say_by_how_much() -> None:
+    # Small tables stay whole in DRAM (a cache would not repay its step overhead): 3 x 3.1 MiB
+    # against a 4 MiB budget. No capacity left is negative.
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+        name=f"t{i}", num_embeddings=12_500, embedding_dim=64, feature_names=[f"f{i}"]) for i in range(3)],
+        device=torch.device("meta"))
+    planner = StorageAwarePlanner(CPU_NODE, batch_size=512, world_size=1, budget_bytes={Tier.DRAM: 4 << 20})
+    with pytest.raises(PlacementError) as got:
+        planner.place(ebc)
+    placed = 3 * planner.model_spec(ebc).tables[0].bytes / 2**20
+    assert f"the tables placed take {placed:,.1f} MiB of DRAM, and the job's DRAM budget is 4.0 MiB" in str(got.value)
+    assert "capacity left DRAM 0.0 MiB" in str(got.value)
 
 
 def test_sizing_needs_fewer_nodes_with_scm_and_ssd() -> None:

@@ -20,6 +20,13 @@ _WARNINGS = (
     # broadcast_buffers=False, which torch deprecates; TorchRec has to keep it until DDP
     # gains init_sync_buffers (the warning's own advice), and no argument of DMP avoids it.
     (r"`broadcast_buffers` is deprecated", FutureWarning, r"torchrec\.distributed\.model_parallel"),
+    # Row-wise sharding: TorchRec's comm_ops (reduce-scatter of the pooled rows forward, its
+    # all-gather backward) call the collectives torch renamed to *_single. torch's
+    # deprecation wrapper sits inside its c10d logger, so the warning names that module.
+    (r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", FutureWarning,
+     r"torch\.distributed\.c10d_logger"),
+    (r"`torch\.distributed\.all_gather_into_tensor` is deprecated", FutureWarning,
+     r"torch\.distributed\.c10d_logger"),
 )
 # logging records: (logger name, start of the message).
 _LOG_RECORDS = (

@@ -39,12 +39,52 @@ from torchrec_mtrains.sharding.virtual_tables import eviction_spec_of, virtual_s
 from torchrec_mtrains.storage.file_lock import FileLock, lock_directory
 from torchrec_mtrains.types import Tier
 
-__all__ = ["TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "place_vbe_output", "rank_storage_dir"]
+__all__ = ["FUSED_DRAWS_MAX_WEIGHTS", "TieredBatchedEmbeddingBag", "TieredFusedOptimizer", "draw_uniform",
+           "draws_as_fused", "place_vbe_output", "rank_storage_dir"]
 
 # NONE: the lookups of an EmbeddingCollection (a row per id).
 _POOLINGS = (PoolingType.SUM, PoolingType.MEAN, PoolingType.NONE)
 _PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
 _CHUNK_ROWS = 1 << 16  # rows per read or write when streaming a shard
+
+
+# A tiered table of at most this many weights (rows x dim) takes from torch's global
+# generator the numbers a FUSED table takes at sharding (draws_as_fused); a larger one takes
+# none. About 4 ns a number on the 2-core machine the tests run on: 2^28 weights (1 GiB of
+# fp32) cost ~2 s, drawn twice; FBGEMM's FUSED kernel pays the same to hold such a table.
+FUSED_DRAWS_MAX_WEIGHTS = 1 << 28
+
+
+def draws_as_fused(table: Any) -> bool:
+    """Whether a tiered table (a TorchRec table config or sharded table) draws what a FUSED
+    one draws from torch's global generator at sharding: a table that is not virtual (TorchRec's
+    virtual-table kernels draw nothing) of at most ``FUSED_DRAWS_MAX_WEIGHTS`` weights."""
+    return (not getattr(table, "use_virtual_table", False)
+            and table.num_embeddings * table.embedding_dim <= FUSED_DRAWS_MAX_WEIGHTS)
+
+
+_DRAW_BLOCK_WEIGHTS = 1 << 22  # weights a block of draw_uniform holds (16 MiB of fp32)
+
+
+def draw_uniform(rows: int, cols: int, dtype: torch.dtype, lo: float, hi: float) -> None:
+    """Takes from torch's global generator what ``torch.empty(rows, cols, dtype=dtype)
+    .uniform_(lo, hi)`` takes, and drops it, in blocks of rows (memory: one block). On the
+    CPU ``uniform_`` takes one 32-bit number a weight, in order, so the blocks take the same
+    numbers as one tensor would."""
+    block = max(1, _DRAW_BLOCK_WEIGHTS // max(1, cols))
+    for start in range(0, rows, block):
+        torch.empty(min(block, rows - start), cols, dtype=dtype).uniform_(lo, hi)
+
+
+def _draw_as_fused_kernel(tables: List[ShardedEmbeddingTable], dtype: torch.dtype) -> None:
+    """Takes from torch's global generator the numbers FBGEMM's FUSED kernel takes when
+    TorchRec builds it (``init_parameters``: ``uniform_`` over each local shard, rows x
+    cols, in the kernel's order), and drops them: the tiered rows keep their seeded initial
+    values, which checkpoints rely on."""
+    for table in tables:
+        if draws_as_fused(table):
+            draw_uniform(table.local_rows, table.local_cols, dtype, table.get_weight_init_min(),
+                         table.get_weight_init_max())
 
 
 def rank_storage_dir(storage_dir: Optional[str], rank: int) -> Optional[str]:
@@ -256,6 +296,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         # The state_dict() copies handed out: their in-place writes reach the tables.
         self._live = LiveStateShards(self._load_shard, [t.name for t in tables])
         self._optim = TieredFusedOptimizer(self, kernel_config.learning_rate)
+        _draw_as_fused_kernel(tables, self._emb.weights_dtype)  # torch's generator as after a FUSED kernel
 
     # ---------------------------------------------------------------- compute ----
     def forward(self, features: KeyedJaggedTensor, vbe_output: Optional[torch.Tensor] = None,

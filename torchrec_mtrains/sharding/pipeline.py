@@ -2,9 +2,10 @@
 
 ``PrefetchTrainPipelineSparseDist`` issues each sharded module's ``prefetch()`` for batch
 i+1 after the input dist and the forward of batch i, so the tier I/O of batch i+1 overlaps
-batch i's backward and optimizer; but its prefetch step assumes CUDA streams and does
-nothing on the CPU. This subclass does that step without streams: the tiered kernels'
-background prefetch gives the overlap.
+batch i's backward and optimizer; but its prefetch step assumes CUDA streams and skips
+every module on the CPU, where its pipelined forward then fails ("Invalid
+PrefetchPipelinedForward usage"), all-FUSED models included. This subclass does that
+step without streams: the tiered kernels' background prefetch gives the overlap.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ __all__ = ["ShardedTieredEmbeddingCollection"]
 
 class ShardedTieredEmbeddingCollection(TieredTablesState, ShardedEmbeddingCollection):
     TABLES_ATTR = "embeddings"
+    CONFIGS_ATTR = "_embedding_configs"
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         # TorchRec's __init__ ends with load_state_dict(module.state_dict()) (the unsharded

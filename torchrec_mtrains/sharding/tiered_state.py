@@ -10,7 +10,9 @@ and writes them back on ``load_state_dict()``. The collection's tables live in i
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 
@@ -22,7 +24,7 @@ from torchrec.modules.embedding_configs import data_type_to_dtype
 from torchrec.optim.fused import EmptyFusedOptimizer
 
 from torchrec_mtrains.sharding.checkpoint import LocalShard, load_weights, weights_sharded_tensor
-from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag, shard_offsets
+from torchrec_mtrains.sharding.kernel import TieredBatchedEmbeddingBag, draw_uniform, draws_as_fused, shard_offsets
 from torchrec_mtrains.sharding.types import (
     CACHE_LOAD_FACTOR,
     FUSED_PARAM_KEYS,
@@ -72,11 +74,33 @@ def tiered_sharding_class(shardings: Mapping[str, type], sharding_type: str,
     return sharding_cls
 
 
+class _DrawAsFused:
+    """A tiered table's ``init_fn`` while TorchRec's ``reset_parameters`` runs: takes from
+    torch's global generator what the table's own ``init_fn`` takes from a FUSED table's
+    local weight of ``shape`` (TorchRec's default, ``uniform_``, drawn in blocks of rows;
+    another on a tensor of that shape), and drops it. The tiered rows keep their seeded
+    initial values."""
+
+    def __init__(self, init_fn: Callable[[torch.Tensor], Any], shape: Tuple[int, int], dtype: torch.dtype) -> None:
+        self.init_fn, self.shape, self.dtype = init_fn, shape, dtype
+
+    def __call__(self, placeholder: torch.Tensor) -> torch.Tensor:
+        fn = self.init_fn
+        if (isinstance(fn, functools.partial) and fn.func is torch.nn.init.uniform_ and not fn.args
+                and set(fn.keywords) <= {"a", "b"}):
+            draw_uniform(*self.shape, self.dtype, fn.keywords.get("a", 0.0), fn.keywords.get("b", 1.0))
+        else:
+            with torch.no_grad():
+                fn(torch.empty(self.shape, dtype=self.dtype))
+        return placeholder
+
+
 class TieredTablesState:
     """Mixed into a TorchRec sharded collection before it; call ``_init_tiered_state()``
     at the end of ``__init__``."""
 
     TABLES_ATTR = "embedding_bags"
+    CONFIGS_ATTR = "_embedding_bag_configs"  # the table configs TorchRec's reset_parameters reads
 
     def _init_tiered_state(self) -> None:
         # While set, state_dict() holds each tiered table's empty placeholder and
@@ -112,10 +136,32 @@ class TieredTablesState:
         return out
 
     def reset_parameters(self) -> None:
-        # TorchRec initialises every table's ``weight`` here; a tiered table has only an
-        # empty placeholder (its rows live on the tier, initialised there).
+        # TorchRec initialises every table's ``weight`` here, in the tables' order, with its
+        # init_fn; a tiered table has only an empty placeholder (its rows live on the tier,
+        # initialised there), but takes the numbers a FUSED table's init_fn would take, in
+        # its place: torch's generator then gives the tables after it, and the dense layers
+        # after sharding, what it gives them when every table is FUSED.
         self._register_placeholders()
-        super().reset_parameters()
+        shapes = self._fused_weight_shapes()
+        configs = getattr(self, self.CONFIGS_ATTR)
+        setattr(self, self.CONFIGS_ATTR, [
+            dataclasses.replace(c, init_fn=_DrawAsFused(c.init_fn, shapes[c.name], data_type_to_dtype(c.data_type)))
+            if c.name in shapes else c for c in configs])
+        try:
+            super().reset_parameters()
+        finally:
+            setattr(self, self.CONFIGS_ATTR, configs)
+
+    def _fused_weight_shapes(self) -> Dict[str, Tuple[int, int]]:
+        """Per tiered table that draws as FUSED (``draws_as_fused``) and has a shard on this
+        rank: the shape of the ``weight`` TorchRec would give it as a FUSED table, its last
+        local shard (TorchRec registers each shard's slice as ``weight`` in turn)."""
+        shapes: Dict[str, Tuple[int, int]] = {}
+        for kernel in self.tiered_kernels():
+            for _, table in kernel.shards():
+                if draws_as_fused(table):
+                    shapes[table.name] = (table.local_rows, table.local_cols)
+        return shapes
 
     def _register_placeholders(self) -> None:
         """An empty ``weight`` for each tiered table (its rows live on the tier)."""

@@ -44,6 +44,7 @@ from torchrec_mtrains.planner.model.placement_state import (
     PlacementMemo,
     Started,
     TableState,
+    format_size,
     no_room,
     over_budget,
     whole_in,
@@ -135,7 +136,10 @@ class Placer:
             order = sorted(self.model.tables, key=lambda t: (-self._io_density(t), -t.bytes))
         else:
             start, order = self.backing, sorted(self.model.tables, key=lambda t: -t.bytes)
-        homeless: List[str] = []  # whole in the compute tier because no other tier holds them
+        # Tables whole in the compute tier because no other tier holds them, each with the
+        # bytes of the tables placed before it (for the error), and their own bytes.
+        homeless: List[Tuple[ModelTable, Dict[Tier, float]]] = []
+        set_aside = {t: 0.0 for t in caps}
         for table in order:
             if table.pinned_tier is not None:
                 self.pin(table)
@@ -152,12 +156,40 @@ class Placer:
                         break
                 else:
                     state = whole_in(compute_tier)
-                    homeless.append(table.name)
+                    homeless.append((table, {t: self.used[t] - set_aside[t] for t in caps}))
+                    for t, b in self.memo.tier_bytes(table, state):
+                        set_aside[t] += b
             self.state[table.name] = state
             self.apply(table, state, 1.0)
         if self.used[compute_tier] > caps[compute_tier]:
-            raise no_room(self.memo, self.world_size, self.limits, self.used, homeless=homeless)
+            raise no_room(self.memo, self.world_size, self.limits, {t: self.used[t] - set_aside[t] for t in caps},
+                          homeless=[table.name for table, _ in homeless],
+                          reasons=[self.homeless_reason(table, start, placed) for table, placed in homeless])
         self.started = Started(dict(self.state), dict(self.used), dict(self.io))
+
+    def homeless_reason(self, table: ModelTable, backing: Tuple[Tier, ...], used: Dict[Tier, float]) -> str:
+        """Why no tier holds ``table`` in step 1, ``used`` being the bytes of the tables placed
+        so far (tables no tier holds left out): what its smallest row cache needs of the
+        compute tier, what its rows need of the ``backing`` tiers without room, what it needs
+        whole, against what the compute tier has."""
+        compute_tier, caps = self.compute_tier, self.limits.caps
+        name = compute_tier.name
+        rows = self.memo.sizes[table.name][0]
+        smallest = "its constraints' size" if table.pinned_cache_rows is not None \
+            else f"the smallest the planner sizes at the global batch of {self.model.batch_size:,}"
+        roomy = [t for t in backing if used[t] + table.bytes_on(t) <= caps[t]]
+        parts = []
+        if roomy:
+            parts.append(f"on {' or '.join(t.name for t in roomy)} it needs a row cache of at least {rows:,.0f} rows "
+                         f"({smallest}): {format_size(self.compute_bytes(table, 0))} of {name}")
+        parts += [f"{t.name} has {format_size(max(0.0, caps[t] - used[t]))} left for its rows' "
+                  f"{format_size(table.bytes_on(t))}" for t in backing if t not in roomy]
+        if not backing:
+            parts.append(f"no tier but {name} is offered")
+        parts.append(f"whole it needs {format_size(table.bytes)} of {name}")
+        left = format_size(max(0.0, caps[compute_tier] - used[compute_tier]))
+        return (f"table {table.name} ({table.num_embeddings:,} rows, {format_size(table.bytes)}): "
+                f"{'; '.join(parts)}; {self.limits.cap_words(compute_tier, self.world_size)} ({left} left)")
 
     def pin(self, table: ModelTable) -> None:
         """Step 1 for a table its constraints pin to a tier: there, with its smallest (or

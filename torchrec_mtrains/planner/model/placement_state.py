@@ -23,6 +23,7 @@ __all__ = [
     "PlacementMemo",
     "Started",
     "TableState",
+    "format_size",
     "no_room",
     "over_budget",
     "tier_bytes",
@@ -37,6 +38,11 @@ node it shares the cores with compute) make a device near saturation slow the st
 kernel benchmark's SSD step ran 1.34x its device time when the device was the bound)."""
 _BACKING_ORDER = (Tier.SSD, Tier.SCM, Tier.DRAM)  # cheapest first
 _SLACK = 1 + 1e-9  # float sums of the same terms in another order differ by rounding
+
+
+def format_size(nbytes: float) -> str:
+    """Bytes for a message: MiB below a GiB, else GiB, one decimal."""
+    return f"{nbytes / 2**30:,.1f} GiB" if abs(nbytes) >= 2**30 else f"{nbytes / 2**20:,.1f} MiB"
 
 
 class PlacementError(ValueError):
@@ -209,6 +215,7 @@ class Limits:
     l2_weight: float
     whole_limit: float
     cap_limits: Tuple[float, ...]  # caps with rounding slack, in the order of ``caps``
+    budgeted: Tuple[Tier, ...] = ()  # the tiers whose cap is the caller's budget (else the node's x ranks)
 
     def fits(self, used: Mapping[Tier, float]) -> bool:
         """Whether ``used`` (bytes per tier, in the order of ``caps``) keeps every capacity."""
@@ -250,21 +257,37 @@ class Limits:
             l2_weight=caps[compute_tier] / caps[Tier.DRAM] if l2_ok and caps[Tier.DRAM] > 0 else 1.0,
             whole_limit=caps[compute_tier] / world_size if topo.compute_device == "cpu" else float("inf"),
             cap_limits=tuple(cap * _SLACK for cap in caps.values()),
+            budgeted=tuple(t for t in caps if t in budget),
         )
+
+    def cap_words(self, tier: Tier, world_size: int) -> str:
+        """``tier``'s cap for a message: "the job's DRAM budget is 8.0 MiB" or "the job's DRAM
+        is 16.0 GiB (2 ranks' capacity)"."""
+        if tier in self.budgeted:
+            return f"the job's {tier.name} budget is {format_size(self.caps[tier])}"
+        return f"the job's {tier.name} is {format_size(self.caps[tier])} ({world_size} ranks' capacity)"
 
 
 def no_room(memo: PlacementMemo, world_size: int, limits: Limits, used: Mapping[Tier, float],
-            busy: Sequence[Tier] = (), homeless: Sequence[str] = ()) -> PlacementError:
+            busy: Sequence[Tier] = (), homeless: Sequence[str] = (), reasons: Sequence[str] = ()) -> PlacementError:
     """The error of a placement that does not fit: ``busy`` tiers over their device-time
-    budget (a ``BusyTiersError``), or tables no tier holds (``homeless``)."""
+    budget (a ``BusyTiersError``), or tables no tier holds (``homeless``, each with the
+    reason in ``reasons``: what it needs of which tier). ``used``: the bytes of the tables
+    placed, the homeless ones left out; a tier they overfill is reported as over its cap."""
     model, caps = memo.model, limits.caps
-    left = ", ".join(f"{t.name} {(caps[t] - used[t]) / 2**30:,.1f} GiB" for t in caps)
+    left = ", ".join(f"{t.name} {format_size(max(0.0, caps[t] - used[t]))}" for t in caps)
     if busy:
         why = f"tiers {', '.join(t.name for t in busy)} cannot feed {limits.qps:,.0f} QPS"
     else:
         names = ", ".join(homeless[:5]) + (f" and {len(homeless) - 5} more" if len(homeless) > 5 else "")
         why = f"the tables do not fit (no tier holds {names})" if homeless else "the tables do not fit"
+        over = [t for t in caps if used[t] > caps[t] * _SLACK]
+        if over:
+            why += "; " + "; ".join(f"the tables placed take {format_size(used[t])} of {t.name}, and "
+                                    f"{limits.cap_words(t, world_size)}" for t in over)
+        if reasons:
+            why += "; " + "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
     return (BusyTiersError if busy else PlacementError)(
-        f"{len(model.tables)} tables ({model.embedding_bytes / 2**30:,.1f} GiB) on {world_size} ranks of "
+        f"{len(model.tables)} tables ({format_size(model.embedding_bytes)}) on {world_size} ranks of "
         f"{memo.topo.name}: {why}; capacity left {left}"
     )
