@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from torchrec_mtrains.kernels import TieredConfig, TieredEmbeddingBags
 from torchrec_mtrains.kernels.tier_stores import ssd_file
 from torchrec_mtrains.kernels.virtual_rows import VirtualTableSpec
 from torchrec_mtrains.sharding.checkpoint import load_optimizer_state, optimizer_state_of
+from torchrec_mtrains.sharding.fused_params import kernel_settings
 from torchrec_mtrains.sharding.live_state import LiveStateShards
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
@@ -94,24 +95,12 @@ def _virtual_specs(params: List[TieredParams], tables: List[ShardedEmbeddingTabl
     return specs, rows
 
 
-# Kernel settings that TorchRec's fused_params may carry: setting -> (keys, first found wins;
-# conversion of the value). The ones absent keep the kernel's defaults.
-_FUSED_SETTINGS: Dict[str, Tuple[Tuple[str, ...], Callable[[Any], Any]]] = {
-    "optimizer": (("optimizer",), lambda v: v),
-    "learning_rate": (("learning_rate", "lr"), float),
-    "eps": (("eps",), float),
-    "seed": (("mtrains_seed",), int),
-}
-
-
-def _fused_settings(fused_params: Dict[str, Any]) -> Dict[str, Any]:
-    """The kernel settings (optimizer, learning rate, eps, seed) ``fused_params`` give."""
-    out = {}
-    for setting, (keys, convert) in _FUSED_SETTINGS.items():
-        key = next((k for k in keys if k in fused_params), None)
-        if key is not None:
-            out[setting] = convert(fused_params[key])
-    return out
+def _fused_settings(fused_params: Dict[str, Any], cache_algorithm: str) -> Dict[str, Any]:
+    """The kernel settings ``fused_params`` give -- optimizer, learning rate and eps at
+    FBGEMM's defaults where they are silent, the seed, the FBGEMM TBE settings -- for tables
+    whose row cache runs ``cache_algorithm``; ValueError naming a refused key
+    (sharding/fused_params.py)."""
+    return kernel_settings(fused_params, cache_algorithm)
 
 
 def _rows_written(params: TieredParams, table: ShardedEmbeddingTable, rows: int) -> int:
@@ -170,7 +159,7 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
         feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
         ssd_dram_cache_mb=params[0].ssd_dram_cache_mb / max(1, ssd_shards),  # the kernel's, per store
         virtual_tables=virtual,
-        **_fused_settings(dict(config.fused_params or {})),
+        **_fused_settings(dict(config.fused_params or {}), params[0].cache_algorithm),
     )
 
 
@@ -454,3 +443,4 @@ class TieredFusedOptimizer(FusedOptimizer):
 
     def step(self, closure: Any = None) -> None:
         self._kernel.set_learning_rate(self.param_groups[0]["lr"])
+
