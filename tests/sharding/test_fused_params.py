@@ -167,6 +167,23 @@ def test_a_key_value_table_takes_fbgemms_defaults(process_group, tmp_path: Path)
     _assert_twins_equal(dmp)
 
 
+# ------------------------------------------------------------------ learning rate ----
+def test_learning_rate_is_held_as_fbgemm_holds_it_through_a_scheduler(process_group, tmp_path: Path) -> None:
+    """StepLR(gamma=0.1) decays the float32 FBGEMM holds (0.009999999776482582), on the
+    tiered kernel's param group as on the FUSED one's, and hands both TBEs the same value."""
+    dmp = _dmp({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}, tmp_path, Tier.SSD)
+    _start_equal(dmp)
+    scheduler = torch.optim.lr_scheduler.StepLR(dmp.fused_optimizer, step_size=2, gamma=0.1)
+    lrs: List = []
+    _train(dmp, 9, scheduler, lrs)
+    assert lrs[0][0] == [0.009999999776482582] * 2
+    for step, (groups, tbes) in enumerate(lrs):
+        assert len(groups) == 2 and groups[0] == groups[1], f"step {step}: param group lrs {groups}"
+        assert tbes[0] == tbes[1], f"step {step}: the TBEs hold {tbes}"
+    assert len({tbes for _, tbes in lrs}) == 5  # four decays
+    _assert_twins_equal(dmp)
+
+
 # -------------------------------------------------------- every keyword decided ----
 def test_every_tbe_keyword_is_honoured_or_refused() -> None:
     """A keyword a new FBGEMM adds fails here until it is decided (kernels/tbe_settings.py,

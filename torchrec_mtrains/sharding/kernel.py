@@ -403,7 +403,11 @@ class TieredFusedOptimizer(FusedOptimizer):
     """The fused optimizer of a tiered kernel, keyed as TorchRec's FUSED kernel keys its
     own (``<table>.weight`` -> ``{"<table>.momentum1": ShardedTensor}``), so checkpoints
     move between tiered and plain tables. The state is read through the tiers when asked
-    for and written back by ``post_load_state_dict``."""
+    for and written back by ``post_load_state_dict``.
+
+    Its learning rate is held as FBGEMM's TBE holds it, a float32 (0.009999999776482582 for
+    0.01): TorchRec's FUSED optimizer starts its param group from the TBE's value, so a
+    scheduler decays the same number on both and hands the TBE the same float32 each step."""
 
     def __init__(self, kernel: TieredBatchedEmbeddingBag, lr: float) -> None:
         self._kernel = kernel
@@ -414,7 +418,7 @@ class TieredFusedOptimizer(FusedOptimizer):
             keys.setdefault(f"{table.name}.weight", nn.Parameter(torch.empty(0), requires_grad=False))
         # TorchRec renames the keys (it prepends "embedding_bags."); the objects stay.
         self.table_of_param: Dict[int, str] = {id(p): k[: -len(".weight")] for k, p in keys.items()}
-        super().__init__(keys, {}, [{"params": list(keys.values()), "lr": lr}])
+        super().__init__(keys, {}, [{"params": list(keys.values()), "lr": _held_by_fbgemm(lr)}])
         self._ready = True
 
     @property  # type: ignore[override]
@@ -444,3 +448,7 @@ class TieredFusedOptimizer(FusedOptimizer):
     def step(self, closure: Any = None) -> None:
         self._kernel.set_learning_rate(self.param_groups[0]["lr"])
 
+
+def _held_by_fbgemm(lr: float) -> float:
+    """``lr`` as FBGEMM's TBE holds it (a float32 tensor) and gives it back (a float)."""
+    return torch.tensor(lr, dtype=torch.float32).item()
