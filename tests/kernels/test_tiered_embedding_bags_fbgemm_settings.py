@@ -141,8 +141,8 @@ SETTINGS = {
                                                   "output_dtype": SparseType.FP16}),
     "fp16_output": (Model(optimizer=EmbOptimType.EXACT_SGD, learning_rate=0.1), {"output_dtype": SparseType.FP16}),
     "no_stochastic_rounding": (Model(precision=SparseType.FP16, learning_rate=0.1), {"stochastic_rounding": False}),
-    "int32_indices": (Model(), {"embedding_table_index_type": torch.int32,
-                                "embedding_table_offset_type": torch.int32, "bounds_check_mode": BoundsCheckMode.FATAL}),
+    "int32_indices": (Model(), {"embedding_table_index_type": torch.int32, "embedding_table_offset_type": torch.int32,
+                                "bounds_check_mode": BoundsCheckMode.FATAL}),
 }
 
 

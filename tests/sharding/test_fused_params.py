@@ -157,7 +157,8 @@ def test_a_key_value_table_takes_fbgemms_defaults(process_group, tmp_path: Path)
     ebc = _ebc()
     sharder = TieredEmbeddingBagCollectionSharder()
     plan = construct_module_sharding_plan(
-        ebc, {"tiered": table_wise(rank=0, compute_kernel="key_value"), "fused": table_wise(rank=0, compute_kernel="fused")},
+        ebc, {"tiered": table_wise(rank=0, compute_kernel="key_value"),
+              "fused": table_wise(rank=0, compute_kernel="fused")},
         sharder=sharder, local_size=1, world_size=1, device_type="cpu")
     plan["tiered"].key_value_params = KeyValueParams(ssd_storage_directory=str(tmp_path / "kv@local_rank"))
     dmp = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=[sharder], device=torch.device("cpu"))

@@ -41,16 +41,18 @@ __all__ = ["KERNEL_KEYWORDS", "PASSED", "REFUSED", "REFUSED_OPTIMIZERS", "TBE_DE
 TbeSettings = Tuple[Tuple[str, Any], ...]
 
 
+_PARAMETERS = {name: p
+               for name, p in inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters.items()
+               if name != "self"}
+
+
 def tbe_keywords() -> Tuple[str, ...]:
     """Every keyword of the installed ``SplitTableBatchedEmbeddingBagsCodegen.__init__``."""
-    return tuple(n for n in inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
-                 if n != "self")
+    return tuple(_PARAMETERS)
 
 
 TBE_DEFAULTS: Mapping[str, Any] = {
-    name: p.default
-    for name, p in inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters.items()
-    if name != "self" and p.default is not inspect.Parameter.empty
+    name: p.default for name, p in _PARAMETERS.items() if p.default is not inspect.Parameter.empty
 }
 """The defaults of FBGEMM's TBE constructor, as installed (optimizer EXACT_SGD, learning
 rate 0.01, eps 1e-8, ...)."""
@@ -209,12 +211,7 @@ def check_optimizer_supported(value: Any, supported: Sequence[str], what: str = 
 
 def _default_accepted(name: str, value: Any) -> bool:
     default = TBE_DEFAULTS.get(name, inspect.Parameter.empty)
-    if value is None and default is None:
-        return True
-    try:
-        return bool(value == default)
-    except Exception:  # noqa: BLE001 -- a value that cannot compare to the default is not it
-        return False
+    return value is default or bool(value == default)
 
 
 def _refuse(name: str, value: Any, why: str) -> ValueError:

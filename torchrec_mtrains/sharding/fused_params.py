@@ -76,6 +76,9 @@ _TORCHREC_REFUSED: Mapping[str, str] = {
 }
 _OURS: FrozenSet[str] = frozenset(FUSED_PARAM_KEYS) | {TABLE_TIERS_KEY, SEED_KEY}
 _KEY_VALUE_FIELDS: FrozenSet[str] = frozenset(f.name for f in dataclasses.fields(KeyValueParams))
+# Keys taken above or by TorchRec itself, with nothing more to check here.
+_ACCEPTED: FrozenSet[str] = (frozenset(_KERNEL_SETTINGS) | _OURS | _TORCHREC_GROUPING | frozenset(_DONE_BY_THE_KERNEL)
+                             | {"lr"})
 
 HONOURED_TBE_KEYWORDS: FrozenSet[str] = frozenset(_KERNEL_SETTINGS) | frozenset(_DONE_BY_THE_KERNEL) | frozenset(PASSED)
 """FBGEMM TBE keywords a tiered table honours given in ``fused_params``: the kernel's own
@@ -116,11 +119,12 @@ def kernel_settings(fused_params: Mapping[str, Any], cache_algorithm: str) -> Di
         ValueError: naming a refused key and why (see the module docstring).
     """
     keywords = set(tbe_keywords())
-    settings: Dict[str, Any] = {name: fused_params.get(key, TBE_DEFAULTS[key]) for key, name in _KERNEL_SETTINGS.items()}
+    settings: Dict[str, Any] = {name: fused_params.get(key, TBE_DEFAULTS[key])
+                                for key, name in _KERNEL_SETTINGS.items()}
     settings["learning_rate"] = _learning_rate(fused_params)
     tbe: Dict[str, Any] = {}
     for key, value in fused_params.items():
-        if key in _KERNEL_SETTINGS or key in _OURS or key in _TORCHREC_GROUPING or key in _DONE_BY_THE_KERNEL or key == "lr":
+        if key in _ACCEPTED:
             continue
         if key in _FROM_TABLES:
             raise _refused(key, value, f"TorchRec sets it from {_FROM_TABLES[key]}")
