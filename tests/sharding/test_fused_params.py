@@ -372,3 +372,36 @@ def test_the_plan_entrys_cache_size_wins_over_the_sharders(process_group, tmp_pa
     assert _kernel(dmp).emb_module.cache_rows == [6]
     with pytest.raises(ValueError, match=r"table tiered: fused_params\['cache_load_factor'\]=-1"):
         _dmp({"cache_load_factor": -1}, tmp_path, names=("tiered",), params=TieredParams(Tier.DRAM))
+
+
+def test_a_sequence_table_trains_as_on_a_fused_table(process_group, tmp_path: Path) -> None:
+    """TorchRec's EmbeddingCollection (a row per id) through the sequence sharder, with
+    fused_params silent (EXACT_SGD) but for a setting passed on: gradient clipping."""
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+
+    from torchrec_mtrains.sharding import TieredEmbeddingCollectionSharder
+
+    ec = EmbeddingCollection(tables=[EmbeddingConfig(name=n, num_embeddings=ROWS, embedding_dim=DIM,
+                                                     feature_names=[f"f_{n}"]) for n in TABLES],
+                             device=torch.device("cpu"))
+    plan = tiered_sharding_plan(ec, {"tiered": TieredParams(Tier.SSD, cache_rows=8, storage_dir=str(tmp_path)),
+                                     "fused": None}, 1)
+    sharder = TieredEmbeddingCollectionSharder(fused_params={"gradient_clipping": True, "max_gradient": 0.02})
+    dmp = DistributedModelParallel(ec, plan=ShardingPlan({"": plan}), sharders=[sharder], device=torch.device("cpu"))
+    init = torch.rand(ROWS, DIM, generator=torch.Generator().manual_seed(1)) - 0.5
+    sd = dmp.state_dict()
+    for n in TABLES:
+        sd[f"embeddings.{n}.weight"].local_shards()[0].tensor.copy_(init)
+    dmp.load_state_dict(sd)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        lengths = torch.randint(0, 4, (BATCH,), generator=g)
+        ids = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+        out = dmp(KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{n}" for n in TABLES], values=torch.cat([ids, ids]),
+                                                      lengths=torch.cat([lengths, lengths])))
+        grad = torch.randn(ids.numel(), DIM, generator=g)
+        sum((out[f"f_{n}"].values() * grad).sum() for n in TABLES).backward()
+    sd = dmp.state_dict()
+    tiered, fused = (sd[f"embeddings.{n}.weight"].local_shards()[0].tensor for n in TABLES)
+    assert torch.equal(tiered, fused)
+    assert not torch.equal(tiered, init)
