@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -418,7 +418,7 @@ class TieredFusedOptimizer(FusedOptimizer):
             keys.setdefault(f"{table.name}.weight", nn.Parameter(torch.empty(0), requires_grad=False))
         # TorchRec renames the keys (it prepends "embedding_bags."); the objects stay.
         self.table_of_param: Dict[int, str] = {id(p): k[: -len(".weight")] for k, p in keys.items()}
-        super().__init__(keys, {}, [{"params": list(keys.values()), "lr": _held_by_fbgemm(lr)}])
+        super().__init__(keys, {}, [{"params": list(keys.values()), "lr": self.held_by_fbgemm(lr)}])
         self._ready = True
 
     @property  # type: ignore[override]
@@ -442,13 +442,13 @@ class TieredFusedOptimizer(FusedOptimizer):
         self._cached = None
         load_optimizer_state(self._kernel, self.table_of_param, state)
 
+    @staticmethod
+    def held_by_fbgemm(lr: float) -> float:
+        """``lr`` as FBGEMM's TBE holds it (a float32 tensor) and gives it back (a float)."""
+        return torch.tensor(lr, dtype=torch.float32).item()
+
     def zero_grad(self, set_to_none: bool = False) -> None:
         self._kernel.set_learning_rate(self.param_groups[0]["lr"])
 
     def step(self, closure: Any = None) -> None:
         self._kernel.set_learning_rate(self.param_groups[0]["lr"])
-
-
-def _held_by_fbgemm(lr: float) -> float:
-    """``lr`` as FBGEMM's TBE holds it (a float32 tensor) and gives it back (a float)."""
-    return torch.tensor(lr, dtype=torch.float32).item()
