@@ -234,6 +234,7 @@ def _rss_bytes() -> int:
 
 @pytest.mark.slow
 def test_a_full_save_of_a_table_larger_than_the_bound_stays_within_256_mb(process_group, tmp_path) -> None:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.types import ShardingPlan
@@ -245,8 +246,8 @@ def test_a_full_save_of_a_table_larger_than_the_bound_stays_within_256_mb(proces
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="big", num_embeddings=rows, embedding_dim=dim,
                                                             feature_names=["f"])], device=torch.device("meta"))
     plan = tiered_sharding_plan(ebc, {"big": TieredParams(Tier.DRAM, cache_rows=1024)}, 1)
-    dmp = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=[TieredEmbeddingBagCollectionSharder()],
-                                   device=torch.device("cpu"))
+    sharder = TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+    dmp = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=[sharder], device=torch.device("cpu"))
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
     before = _rss_bytes()

@@ -42,7 +42,10 @@ def test_virtual_sequence_table_trains_each_id_its_own_row(process_group) -> Non
     model = SequenceModel()
     constraints = {"history": ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["dram_virtual_table"],
                                                    use_virtual_table=True)}
-    sharder = TieredEmbeddingCollectionSharder(fused_params={"learning_rate": 0.05})
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    sharder = TieredEmbeddingCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                             "learning_rate": 0.05})
     plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
                                     constraints=constraints).collective_plan(model, [sharder], pg)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), plan=plan, sharders=[sharder],

@@ -194,7 +194,11 @@ def build(spec: VirtualRun, pg, pipelined: bool = False):
                                      key_value_params=kv, use_virtual_table=True, cache_params=cache),
         "plain": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"]),
     }
-    sharder = TieredEmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.05})
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    # Row-wise Adagrad named: the comparisons read each live id's optimizer state.
+    sharder = TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                                "learning_rate": 0.05})
     plan = _planner(spec, constraints).collective_plan(model, [sharder], pg)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), plan=plan,
                                    sharders=[sharder], device=torch.device("cpu"))

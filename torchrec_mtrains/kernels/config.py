@@ -13,8 +13,15 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
+from torchrec_mtrains.kernels.tbe_settings import (
+    TbeContext,
+    as_settings,
+    check_optimizer_supported,
+    check_tbe_settings,
+    shared_tables,
+)
 from torchrec_mtrains.kernels.virtual_rows import VirtualTableSpec
-from torchrec_mtrains.layout import TableLayout, optimizer_name, precision_name
+from torchrec_mtrains.layout import OPTIMIZERS, TableLayout, optimizer_name, precision_name
 from torchrec_mtrains.types import Tier
 
 __all__ = ["CACHE_ALGORITHMS", "DEFAULTS", "DEFAULT_CACHE_LOAD_FACTOR", "TieredConfig", "resolve_config"]
@@ -34,7 +41,9 @@ class TieredConfig:
 
     Sequences (``tier``, ``cache_rows`` and ``init_range`` per table, ``table_names``,
     ``feature_table_map``) are kept as tuples; ``optimizer`` and ``weights_precision`` may
-    be given as FBGEMM's enums or their string values and are kept as the enums. Settings
+    be given as FBGEMM's enums or their string values and are kept as the enums;
+    ``tbe_settings`` (FBGEMM TBE keywords passed to the kernel's TBE: ``tbe_settings.py``)
+    as a mapping or pairs, kept as sorted (keyword, value) pairs. Settings
     that depend on the number of tables are checked against the tables by the methods
     taking them (``tiers``, ``cache_sizes``, ``init_ranges``, ``names``).
 
@@ -60,8 +69,10 @@ class TieredConfig:
     ssd_dram_cache_mb: float = 0.0
     feature_table_map: Optional[Tuple[int, ...]] = None
     virtual_tables: Optional[Tuple[Optional[VirtualTableSpec], ...]] = None
+    tbe_settings: Union[Mapping[str, Any], Tuple[Tuple[str, Any], ...]] = ()
 
     def __post_init__(self) -> None:
+        check_optimizer_supported(self.optimizer, OPTIMIZERS)
         self._replace("optimizer", EmbOptimType(optimizer_name(self.optimizer, "optimizer")))
         self._replace("weights_precision", SparseType(precision_name(self.weights_precision, "weights_precision")))
         self._replace("tier", _tier(self.tier))
@@ -77,6 +88,9 @@ class TieredConfig:
         self._replace("storage_dir", _storage_dir(self.storage_dir))
         self._replace("feature_table_map", _feature_table_map(self.feature_table_map))
         self._replace("virtual_tables", _virtual_tables(self.virtual_tables))
+        context = TbeContext(self.optimizer, self.weights_precision, self.pooling_mode,
+                             shared_tables(self.feature_table_map))
+        self._replace("tbe_settings", check_tbe_settings(as_settings(self.tbe_settings), context))
 
     def _replace(self, name: str, value: Any) -> None:
         """Puts a setting's normalised value in place of the given one (the config is frozen)."""

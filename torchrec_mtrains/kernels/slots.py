@@ -13,7 +13,6 @@ import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
@@ -49,7 +48,8 @@ class CacheSlots:
 
     Args:
         specs: ``(num_rows, dim)`` per table.
-        config: the kernel's settings (optimizer, precision, pooling, cache ways).
+        config: the kernel's settings (optimizer, precision, pooling, cache ways, and the
+            FBGEMM settings its TBE takes as given: ``tbe_settings``).
         codecs: each table's row codec.
         feature_table_map: FBGEMM's, checked (None: one feature per table).
         rows: each table's TBE rows to start with.
@@ -74,8 +74,8 @@ class CacheSlots:
             eps=config.eps,
             pooling_mode=config.pooling_mode,
             weights_precision=config.weights_precision,
-            output_dtype=SparseType.FP32,
             feature_table_map=self._feature_table_map,
+            **dict(config.tbe_settings),  # FBGEMM's settings the kernel passes on (tbe_settings.py)
         )
         self.weights = [_alias(w) for w in tbe.split_embedding_weights()]
         states = tbe.split_optimizer_states() if self._codecs[0].layout.state_values else []

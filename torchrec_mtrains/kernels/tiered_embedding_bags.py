@@ -19,7 +19,7 @@ it composes, each given what it needs: ``slots.py`` (the TBE over the cache slot
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
@@ -80,7 +80,9 @@ class TieredEmbeddingBags(torch.nn.Module):
             ``DEFAULT_CACHE_LOAD_FACTOR``).
         storage_dir: directory for the SCM/SSD table files (created if missing; files of
             the same table names there are replaced: this is working storage).
-        optimizer: EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD or EXACT_SGD (fused, FBGEMM's).
+        optimizer: EXACT_ROWWISE_ADAGRAD (the default here), EXACT_ADAGRAD or EXACT_SGD
+            (fused, FBGEMM's): every optimizer FBGEMM's CPU TBE trains except
+            EMAINPLACE_ROWWISE_ADAGRAD, whose EMA pass rewrites every row of every table.
         learning_rate, eps: optimizer hyper-parameters.
         pooling_mode: PoolingMode.SUM or PoolingMode.MEAN (bags: one row per bag), or
             PoolingMode.NONE (sequences, TorchRec's EmbeddingCollection: one output row per
@@ -100,6 +102,10 @@ class TieredEmbeddingBags(torch.nn.Module):
             keys in ``[0, id_space)``, each live id its own row, made on first lookup and
             evicted by its policy; its ``num_rows`` is how many live ids it holds) or None
             (a dense table). See ``virtual_rows.py``.
+        tbe_settings: more keywords of FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen``,
+            passed to the kernel's TBE as given (gradient clipping, weight decay, output
+            dtype, ...); the keywords it cannot honour are refused with the reason
+            (``tbe_settings.py`` lists each keyword's fate).
         config: every setting above at once; the arguments for them must then keep their
             defaults.
 
@@ -138,6 +144,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         ssd_dram_cache_mb: float = DEFAULTS.ssd_dram_cache_mb,
         feature_table_map: Optional[Sequence[int]] = DEFAULTS.feature_table_map,
         virtual_tables: Optional[Sequence[Optional[VirtualTableSpec]]] = DEFAULTS.virtual_tables,
+        tbe_settings: Optional[Mapping[str, Any]] = DEFAULTS.tbe_settings,
         config: Optional[TieredConfig] = None,
     ) -> None:
         # The settings' arguments by name, taken before any other local exists.
@@ -228,6 +235,11 @@ class TieredEmbeddingBags(torch.nn.Module):
     def weights_dtype(self) -> torch.dtype:
         """The torch dtype of every table's weights (float32 or float16)."""
         return self._cache.codecs[0].dtype
+
+    def get_learning_rate(self) -> float:
+        """The learning rate the fused optimizer applies: the float32 FBGEMM's TBE holds
+        (0.009999999776482582 for 0.01), as FBGEMM's ``get_learning_rate`` returns it."""
+        return self._cache.slots.tbe.get_learning_rate()
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the fused optimizer's learning rate for the next steps (kept if the TBE

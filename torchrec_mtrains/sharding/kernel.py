@@ -32,6 +32,7 @@ from torchrec_mtrains.kernels import TieredConfig, TieredEmbeddingBags
 from torchrec_mtrains.kernels.tier_stores import ssd_file
 from torchrec_mtrains.kernels.virtual_rows import VirtualTableSpec
 from torchrec_mtrains.sharding.checkpoint import load_optimizer_state, optimizer_state_of
+from torchrec_mtrains.sharding.fused_params import kernel_settings
 from torchrec_mtrains.sharding.live_state import LiveStateShards
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import CACHE_LOAD_FACTOR, TieredParams
@@ -134,24 +135,12 @@ def _virtual_specs(params: List[TieredParams], tables: List[ShardedEmbeddingTabl
     return specs, rows
 
 
-# Kernel settings that TorchRec's fused_params may carry: setting -> (keys, first found wins;
-# conversion of the value). The ones absent keep the kernel's defaults.
-_FUSED_SETTINGS: Dict[str, Tuple[Tuple[str, ...], Callable[[Any], Any]]] = {
-    "optimizer": (("optimizer",), lambda v: v),
-    "learning_rate": (("learning_rate", "lr"), float),
-    "eps": (("eps",), float),
-    "seed": (("mtrains_seed",), int),
-}
-
-
-def _fused_settings(fused_params: Dict[str, Any]) -> Dict[str, Any]:
-    """The kernel settings (optimizer, learning rate, eps, seed) ``fused_params`` give."""
-    out = {}
-    for setting, (keys, convert) in _FUSED_SETTINGS.items():
-        key = next((k for k in keys if k in fused_params), None)
-        if key is not None:
-            out[setting] = convert(fused_params[key])
-    return out
+def _fused_settings(fused_params: Dict[str, Any], cache_algorithm: str) -> Dict[str, Any]:
+    """The kernel settings ``fused_params`` give -- optimizer, learning rate and eps at
+    FBGEMM's defaults where they are silent, the seed, the FBGEMM TBE settings -- for tables
+    whose row cache runs ``cache_algorithm``; ValueError naming a refused key
+    (sharding/fused_params.py)."""
+    return kernel_settings(fused_params, cache_algorithm)
 
 
 def _rows_written(params: TieredParams, table: ShardedEmbeddingTable, rows: int) -> int:
@@ -210,7 +199,7 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
         feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
         ssd_dram_cache_mb=params[0].ssd_dram_cache_mb / max(1, ssd_shards),  # the kernel's, per store
         virtual_tables=virtual,
-        **_fused_settings(dict(config.fused_params or {})),
+        **_fused_settings(dict(config.fused_params or {}), params[0].cache_algorithm),
     )
 
 
@@ -455,7 +444,11 @@ class TieredFusedOptimizer(FusedOptimizer):
     """The fused optimizer of a tiered kernel, keyed as TorchRec's FUSED kernel keys its
     own (``<table>.weight`` -> ``{"<table>.momentum1": ShardedTensor}``), so checkpoints
     move between tiered and plain tables. The state is read through the tiers when asked
-    for and written back by ``post_load_state_dict``."""
+    for and written back by ``post_load_state_dict``.
+
+    Its learning rate is held as FBGEMM's TBE holds it, a float32 (0.009999999776482582 for
+    0.01): TorchRec's FUSED optimizer starts its param group from the TBE's value, so a
+    scheduler decays the same number on both and hands the TBE the same float32 each step."""
 
     def __init__(self, kernel: TieredBatchedEmbeddingBag, lr: float) -> None:
         self._kernel = kernel
@@ -466,7 +459,7 @@ class TieredFusedOptimizer(FusedOptimizer):
             keys.setdefault(f"{table.name}.weight", nn.Parameter(torch.empty(0), requires_grad=False))
         # TorchRec renames the keys (it prepends "embedding_bags."); the objects stay.
         self.table_of_param: Dict[int, str] = {id(p): k[: -len(".weight")] for k, p in keys.items()}
-        super().__init__(keys, {}, [{"params": list(keys.values()), "lr": lr}])
+        super().__init__(keys, {}, [{"params": list(keys.values()), "lr": self.held_by_fbgemm(lr)}])
         self._ready = True
 
     @property  # type: ignore[override]
@@ -489,6 +482,11 @@ class TieredFusedOptimizer(FusedOptimizer):
         _, state = self._cached
         self._cached = None
         load_optimizer_state(self._kernel, self.table_of_param, state)
+
+    @staticmethod
+    def held_by_fbgemm(lr: float) -> float:
+        """``lr`` as FBGEMM's TBE holds it (a float32 tensor) and gives it back (a float)."""
+        return torch.tensor(lr, dtype=torch.float32).item()
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         self._kernel.set_learning_rate(self.param_groups[0]["lr"])

@@ -58,8 +58,10 @@ class TieredEmbeddingBagCollectionSharder(_TieredKernels, EmbeddingBagCollection
     docs/virtual-tables.md).
 
     ``fused_params`` are TorchRec's (optimizer, learning_rate, eps, ...) and apply to
-    tiered and plain tables alike; the tier settings of each table come from its plan entry
-    (``TieredParameterSharding``: see ``tiered_sharding_plan`` and the planner).
+    tiered and plain tables alike, at FBGEMM's defaults where they are silent (EXACT_SGD);
+    a key a tiered table cannot honour is refused naming it (``fused_params.py``). The tier
+    settings of each table come from its plan entry (``TieredParameterSharding``: see
+    ``tiered_sharding_plan`` and the planner).
     """
 
     def shard(

@@ -55,11 +55,22 @@ def join_tier_params(sharding_infos: List[EmbeddingShardingInfo]) -> List[Embedd
             # "cache_load_factor", which its grouping ignores, and the tier and rows
             # written into one map all tables share, so a rank's tables of every tier
             # and cache size that agree on the rest share one kernel.
-            fused = {**(info.fused_params or {}), **p.to_fused_params(), **shared}
-            fused[CACHE_LOAD_FACTOR] = p.load_factor(info.embedding_config.num_embeddings)
+            given = dict(info.fused_params or {})
+            fused = {**given, **p.to_fused_params(), **shared}
+            if p.cache_rows is not None or p.cache_load_factor is not None or given.get(CACHE_LOAD_FACTOR) is None:
+                # The plan entry's cache size wins over the sharder's, as in TorchRec.
+                fused[CACHE_LOAD_FACTOR] = p.load_factor(info.embedding_config.num_embeddings)
+            else:
+                _check_load_factor(info.embedding_config.name, given[CACHE_LOAD_FACTOR])
             fused[FUSED_PARAM_KEYS[1]] = fused[FUSED_PARAM_KEYS[2]] = None
             info.fused_params = fused
     return tiered
+
+
+def _check_load_factor(table: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"table {table}: fused_params['cache_load_factor']={value!r} must be a number > 0 "
+                         "(the table's row-cache size as a fraction of its rows)")
 
 
 def tiered_sharding_class(shardings: Mapping[str, type], sharding_type: str,

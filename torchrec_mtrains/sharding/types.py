@@ -27,8 +27,8 @@ from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR, DEFAULTS,
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.types import Tier
 
-__all__ = ["CACHE_LOAD_FACTOR", "FUSED_PARAM_KEYS", "TABLE_TIERS_KEY", "TieredParameterSharding", "TieredParams",
-           "TieredShardSource", "per_table_fused_params"]
+__all__ = ["CACHE_LOAD_FACTOR", "FUSED_PARAM_KEYS", "SEED_KEY", "TABLE_TIERS_KEY", "TieredParameterSharding",
+           "TieredParams", "TieredShardSource", "per_table_fused_params"]
 
 CACHE_LOAD_FACTOR = "cache_load_factor"  # TorchRec's key; its table grouping leaves it out
 
@@ -40,6 +40,8 @@ FUSED_PARAM_KEYS = tuple(
 )
 TABLE_TIERS_KEY = _PREFIX + "table_tiers"
 """fused_params key: ``((table name, tier value, rows_written), ...)`` of every tiered table."""
+SEED_KEY = _PREFIX + "seed"
+"""fused_params key: the seed of the tiered tables' initial rows (``TieredConfig.seed``)."""
 _STATE_DICT_RAM_MB = 1024.0
 
 
