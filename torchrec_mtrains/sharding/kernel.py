@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
