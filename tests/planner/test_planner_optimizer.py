@@ -69,9 +69,13 @@ def test_planner_row_bytes_follow_the_sharders_fused_params(tmp_path: Path) -> N
     planner = _plan(_ebc(), sgd, tmp_path)
     assert planner.row_optimizer() == "exact_sgd"
     assert {t.row_bytes for t in planner.last_model.tables} == {DIM * 4}
-    # No optimizer anywhere: the kernel's default, row-wise Adagrad.
+    # No optimizer anywhere: the sharders train FBGEMM's default, EXACT_SGD (no state).
     planner = _plan(_ebc(), TieredEmbeddingBagCollectionSharder(), tmp_path)
-    assert {t.row_bytes for t in planner.last_model.tables} == {DIM * 4 + 4}
+    assert planner.row_optimizer() == "exact_sgd"
+    assert {t.row_bytes for t in planner.last_model.tables} == {DIM * 4}
+    # Row-wise Adagrad given to the sharder: its state value per row is sized.
+    adagrad = TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+    assert {t.row_bytes for t in _plan(_ebc(), adagrad, tmp_path).last_model.tables} == {DIM * 4 + 4}
     # The same optimizer given to the planner too, by its short name: fine.
     assert _plan(_ebc(), sgd, tmp_path, optimizer="sgd").row_optimizer() == "sgd"
 
@@ -94,4 +98,5 @@ def test_planner_and_sharder_disagreeing_on_the_optimizer_is_an_error(tmp_path: 
 
 def test_tiered_tables_need_an_optimizer_the_tiered_kernel_trains(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"tables \['t0'\] go on the tiered kernel, which does not train 'adam'"):
-        _plan(_ebc(), TieredEmbeddingBagCollectionSharder(), tmp_path, optimizer="adam")
+        _plan(_ebc(), TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.ADAM}), tmp_path,
+              optimizer="adam")

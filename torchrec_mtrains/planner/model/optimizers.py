@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
+from torchrec_mtrains.kernels.tbe_settings import TBE_DEFAULTS
 from torchrec_mtrains.layout import OPTIMIZERS, SHORT_OPTIMIZER_NAMES, TableLayout, optimizer_name
 
 __all__ = ["ACCEPTED_OPTIMIZERS", "TIERED_OPTIMIZERS", "canonical_optimizer", "optimizer_row_bytes",
@@ -64,14 +65,15 @@ def optimizer_row_bytes(dim: int, dtype: str, optimizer: str) -> int:
 def trained_optimizer(fused_params: Optional[Mapping[str, Any]], table_optimizers: Iterable[Any]) -> Optional[str]:
     """The optimizer a sharder trains a module's tables with, as TorchRec resolves it per
     table: the table's own (``apply_optimizer_in_backward``, given as EmbOptimType or a
-    name per table, None where it has none), else the sharder's ``fused_params["optimizer"]``.
-    None when neither names one.
+    name per table, None where it has none), else the sharder's ``fused_params["optimizer"]``,
+    else FBGEMM's default (EXACT_SGD), which the sharders then train with. None only for a
+    module without tables.
 
     Raises:
         ValueError: tables trained with different optimizers (one layout per plan), or an
             unknown optimizer.
     """
-    default = (fused_params or {}).get("optimizer")
+    default = (fused_params or {}).get("optimizer", TBE_DEFAULTS["optimizer"])
     found: Dict[str, None] = {}
     for table_optimizer in table_optimizers:
         chosen = table_optimizer if table_optimizer is not None else default
