@@ -135,14 +135,6 @@ def _virtual_specs(params: List[TieredParams], tables: List[ShardedEmbeddingTabl
     return specs, rows
 
 
-def _fused_settings(fused_params: Dict[str, Any], cache_algorithm: str) -> Dict[str, Any]:
-    """The kernel settings ``fused_params`` give -- optimizer, learning rate and eps at
-    FBGEMM's defaults where they are silent, the seed, the FBGEMM TBE settings -- for tables
-    whose row cache runs ``cache_algorithm``; ValueError naming a refused key
-    (sharding/fused_params.py)."""
-    return kernel_settings(fused_params, cache_algorithm)
-
-
 def _rows_written(params: TieredParams, table: ShardedEmbeddingTable, rows: int) -> int:
     if table.use_virtual_table:
         return rows  # its live ids
@@ -199,7 +191,8 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
         feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
         ssd_dram_cache_mb=params[0].ssd_dram_cache_mb / max(1, ssd_shards),  # the kernel's, per store
         virtual_tables=virtual,
-        **_fused_settings(dict(config.fused_params or {}), params[0].cache_algorithm),
+        # Optimizer, learning rate, eps (FBGEMM's defaults where silent), seed, FBGEMM's TBE settings.
+        **kernel_settings(dict(config.fused_params or {}), params[0].cache_algorithm),
     )
 
 
@@ -316,15 +309,6 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         self._live.apply()
         batch_sizes = features.stride_per_key_per_rank() if features.variable_stride_per_key() else None
         self._emb.prefetch(features.values(), features.offsets(), batch_sizes)
-
-    def apply_state_writes(self) -> None:
-        """Writes to the tables what was written in place into this kernel's ``state_dict()``
-        tensors since (every method that reads or changes the tables does this first).
-
-        Raises:
-            ValueError: such a tensor was written after its table changed (naming it).
-        """
-        self._live.apply()
 
     def flush(self, *, steps_done: bool = False, durable: bool = True) -> None:
         self._live.apply()
