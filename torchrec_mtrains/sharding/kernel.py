@@ -215,6 +215,12 @@ def place_vbe_output(out: torch.Tensor, batch_sizes: List[List[int]], dims: List
     return vbe_output.index_copy(0, index, out.to(vbe_output.dtype))
 
 
+def _variable_batch_sizes(features: KeyedJaggedTensor) -> Optional[List[List[int]]]:
+    """FBGEMM's ``batch_size_per_feature_per_rank`` of a batch with a variable batch per
+    feature (VBE), else None."""
+    return features.stride_per_key_per_rank() if features.variable_stride_per_key() else None
+
+
 class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
     """A group of tiered table shards computed by one TieredEmbeddingBags."""
 
@@ -292,7 +298,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         self._version += 1
         if self.training:
             self._live.shards_changed()
-        batch_sizes = features.stride_per_key_per_rank() if features.variable_stride_per_key() else None
+        batch_sizes = _variable_batch_sizes(features)
         weights = features.weights_or_none()
         if weights is not None and not torch.is_floating_point(weights):
             weights = None  # as TorchRec's FUSED kernel: integer weights are not per-sample weights
@@ -307,7 +313,7 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Starts loading the rows of ``features`` (the next batch this kernel computes)."""
         self._live.apply()
-        batch_sizes = features.stride_per_key_per_rank() if features.variable_stride_per_key() else None
+        batch_sizes = _variable_batch_sizes(features)
         self._emb.prefetch(features.values(), features.offsets(), batch_sizes)
 
     def flush(self, *, steps_done: bool = False, durable: bool = True) -> None:

@@ -38,8 +38,8 @@ class _Copy:
     part: str  # "weight" or "state"
     alias: torch.Tensor  # shares the copy's storage and version counter
     version: int  # the counter when the copy last matched its shard
+    owner: weakref.ref  # the tensor handed out
     stale: bool = False  # the shard changed since: a write can no longer be honoured
-    owner: Optional[weakref.ref] = None  # the tensor handed out
 
 
 class LiveStateShards:
@@ -113,7 +113,7 @@ class LiveStateShards:
                 c.version = c.alias._version
                 # The other copies of this part no longer match it.
                 self.shards_changed(c.table, c.part, source=c.alias)
-            if c.owner is not None and c.owner() is None:
+            if c.owner() is None:
                 del self._copies[key]  # written back, and no caller can write it again
 
 
