@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bindings/cache_tensors.h"
+#include "bindings/engine_parts.h"
 #include "cache/kernel_cache_index.h"
 #include "kernel/tier_rows.h"
 
@@ -64,15 +65,17 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t cpu0 = ThreadCpuNs();
     at::Tensor remapped = at::empty({indices.numel()}, at::kLong);
+    size_t used = 0;
     try {
-      index_->PlanStep(indices.data_ptr<int64_t>(), bounds, step, oldest_live_step, train,
-                       remapped.data_ptr<int64_t>(), &moves_);
+      used = index_->PlanStep(indices.data_ptr<int64_t>(), bounds, step, oldest_live_step, train,
+                              remapped.data_ptr<int64_t>(), &moves_);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
     std::vector<int64_t> moved;
     std::vector<at::Tensor> load_rows, load_slots, evict_rows, evict_slots;
-    for (const TableMoves& m : moves_) {
+    for (size_t k = 0; k < used; ++k) {
+      const TableMoves& m = moves_[k];
       moved.push_back(m.table);
       load_rows.push_back(ToTensor(m.load_rows));
       load_slots.push_back(ToTensor(m.load_slots));
@@ -119,6 +122,8 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     const CacheCounters c = Cache(table).counters();
     return CountersDict(c);
   }
+
+  KernelCacheIndex* index() { return index_.get(); }
 
   void reset(int64_t table) {
     Cache(table);  // range check
@@ -192,6 +197,17 @@ void MarkLookedUpRows(const std::vector<at::Tensor>& bitmaps, const at::Tensor& 
 }
 
 }  // namespace
+
+KernelCacheIndex* KernelCacheIndexOfHandle(const c10::IValue& handle,
+                                           c10::intrusive_ptr<c10::intrusive_ptr_target>* keep) {
+  TORCH_CHECK_VALUE(
+      handle.isObject() && handle.type() == c10::getCustomClassType<c10::intrusive_ptr<KernelCacheIndexHandle>>(),
+      "expected a torch.classes.mtrains.KernelCacheIndex, got ", handle.type()->str());
+  auto h = handle.toCustomClass<KernelCacheIndexHandle>();
+  *keep = h;
+  return h->index();
+}
+
 }  // namespace mtrains
 
 TORCH_LIBRARY_FRAGMENT(mtrains, m) {

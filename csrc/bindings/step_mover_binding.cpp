@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "bindings/block_store_handle.h"
+#include "bindings/engine_parts.h"
+#include "bindings/slot_tensors.h"
 #include "bindings/id_index_handle.h"
 #include "kernel/block_store_tier_rows.h"
 #include "kernel/mapped_tier_rows.h"
@@ -38,24 +40,6 @@ DType DTypeOf(at::ScalarType t) {
 void CheckVector(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous(), name,
                     " must be a contiguous 1-D int64 CPU tensor");
-}
-
-// A table's TBE weights ([slots, dim]) and optimizer state (empty: none; else [slots, ...]).
-SlotRows SlotsOf(const at::Tensor& weights, const at::Tensor& state) {
-  TORCH_CHECK_VALUE(weights.device().is_cpu() && weights.dim() == 2 && weights.is_contiguous(),
-                    "weights must be a contiguous 2-D CPU tensor");
-  SlotRows s;
-  s.weights = static_cast<uint8_t*>(weights.data_ptr());
-  s.weight_bytes = size_t(weights.size(1)) * weights.element_size();
-  s.slots = weights.size(0);
-  if (state.numel()) {
-    TORCH_CHECK_VALUE(state.device().is_cpu() && state.is_contiguous() && state.dim() >= 1 &&
-                          state.size(0) == weights.size(0),
-                      "state must be a contiguous CPU tensor with a row per slot");
-    s.state = static_cast<uint8_t*>(state.data_ptr());
-    s.state_bytes = size_t(state.numel() / state.size(0)) * state.element_size();
-  }
-  return s;
 }
 
 class StepMoverHandle : public torch::CustomClassHolder {
@@ -190,6 +174,8 @@ class StepMoverHandle : public torch::CustomClassHolder {
     return {-1, ToTuple(Status::Ok()), positions, rows, lazy};
   }
 
+  StepMover* mover() { return mover_.get(); }
+
   // Table `table`'s moves so far: rows and the CPU ns of each stage.
   c10::Dict<std::string, int64_t> counters(int64_t table) {
     CheckTable(table);
@@ -220,6 +206,15 @@ class StepMoverHandle : public torch::CustomClassHolder {
 };
 
 }  // namespace
+
+StepMover* StepMoverOfHandle(const c10::IValue& handle, c10::intrusive_ptr<c10::intrusive_ptr_target>* keep) {
+  TORCH_CHECK_VALUE(handle.isObject() && handle.type() == c10::getCustomClassType<c10::intrusive_ptr<StepMoverHandle>>(),
+                    "expected a torch.classes.mtrains.StepMover, got ", handle.type()->str());
+  auto h = handle.toCustomClass<StepMoverHandle>();
+  *keep = h;
+  return h->mover();
+}
+
 }  // namespace mtrains
 
 TORCH_LIBRARY_FRAGMENT(mtrains, m) {

@@ -42,8 +42,10 @@ class KernelCacheIndex {
 
   // Plans step `step` over every table (SetAssociativeCache::Plan's contract per table).
   // `bounds` has num_tables() + 1 entries; `slot_of_index` receives bounds.back() slots.
-  // `moves` is cleared and gets one entry per table with rows to load or write back.
-  void PlanStep(const int64_t* indices, const std::vector<int64_t>& bounds, int64_t step,
+  // Returns k: (*moves)[0, k) are the tables with rows to load or write back. Entries are
+  // reused from step to step (their vectors keep their capacity), so none is allocated
+  // once they have grown; entries past k are stale.
+  size_t PlanStep(const int64_t* indices, const std::vector<int64_t>& bounds, int64_t step,
                 int64_t oldest_live_step, bool train, int64_t* slot_of_index,
                 std::vector<TableMoves>* moves) EXCLUDES(plan_mu_);
 

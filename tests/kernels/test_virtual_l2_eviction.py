@@ -20,7 +20,6 @@ from torchrec.modules.embedding_configs import (
 
 from torchrec_mtrains import Tier
 from torchrec_mtrains.kernels import TieredEmbeddingBags
-from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.virtual_rows import EvictionSpec, VirtualTableSpec
 from torchrec_mtrains.sharding.virtual_tables import eviction_spec_of, warn_ignored
 
@@ -158,34 +157,6 @@ def test_zero_threshold_never_evicts(tmp_path):
     assert emb.cache_stats()["zero"]["live_ids"] == 64
     assert emb.cache_stats()["zero"]["eviction_passes"] == 0
     emb.close()
-
-
-def test_a_plan_waits_for_the_moves_before_it():
-    """wait_for_moves on the plan thread returns only once the earlier job has moved."""
-    pipeline = PrefetchPipeline(background=True)
-    release, waiting = threading.Event(), threading.Event()
-    moved, seen = [], []
-
-    def slow_move():
-        release.wait()
-        moved.append(1)
-
-    def plan_that_reads():
-        waiting.set()
-        pipeline.wait_for_moves()
-        seen.append(len(moved))
-        return False
-
-    first = pipeline.submit(lambda: True, slow_move)
-    second = pipeline.submit(plan_that_reads, lambda: None)
-    waiting.wait()
-    release.set()
-    pipeline.wait(first)
-    pipeline.wait(second)
-    assert seen == [1]
-    pipeline.shutdown()
-    inline = PrefetchPipeline(background=False)
-    inline.wait_for_moves()  # nothing in flight: returns at once
 
 
 def test_bad_l2_specs_are_refused():

@@ -1,35 +1,23 @@
-"""Validation and per-table split of a TBE batch (indices table-major, T * B + 1 offsets)."""
+"""Validation of a TBE batch (indices table-major, T * B + 1 offsets); the one-pass check of its
+offsets and ids is C++ (csrc/kernel/batch_bounds.h, run by the step engine)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from torchrec_mtrains._ops import load_extension
 
-__all__ = ["Batch", "BatchSizes", "check_embedding_specs", "check_feature_table_map", "check_index_tensor", "split_batch"]
+__all__ = ["BatchSizes", "check_embedding_specs", "check_feature_table_map", "check_index_tensor", "feature_batch_of",
+           "raise_batch_problem"]
 
 _INT_DTYPES = (torch.int64, torch.int32)
-_BAD_ENDS, _DECREASING, _ID_OUT_OF_RANGE = 1, 2, 3  # csrc/bindings/batch_ops.cpp BatchProblem
+_BAD_ENDS, _DECREASING, _ID_OUT_OF_RANGE = 1, 2, 3  # csrc/kernel/batch_bounds.h BatchProblemKind
 
 
 BatchSizes = List[List[int]]
 """FBGEMM's ``batch_size_per_feature_per_rank``: the bags of each feature from each rank
 (variable batch per feature, VBE)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    """A checked batch: int64 ``indices`` and ``offsets``; table t's indices are
-    ``indices[bounds[t]:bounds[t + 1]]``; ``batch_sizes`` as given (None: every feature has
-    the same bags)."""
-
-    indices: torch.Tensor
-    offsets: torch.Tensor
-    bounds: List[int]
-    batch_sizes: Optional[BatchSizes] = None
 
 
 def check_index_tensor(name: str, t: object) -> torch.Tensor:
@@ -50,53 +38,49 @@ def check_index_tensor(name: str, t: object) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def split_batch(
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    specs: Sequence[Tuple[int, int]],
-    names: Sequence[str],
-    feature_table_map: Optional[Sequence[int]] = None,
-    batch_sizes: Optional[BatchSizes] = None,
-) -> Batch:
-    """Checks a batch and returns it split by table.
+def feature_batch_of(offsets: torch.Tensor, batch_sizes: Optional[BatchSizes], num_features: int,
+                     by_table: bool = True) -> List[int]:
+    """Checks the length of a batch's ``offsets`` (int64, checked) and returns each feature's
+    bags over every rank ([] when every feature has the same bags).
 
-    ``feature_table_map`` (FBGEMM's) gives the table of each feature; the batch then has
-    ``F * B + 1`` offsets. It must be non-decreasing (a table's features adjacent, tables in
-    order), so concatenating the tables' parts gives back ``indices``. Default: one feature
-    per table. ``batch_sizes`` (FBGEMM's ``batch_size_per_feature_per_rank``): each
-    feature's bags from each rank, laid out feature by feature and rank by rank; offsets then
-    have one entry per bag plus one.
+    Without ``batch_sizes`` offsets have ``F * B + 1`` entries; with it (FBGEMM's
+    ``batch_size_per_feature_per_rank``: each feature's bags from each rank, feature by
+    feature and rank by rank) one per bag plus one. ``by_table``: one feature per table
+    (the error then says T).
 
     Raises:
-        ValueError: wrong dtypes or shapes, offsets that do not start at 0, decrease, or do
-            not end at ``len(indices)``, or whose length is not ``F * B + 1`` (or the bags
-            of ``batch_sizes`` + 1).
+        ValueError: offsets of the wrong length, or a malformed ``batch_sizes``.
+    """
+    if batch_sizes is not None:
+        feature_batch = _feature_batch(batch_sizes, num_features)
+        if offsets.numel() != sum(feature_batch) + 1:
+            raise ValueError(f"offsets has {offsets.numel()} entries; expected one per bag of "
+                             f"batch_size_per_feature_per_rank + 1 = {sum(feature_batch) + 1}")
+        return feature_batch
+    if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
+        what = "T * B + 1 with T = {} tables" if by_table else "F * B + 1 with F = {} features"
+        raise ValueError(f"offsets has {offsets.numel()} entries; expected {what.format(num_features)}")
+    return []
+
+
+def raise_batch_problem(problem: Tuple[int, int, int, int], indices: torch.Tensor, tables: object) -> None:
+    """Raises what a batch check (``(kind, table, pos, value)``, C++ kernel/batch_bounds.h)
+    found wrong, naming the table (``tables.names``, ``tables.id_specs``); nothing when
+    kind is 0.
+
+    Raises:
+        ValueError: offsets that do not start at 0, end at ``len(indices)``, or decrease.
         IndexError: an id outside its table, naming the table, the id and its position.
     """
-    indices = check_index_tensor("indices", indices)
-    offsets = check_index_tensor("offsets", offsets)
-    table_of_feature = list(range(len(specs))) if feature_table_map is None else list(feature_table_map)
-    num_features = len(table_of_feature)
-    feature_batch = [] if batch_sizes is None else _feature_batch(batch_sizes, num_features)
-    if batch_sizes is not None and offsets.numel() != sum(feature_batch) + 1:
-        raise ValueError(f"offsets has {offsets.numel()} entries; expected one per bag of batch_size_per_feature_per_rank "
-                         f"+ 1 = {sum(feature_batch) + 1}")
-    if batch_sizes is None and (offsets.numel() < 1 or (offsets.numel() - 1) % num_features):
-        what = "T * B + 1 with T = {} tables" if feature_table_map is None else "F * B + 1 with F = {} features"
-        raise ValueError(f"offsets has {offsets.numel()} entries; expected {what.format(num_features)}")
-    load_extension()
-    # One C++ pass: offsets' ends and order, each table's slice, every id in its table.
-    bounds, problem, table, pos, value = torch.ops.mtrains.batch_table_bounds(
-        indices, offsets, [rows for rows, _ in specs], table_of_feature, feature_batch)
-    if problem == _BAD_ENDS:
-        raise ValueError(
-            f"offsets must start at 0 and end at len(indices) = {indices.numel()}, got {pos} .. {value}")
-    if problem == _DECREASING:
+    kind, table, pos, value = problem
+    if kind == _BAD_ENDS:
+        raise ValueError(f"offsets must start at 0 and end at len(indices) = {indices.numel()}, got {pos} .. {value}")
+    if kind == _DECREASING:
         raise ValueError(f"offsets must not decrease: offsets[{pos}] = {value} < offsets[{pos - 1}]")
-    if problem == _ID_OUT_OF_RANGE:
-        raise IndexError(
-            f"table {names[table]}: id {value} at position {pos} of indices is outside [0, {specs[table][0]})")
-    return Batch(indices, offsets, list(bounds), batch_sizes)
+    if kind == _ID_OUT_OF_RANGE:
+        names, specs = tables.names, tables.id_specs  # type: ignore[attr-defined]
+        raise IndexError(f"table {names[table]}: id {value} at position {pos} of indices is outside "
+                         f"[0, {specs[table][0]})")
 
 
 def _feature_batch(batch_sizes: object, num_features: int) -> List[int]:

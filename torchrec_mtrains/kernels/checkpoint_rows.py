@@ -72,10 +72,12 @@ class CheckpointRows:
         held = (cached[order], cache.slots.gather(table, slots[order]))
         snapshot = RowSnapshot(cache.stores[table], selected, codec.layout.row_width, codec.dtype, held)
         cache.snapshots[table] = snapshot
+        cache.engine.set_write_guard(table, True)  # the engine's write-backs keep old rows first
         return snapshot
 
     def release_snapshot(self, table: int) -> None:
         snapshot = self.cache.snapshots.pop(table, None)
+        self.cache.engine.set_write_guard(table, False)
         if snapshot is not None:
             snapshot.release()
 

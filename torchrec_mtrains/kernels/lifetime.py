@@ -1,10 +1,10 @@
-"""What a kernel holds beyond a step (its prefetch threads, its stores), released exactly once.
+"""What a kernel holds beyond a step (its step engine's threads, its stores), released exactly once.
 
-A prefetch runs C++ (the cache plan, the tier I/O) on the pipeline's daemon threads with the
-GIL released. If the interpreter began finalizing while such a call ran, the thread's return
-to Python would end it with ``pthread_exit``, whose forced unwinding through C++ frames calls
-``std::terminate``: the process would abort (SIGABRT, exit 134) instead of exiting with its
-own code. So each kernel's resources are released by whichever comes first:
+A prefetch runs on the step engine's C++ threads, which call Python only through the hooks
+(``hooks.py``). If the interpreter began finalizing while a hook ran or waited for the GIL,
+the thread would never return from it (or be ended by ``pthread_exit``, whose forced unwinding
+through C++ frames calls ``std::terminate``): the process would hang or abort instead of
+exiting with its own code. So each kernel's resources are released by whichever comes first:
 
 - ``close()``: queued prefetches run to the end, then the threads stop and the stores close;
 - the kernel being collected, or the interpreter exiting (``weakref.finalize`` runs at
@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
+from torchrec_mtrains.kernels.hooks import EngineHooks
 from torchrec_mtrains.storage import RowStore
 from torchrec_mtrains.testing.faults import fault_point
 
@@ -35,12 +35,13 @@ __all__ = ["KernelResources"]
 
 
 class KernelResources:
-    """A kernel's prefetch pipeline and stores, with an exit hook that does not keep the
-    kernel alive (it refers to these, never to the kernel)."""
+    """A kernel's step engine (with its hooks) and stores, with an exit hook that does not
+    keep the kernel alive (it refers to these, never to the kernel)."""
 
-    def __init__(self, owner: object, pipeline: PrefetchPipeline, stores: List[RowStore],
+    def __init__(self, owner: object, engine: torch.ScriptObject, hooks: EngineHooks, stores: List[RowStore],
                  names: Sequence[str], mover: torch.ScriptObject) -> None:
-        self.pipeline = pipeline
+        self.engine = engine
+        self._hooks = hooks  # the engine calls them until it is shut down
         self._mover = mover  # let go of the stores before they close
         # The owner's own list, not a copy: a store it swaps in later (a checkpoint's adopted
         # file) is the one closed.
@@ -53,7 +54,7 @@ class KernelResources:
         """Lets queued prefetches finish, stops the threads and closes every store (each is
         tried; the first error is raised after). The exit hook stays armed until every store
         closed, so a failed close is retried there."""
-        self.pipeline.shutdown()
+        self.engine.shutdown(False)
         self._detach_stores()
         first_error: Optional[Exception] = None
         for store in self.stores:
@@ -72,15 +73,15 @@ class KernelResources:
         the owning process leaves the stores alone: they are its parent's."""
         if os.getpid() != self._pid:
             return
-        if self.pipeline.on_stage_thread():
+        if self.engine.on_stage_thread():
             # The cycle collector ran on a prefetch thread: that thread cannot join itself,
             # and the stage it interrupted may still use the stores. Release from a thread of
             # its own (not a daemon: the interpreter waits for it at exit).
             threading.Thread(target=self._release_at_exit, name="mtrains-release").start()
             return
-        if self.pipeline.in_flight():
+        if self.engine.in_flight():
             fault_point("release.in_flight")
-        self.pipeline.shutdown(cancel=True)
+        self.engine.shutdown(True)
         self._detach_stores()
         for store, name in zip(self.stores, self._names):
             try:
@@ -91,6 +92,6 @@ class KernelResources:
 
     def _detach_stores(self) -> None:
         """The step mover lets go of every store (an SCM mapping must be gone before its
-        store closes and unlocks the file); nothing moves once the pipeline is shut down."""
+        store closes and unlocks the file); nothing moves once the engine is shut down."""
         for t in range(len(self.stores)):
             self._mover.detach(t)

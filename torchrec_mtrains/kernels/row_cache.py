@@ -26,35 +26,30 @@ __all__ = ["RowCache", "RunState", "TableCounters"]
 
 
 class RunState:
-    """The scalars every step updates."""
+    """The scalars the Python side of a step updates (the step engine counts the rest)."""
 
-    __slots__ = ("next_step", "last_forward_step", "unflushed", "wait_seconds", "plan_seconds",
-                 "plan_cpu_ns", "steps_prefetched")
+    __slots__ = ("last_forward_step", "unflushed")
 
     def __init__(self) -> None:
-        self.next_step = 0
         self.last_forward_step = -1
         # False once a flush left the tiers holding every row as the cache has it; any
         # training step, write-back or set_rows makes it True again.
         self.unflushed = True
-        self.wait_seconds = 0.0  # forward's wait for prefetches
-        self.plan_seconds = 0.0  # the cache index's work, every table at once
-        self.plan_cpu_ns = 0  # its CPU time (the planning thread's)
-        self.steps_prefetched = 0  # forwards whose rows a prefetch() loaded
 
 
 @dataclasses.dataclass
 class TableCounters:
-    rows_loaded: int = 0
+    """Rows written to a table's tier outside the step engine (flush, set_rows)."""
+
     rows_written_back: int = 0
-    tier_seconds: float = 0.0  # moving rows to and from the tier
 
 
 class RowCache:
     """Per table (by index): ``names``, ``tiers``, ``specs`` (``(num_rows, dim)``),
     ``codecs``, backing ``stores``, ``counters`` and ``dirty`` rows; over all tables: the
     cache ``index`` (one C++ object plans every table's step), the ``slots`` (the TBE), the
-    step ``mover`` (one C++ object moves every table's rows between slots and stores) and
+    step ``mover`` (one C++ object moves every table's rows between slots and stores), the
+    step ``engine`` (set by the kernel once made: it runs the steps over index and mover) and
     the ``run`` state. ``broken`` says why once the cache may no longer match the tiers;
     ``closed`` is set by the kernel's ``close()``.
 
@@ -77,6 +72,7 @@ class RowCache:
         self.names, self.tiers, self.specs = names, tiers, specs
         self.codecs, self.stores, self.index, self.slots = codecs, stores, index, slots
         self.mover = mover
+        self.engine: Optional[torch.ScriptObject] = None
         self.virtual, self.tier_wrappers = virtual, tier_wrappers
         self.id_specs = list(zip(virtual.id_bounds([rows for rows, _ in specs]), [dim for _, dim in specs]))
         self.run = RunState()
@@ -86,8 +82,18 @@ class RowCache:
         # Tables a checkpoint is saving in the background: every write to their tier first
         # calls the snapshot's before_write (copy-on-write, row_snapshot.py).
         self.snapshots: Dict[int, RowSnapshot] = {}
+        # Per table: the engine's rows (loaded, written back, made lazily) its store has counted.
+        self._store_counted = [(0.0, 0.0, 0.0) for _ in specs]
         self.broken: Optional[str] = None
         self.closed = False
+
+    def count_moved(self, t: int) -> None:
+        """Adds the rows the step engine moved for table t since the last call to its store's
+        ``stats()`` counters (``RowStore.count_moved``)."""
+        e = dict(self.engine.table_counters(t))
+        now = (e["rows_loaded"], e["rows_written_back"], e["lazy_rows"])
+        before, self._store_counted[t] = self._store_counted[t], now
+        self.stores[t].count_moved(*(int(a - b) for a, b in zip(now, before)))
 
     def replace_store(self, t: int, store: RowStore) -> None:
         """Table t's rows now live in ``store`` (the old one is closed by the caller)."""
@@ -130,29 +136,32 @@ class RowCache:
         """``TieredEmbeddingBags.cache_stats()``."""
         out: Dict[str, Dict[str, float]] = {}
         capacities = self.index.capacities()
-        run = self.run
+        run = dict(self.engine.counters())
+        engine = [dict(self.engine.table_counters(t)) for t in range(len(self.names))]
         moved = [dict(self.mover.counters(t)) for t in range(len(self.names))]
         # The plan covers every table at once: its CPU per row loaded by any of them.
-        plan_ns_per_row = run.plan_cpu_ns / max(1, sum(m["rows_loaded"] for m in moved))
+        plan_ns_per_row = run["plan_cpu_ns"] / max(1, sum(m["rows_loaded"] for m in moved))
         for t, name in enumerate(self.names):
             c = dict(self.index.counters(t))
-            k = self.counters[t]
+            e = engine[t]
             m = moved[t]
             loads, write_backs = max(1, m["rows_loaded"]), max(1, m["rows_written_back"])
             unique = max(1, c["unique_rows"])
             row_bytes = self.codecs[t].layout.row_bytes
+            rows_loaded = e["rows_loaded"]
+            rows_written_back = e["rows_written_back"] + self.counters[t].rows_written_back
             out[name] = {
                 **{key: float(v) for key, v in c.items()},
                 "hit_rate": c["hits"] / unique,
-                "rows_loaded": float(k.rows_loaded),
-                "rows_written_back": float(k.rows_written_back),
-                "bytes_read_from_tier": float(k.rows_loaded * row_bytes),
-                "bytes_written_to_tier": float(k.rows_written_back * row_bytes),
-                "plan_seconds": run.plan_seconds,
-                "tier_seconds": k.tier_seconds,
+                "rows_loaded": float(rows_loaded),
+                "rows_written_back": float(rows_written_back),
+                "bytes_read_from_tier": float(rows_loaded * row_bytes),
+                "bytes_written_to_tier": float(rows_written_back * row_bytes),
+                "plan_seconds": run["plan_seconds"],
+                "tier_seconds": e["move_seconds"],
                 "cache_capacity_rows": float(capacities[t]),
-                "prefetch_wait_seconds": run.wait_seconds,
-                "steps_prefetched": float(run.steps_prefetched),
+                "prefetch_wait_seconds": run["wait_seconds"],
+                "steps_prefetched": run["steps_prefetched"],
                 # CPU ns per moved row of each stage of the step's row path (thread CPU time
                 # of the thread that ran it; loads and write-backs counted apart).
                 "plan_cpu_ns_per_row": plan_ns_per_row,

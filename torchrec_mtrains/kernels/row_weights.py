@@ -9,9 +9,9 @@ is what is read here, safely:
 
 - the tier: a move in flight writes back rows its plan evicted from the cache, candidates
   among them (their value still in a slot that the same move then fills with another row).
-  So the reader first waits until no move is in flight (``PrefetchPipeline.wait_for_moves``);
+  So the reader first waits until no move is in flight (the step engine's ``wait_for_moves``);
   moves are queued by the plan thread only, so none starts while it reads. The other writers
-  of the tier (``flush``, ``set_rows``, a checkpoint) drain the pipeline first, which waits
+  of the tier (``flush``, ``set_rows``, a checkpoint) drain the engine first, which waits
   for this plan;
 - a cached candidate's slot: no move runs (above); the backward computing now updates only
   the slots of its own step's rows, which are protected, never candidates; and the TBE is
@@ -26,7 +26,6 @@ from typing import Iterator
 
 import torch
 
-from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
 from torchrec_mtrains.kernels.row_cache import RowCache
 
 __all__ = ["RowWeights"]
@@ -41,17 +40,17 @@ class RowWeights:
 
     Args:
         cache: the kernel's tables and cache.
-        pipeline: its prefetch pipeline (to wait for the moves in flight).
+        engine: its step engine (to wait for the moves in flight).
     """
 
-    def __init__(self, cache: RowCache, pipeline: PrefetchPipeline) -> None:
-        self._cache, self._pipeline = cache, pipeline
+    def __init__(self, cache: RowCache, engine: torch.ScriptObject) -> None:
+        self._cache, self._engine = cache, engine
 
     def __call__(self, t: int, rows: torch.Tensor) -> Iterator[torch.Tensor]:
         """Table t's current weights of ``rows`` (rows of no live step), in blocks of at most
         ``_BLOCK_ROWS`` consecutive rows, ``[n, dim]`` in the weights' dtype. Reads the tier
         only for the rows the cache does not hold."""
-        self._pipeline.wait_for_moves()
+        self._engine.wait_for_moves()
         cache = self._cache
         cached, slots = cache.cached(t)
         order = torch.argsort(cached)

@@ -88,12 +88,12 @@ class CacheSlots:
         self.learning_rate = learning_rate
         self.tbe.set_learning_rate(learning_rate)
 
-    def grow(self, capacities: Sequence[int]) -> None:
+    def grow(self, capacities: Sequence[int]) -> bool:
         """Rebuilds the TBE larger when a table's cache (``capacities``: slots per table, its
-        overflow pool included) outgrew it, and copies the deferred rows in. Call only
-        between steps."""
+        overflow pool included) outgrew it, and copies the deferred rows in; returns whether
+        it did (the step engine then needs the new slots). Call only between steps."""
         if all(n <= r for n, r in zip(capacities, self.rows)):
-            return
+            return False
         old_w, old_s, old_rows = self.weights, self.states, self.rows
         ways = self._config.cache_ways
         self._build([max(r, n + max(ways, n // 4)) if n > r else r for n, r in zip(capacities, old_rows)])
@@ -105,6 +105,7 @@ class CacheSlots:
         deferred, self.deferred = self.deferred, []
         for d in deferred:
             self.scatter(d.table, d.slots, d.rows)
+        return True
 
     def in_tbe(self, t: int, slots: torch.Tensor) -> torch.Tensor:
         """Which of table t's ``slots`` the TBE has (the others are overflow slots past it)."""

@@ -36,7 +36,7 @@ from torchrec_mtrains.kernels.checkpoint_rows import CheckpointRows
 from torchrec_mtrains.kernels.config import DEFAULTS, TieredConfig, resolve_config
 from torchrec_mtrains.kernels.dirty_rows import DirtyRows
 from torchrec_mtrains.kernels.lifetime import KernelResources
-from torchrec_mtrains.kernels.prefetch import PrefetchPipeline
+from torchrec_mtrains.kernels.hooks import EngineHooks
 from torchrec_mtrains.kernels.row_cache import RowCache
 from torchrec_mtrains.kernels.row_codec import RowCodec
 from torchrec_mtrains.kernels.row_snapshot import RowSnapshot
@@ -180,15 +180,22 @@ class TieredEmbeddingBags(torch.nn.Module):
             store.attach_to(mover, t)
             if t in tier_wrappers:
                 tier_wrappers[t]()
-        pipeline = PrefetchPipeline(background=config.prefetch_pipeline)
-        # Stops the prefetch threads and closes the stores at close(), collection or exit.
-        self._resources = KernelResources(self, pipeline, stores, self.table_names, mover)
-        # The parts below refer to one another, never to this module: the exit hook above
-        # must let it be collected.
+        # The parts below refer to one another, never to this module: the exit hook must let
+        # it be collected.
         self._cache = RowCache(self.table_names, self.tiers, specs, codecs, stores, index, slots, mover,
                                virtual, tier_wrappers)
-        self._steps = StepPath(self._cache, pipeline, self.feature_table_map)
-        virtual.set_weight_reader(RowWeights(self._cache, pipeline))  # the L2-norm policy's
+        # Runs every step's plan and moves on C++ threads (csrc/kernel/step_engine.h).
+        hooks = EngineHooks(self._cache)
+        engine = torch.classes.mtrains.StepEngine(index, mover, [bound for bound, _ in self._cache.id_specs],
+                                                  self.feature_table_map or [], config.prefetch_pipeline,
+                                                  hooks.addresses())
+        engine.set_slots(slots.weights, slots.move_states)
+        engine.set_dirty_bitmaps(self._cache.dirty_bits)
+        self._cache.engine = engine
+        # Stops the engine's threads and closes the stores at close(), collection or exit.
+        self._resources = KernelResources(self, engine, hooks, stores, self.table_names, mover)
+        self._steps = StepPath(self._cache, engine, hooks, self.feature_table_map)
+        virtual.set_weight_reader(RowWeights(self._cache, engine))  # the L2-norm policy's
         self._rows = TableRows(self._cache, self._steps.drain)
         self._checkpoint = CheckpointRows(self._cache, self._rows, self._steps, config.ssd_dram_cache_mb)
 
@@ -268,7 +275,7 @@ class TieredEmbeddingBags(torch.nn.Module):
     @property
     def pending_prefetches(self) -> int:
         """Batches given to ``prefetch`` that no ``forward`` has computed yet."""
-        return len(self._steps.pending)
+        return self._steps.pending
 
     def cancel_prefetch(self) -> int:
         """Drops every pending prefetch, so the next ``forward`` may take any batch.
@@ -304,17 +311,14 @@ class TieredEmbeddingBags(torch.nn.Module):
             or tuple(per_sample_weights.shape) != (n,)
         ):
             raise ValueError(f"per_sample_weights must be a float tensor of shape ({n},) like indices")
-        steps, train = self._steps, self.training
-        job = steps.take(indices, offsets, train, batch_size_per_feature_per_rank)
-        steps.finish(job)
-        steps.computed(job, train)
+        remapped = self._steps.take(indices, offsets, self.training, batch_size_per_feature_per_rank)
         fault_point("forward")
         tbe = self._cache.slots.tbe
         if tbe is not self._tbe:  # the cache outgrew the TBE, which was rebuilt larger
             self._tbe = tbe
         if batch_size_per_feature_per_rank is None:
-            return tbe(job.remapped, job.batch.offsets, per_sample_weights)
-        return tbe(job.remapped, job.batch.offsets, per_sample_weights,
+            return tbe(remapped, offsets, per_sample_weights)
+        return tbe(remapped, offsets, per_sample_weights,
                    batch_size_per_feature_per_rank=[list(b) for b in batch_size_per_feature_per_rank])
 
     def _check_variable_batch(self, batch_size_per_feature_per_rank: Optional[BatchSizes]) -> None:
@@ -382,7 +386,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         ids, rows = virtual.entries(table)
         counts, times = virtual.metadata(table, rows)
         return {"ids": ids, "rows": rows, "counts": counts, "times": times,
-                "pending": len(self._steps.pending), "next_pass_at": virtual.next_pass_at(table)}
+                "pending": self._steps.pending, "next_pass_at": virtual.next_pass_at(table)}
 
     def virtual_capacity(self, table: int) -> int:
         """The live ids virtual table ``table`` can hold: its rows."""
@@ -465,6 +469,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         stores = self._cache.stores
         if isinstance(table, bool) or not isinstance(table, int) or not 0 <= table < len(stores):
             raise IndexError(f"table={table!r} must be an index in [0, {len(stores)})")
+        self._cache.count_moved(table)
         return stores[table].stats()
 
     # ------------------------------------------------------- checkpoint access ----

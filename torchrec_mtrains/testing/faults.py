@@ -50,7 +50,7 @@ import signal
 import threading
 from typing import Dict, Optional, TextIO, Tuple
 
-__all__ = ["PHASES", "fault_point"]
+__all__ = ["PHASES", "fault_point", "reaches"]
 
 PHASES = (
     "prefetch.before", "prefetch.after", "forward", "flush.table", "release.in_flight",
@@ -112,6 +112,12 @@ def fault_point(phase: str) -> None:
             _TRACE.write(f"{phase} {n} {_SIGNAL.name}\n" if fire else f"{phase} {n}\n")
         if fire:
             os.kill(os.getpid(), _SIGNAL)
+
+
+def reaches(phase: str) -> bool:
+    """Whether reaching ``phase`` may do anything in this process (fire or be traced): a
+    point on a path that must not call Python needlessly is installed only then."""
+    return _TRACE is not None or (_SPEC is not None and phase == _SPEC[0])
 
 
 def _fires(phase: str, n: int) -> bool:
