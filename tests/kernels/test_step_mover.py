@@ -1,7 +1,6 @@
-"""The C++ step mover against the row moves it replaced: the same training, with every
-step's rows moved instead by the stores' own read() and write() and the slots' gather and
-scatter (what the kernel did before the mover), gives bit-identical outputs, weights and
-optimizer state, on every tier, in fp32 and fp16, with overflow slots past the TBE."""
+"""The C++ step engine moving a step's rows on its own threads against the same steps run inline:
+bit-identical outputs, weights and optimizer state, on every tier, in fp32 and fp16, with
+overflow slots past the TBE."""
 
 from __future__ import annotations
 
@@ -26,24 +25,6 @@ from torchrec_mtrains.kernels import TieredEmbeddingBags
 TIERS = [Tier.DRAM, Tier.SCM, Tier.SSD]
 
 
-def _python_moves(ker: TieredEmbeddingBags) -> None:
-    """Replaces the kernel's move stage by the Python row moves it made before the mover."""
-    cache = ker._cache
-
-    def move(job) -> None:
-        for m in job.moves:
-            t = m.table
-            if m.evict_rows.numel():
-                cache.run.unflushed = True
-                cache.stores[t].write(m.evict_rows, cache.slots.gather(t, m.evict_slots))
-            rows = cache.stores[t].read(m.load_rows)
-            ready = cache.slots.in_tbe(t, m.load_slots)
-            cache.slots.scatter(t, m.load_slots[ready], rows[ready])
-            m.overflow_at, m.overflow_rows = (~ready).nonzero().view(-1), rows[~ready]
-
-    ker._steps._move = move
-
-
 def _train(ker: TieredEmbeddingBags, steps) -> List[torch.Tensor]:
     outputs: List[torch.Tensor] = []
     try:
@@ -57,16 +38,18 @@ def _train(ker: TieredEmbeddingBags, steps) -> List[torch.Tensor]:
 
 @pytest.mark.parametrize("precision", [SparseType.FP32, SparseType.FP16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
-def test_mover_is_bit_identical_to_the_python_row_moves(tmp_path: Path, tier: Tier, precision: SparseType) -> None:
+def test_engine_threads_are_bit_identical_to_inline_steps(tmp_path: Path, tier: Tier, precision: SparseType) -> None:
+    """The step engine's threads (plans two steps ahead of the compute, moves in between)
+    give what the same steps run inline in the caller give, bit for bit."""
     model = Model(precision=precision)
     steps = make_steps(model.specs, Workload(steps=60, data_seed=13))
     # A cache of 8 slots in sets of 4: rows are evicted and reloaded every step, and the
     # two steps in flight overflow the sets (loads into slots past the TBE, which grows).
-    mover = make_kernel(model, tier, tmp_path / "mover", cache_rows=8, cache_ways=4, cache_algorithm="lru")
-    python = make_kernel(model, tier, tmp_path / "python", cache_rows=8, cache_ways=4, cache_algorithm="lru")
-    _python_moves(python)
-    got = _train(mover, steps)
-    want = _train(python, steps)
+    threads = make_kernel(model, tier, tmp_path / "threads", cache_rows=8, cache_ways=4, cache_algorithm="lru")
+    inline = make_kernel(model, tier, tmp_path / "inline", cache_rows=8, cache_ways=4, cache_algorithm="lru",
+                         prefetch_pipeline=False)
+    got = _train(threads, steps)
+    want = _train(inline, steps)
     assert len(got) == len(want)
     for k, (g, w) in enumerate(zip(got, want)):
         assert g.dtype == w.dtype and g.shape == w.shape, k

@@ -106,20 +106,24 @@ def test_prefetch_two_batches_ahead(tmp_path: Path, tier: Tier) -> None:
 
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
 def test_plans_run_ahead_of_slow_row_moves(tmp_path: Path, tier: Tier) -> None:
-    """Every step's row move is slowed down, so the plans of the next two steps run while
+    """Every step's write-backs are slowed down, so the plans of the next two steps run while
     an earlier step's rows are still moving (their evicted slots untouched until that
     step's own move writes them back); with a cache of 8 slots a row evicted by one step is
     often loaded again by the next and must read the value written back."""
     model, workload = Model(), Workload(steps=80, data_seed=6)
     traj, steps = reference_run(model, workload), make_steps(model.specs, workload)
     ker = make_kernel(model, tier, tmp_path, cache_rows=8, cache_ways=4, cache_algorithm="lru")
-    move = ker._steps._move
 
-    def slow(job):
-        time.sleep(0.003)
-        return move(job)
+    class SlowWrites:
+        """Stands where a checkpoint's snapshot would: the engine's move thread calls it
+        before each write-back (the write guard), and it sleeps."""
 
-    ker._steps._move = slow  # the pipeline's move stage calls the step path's _move
+        def before_write(self, ids: torch.Tensor) -> None:
+            time.sleep(0.003)
+
+    for t in range(len(model.specs)):
+        ker._cache.snapshots[t] = SlowWrites()
+        ker._cache.engine.set_write_guard(t, True)
     try:
         drive(ker, steps, "ahead2", output_checker(traj, model))
         assert_tables_match(ker, traj, model)

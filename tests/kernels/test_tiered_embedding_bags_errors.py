@@ -106,10 +106,8 @@ _TIMING = ("plan_seconds", "tier_seconds", "prefetch_wait_seconds")
 
 
 def _quiesce(ker: TieredEmbeddingBags) -> None:
-    """Waits until every plan handed to the prefetch workers has run (internal: the pipeline
-    runs plans, then moves, in submission order, so a no-op job finishing means all have)."""
-    pipeline = ker._steps.pipeline
-    pipeline.wait(pipeline.submit(lambda: None, lambda: None))
+    """Waits until every step handed to the step engine has planned and moved (internal)."""
+    ker._steps.drain()
 
 
 def _snapshot(ker: TieredEmbeddingBags) -> Tuple[dict, List[Tuple[float, float]]]:

@@ -257,6 +257,18 @@ def _must_not_be_called(what: str):
     return call
 
 
+class _NoSteps:
+    """The step engine, with every call that would run or stop steps failing the test."""
+
+    def __init__(self, engine: torch.ScriptObject) -> None:
+        self._engine = engine
+        for name in ("submit", "take", "drain", "drop_pending", "shutdown", "set_slots"):
+            setattr(self, name, _must_not_be_called(f"the step engine's {name}()"))
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
 def test_close_twice_is_a_no_op(tmp_path: Path, tier: Tier, monkeypatch: pytest.MonkeyPatch) -> None:
     """Like BlockStore.close() (documented idempotent) and Python's file.close(), a second
@@ -269,13 +281,14 @@ def test_close_twice_is_a_no_op(tmp_path: Path, tier: Tier, monkeypatch: pytest.
     assert ker.close() is None
     files, stats = _files_on_disk(tmp_path), ker.cache_stats()
     assert (tier == Tier.DRAM) == (not files), sorted(files)
-    # Any call into a store or the prefetch pipeline now would touch what the first close()
-    # released: each one fails the test.
+    # Any call into a store or a step of the step engine now would touch what the first
+    # close() released: each one fails the test.
     for t, store in enumerate(ker._cache.stores):
         for name in ("read", "write", "exchange", "flush", "close", "stats"):
             monkeypatch.setattr(store, name, _must_not_be_called(f"{name}() of table {t}'s store"))
-    monkeypatch.setattr(ker._steps.pipeline, "shutdown", _must_not_be_called("the prefetch pipeline's shutdown()"))
-    monkeypatch.setattr(ker._steps.pipeline, "submit", _must_not_be_called("the prefetch pipeline's submit()"))
+    engine = _NoSteps(ker._steps.engine)
+    monkeypatch.setattr(ker._steps, "engine", engine)
+    monkeypatch.setattr(ker._resources, "engine", engine)
 
     assert ker.close() is None
     assert _files_on_disk(tmp_path) == files  # not a byte, not an mtime changed

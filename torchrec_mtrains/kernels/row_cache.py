@@ -142,6 +142,7 @@ class RowCache:
         # The plan covers every table at once: its CPU per row loaded by any of them.
         plan_ns_per_row = run["plan_cpu_ns"] / max(1, sum(m["rows_loaded"] for m in moved))
         for t, name in enumerate(self.names):
+            self.count_moved(t)  # the stores' stats() count the engine's moves too
             c = dict(self.index.counters(t))
             e = engine[t]
             m = moved[t]
