@@ -103,6 +103,9 @@ BatchProblem StepEngine::Submit(const StepInput& in) {
       work_.NotifyAll();
       return problem;
     }
+    // Inline after a Shutdown whose threads may still run earlier steps: those first, so
+    // steps still plan and move in order (a cancelled step does neither: it need not wait).
+    while (in_flight_ > 1 && !cancelled_) done_.Wait(&mu_);
   }
   RunInline(job);
   return problem;
@@ -155,11 +158,11 @@ void StepEngine::Take(const StepInput& in, bool train, TakenStep* out, bool* mis
       *mismatch = true;
       return;
     }
-    out->prefetched = true;
   } else {
     *problem = Submit(in);
     if (problem->kind != BatchProblemKind::kOk) return;
   }
+  out->prefetched = job != nullptr;
   MutexLock lock(&mu_);
   if (job == nullptr) job = pending_.back();
   pending_.pop_front();
@@ -172,6 +175,11 @@ void StepEngine::Take(const StepInput& in, bool train, TakenStep* out, bool* mis
 
 void StepEngine::WaitDone(Job* job) {
   while (job->stage != Stage::kDone) done_.Wait(&mu_);
+  // A later step may have finished before the failure (nothing to move, say): it fails too.
+  if (job->failure == StepFailure::kNone && failed_ && job->step > failed_step_) {
+    job->failure = StepFailure::kEarlier;
+    job->status = first_failure_;
+  }
 }
 
 void StepEngine::Consume(Job* job, bool train, TakenStep* out) {
@@ -179,6 +187,7 @@ void StepEngine::Consume(Job* job, bool train, TakenStep* out) {
   out->failure = job->failure;
   out->status = job->status;
   out->failed_table = job->failed_table;
+  out->hook_step = job->failure == StepFailure::kHook ? job->step : -1;
   out->overflow.swap(job->overflow);
   if (job->failure == StepFailure::kNone) {
     MarkRows(*job, !train);
@@ -219,6 +228,7 @@ void StepEngine::Drain(TakenStep* out) {
       out->failure = job->failure;
       out->status = job->status;
       out->failed_table = job->failed_table;
+      out->hook_step = job->failure == StepFailure::kHook ? job->step : -1;
     }
     for (OverflowRows& o : job->overflow) out->overflow.push_back(std::move(o));
     job->overflow.clear();
@@ -328,6 +338,7 @@ void StepEngine::NoteFailure(Job* job) {
       job->failure == StepFailure::kCancelled || failed_)
     return;
   failed_ = true;
+  failed_step_ = job->step;
   first_failure_ = job->status;
 }
 
@@ -398,7 +409,11 @@ void StepEngine::RunPlan(Job* job) {
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t cpu0 = ThreadCpuNs();
   job->num_moves = 0;
-  if (hooks_.fault != nullptr) hooks_.fault(hooks_.context, job->step, 0);
+  if (hooks_.fault != nullptr && hooks_.fault(hooks_.context, job->step, 0) != 0) {
+    job->failure = StepFailure::kHook;
+    job->status = Status::InvalidArgument("the fault point before the plan failed");
+    return;
+  }
   if (hooks_.map_rows != nullptr) {
     job->rows.resize(job->n);
     job->created.assign(job->n, 0);
@@ -423,7 +438,10 @@ void StepEngine::RunPlan(Job* job) {
       for (int64_t i = job->bounds[t]; i < job->bounds[t + 1]; ++i)
         if (job->created[size_t(i)]) index_->cache(t).MarkDirty(job->remapped + i, 1);
   }
-  if (hooks_.fault != nullptr) hooks_.fault(hooks_.context, job->step, 1);
+  if (hooks_.fault != nullptr && hooks_.fault(hooks_.context, job->step, 1) != 0) {
+    job->failure = StepFailure::kHook;
+    job->status = Status::InvalidArgument("the fault point after the plan failed");
+  }
   job->plan_seconds = SecondsSince(t0);
   job->plan_cpu_ns = ThreadCpuNs() - cpu0;
 }

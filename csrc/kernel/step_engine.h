@@ -165,7 +165,8 @@ class StepEngine {
   EngineTableCounters table_counters(size_t table) const EXCLUDES(mu_);
 
   // Stops the threads once queued steps ran; with `cancel`, steps whose plan has not started
-  // are dropped (kCancelled). Idempotent; later Submits fail with kCancelled.
+  // are dropped (kCancelled). Idempotent. Later Submits run inline in the caller's thread,
+  // after every earlier step (with `cancel`: they fail with kCancelled).
   void Shutdown(bool cancel) EXCLUDES(mu_);
 
  private:
@@ -210,6 +211,8 @@ class StepEngine {
   bool MayRun(Job* job, bool plan) REQUIRES(mu_);
   // A job's own failure fails every later step.
   void NoteFailure(Job* job) REQUIRES(mu_);
+  // Waits until the job is done; fails it (kEarlier) if it finished before an earlier
+  // step's failure was noted.
   void WaitDone(Job* job) REQUIRES(mu_);
   void Consume(Job* job, bool train, TakenStep* out) REQUIRES(mu_);
   void MarkRows(const Job& job, bool created_only) REQUIRES(mu_);
@@ -233,6 +236,7 @@ class StepEngine {
   int64_t next_step_ GUARDED_BY(mu_) = 0;
   int64_t last_taken_ GUARDED_BY(mu_) = -1;
   bool failed_ GUARDED_BY(mu_) = false;
+  int64_t failed_step_ GUARDED_BY(mu_) = -1;  // the first failed step (when failed_)
   Status first_failure_ GUARDED_BY(mu_);
   bool cancelled_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;
