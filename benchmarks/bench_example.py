@@ -4,6 +4,11 @@ of its embedding bytes -- the planner puts the rest on SCM and SSD -- against th
 with every table in DRAM, side by side in one run (runs alternate; medians of QPS).
 
     .venv/bin/python benchmarks/bench_example.py [--rounds 2] [--steps 200] [--nproc 2]
+
+``--compare CHECKOUT`` instead trains the tiered example (DRAM budget 1/3) with this checkout
+and with another one (its extension built in place: ``setup.py build_ext --inplace``),
+alternating, and prints this checkout's QPS over the other's (target >= 1.15x when the other
+is the previous main).
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ def embedding_bytes(dim: int) -> int:
     return sum(t.num_rows * row_bytes for t in DEFAULT_TABLES)
 
 
-def run(nproc: int, steps: int, budget: int, out: str) -> dict:
+def run(nproc: int, steps: int, budget: int, out: str, root: str = ROOT) -> dict:
+    """One run of the example from checkout ``root`` (its own package first on the path)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           os.path.join(ROOT, "examples", "dlrm", "train.py"), "--steps", str(steps),
+           os.path.join(root, "examples", "dlrm", "train.py"), "--steps", str(steps),
            "--dram-budget", str(budget), "--scm-budget", "none", "--out", out]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(out, "metrics.json")) as f:
@@ -46,8 +53,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--embedding-dim", type=int, default=32)
+    p.add_argument("--compare", default=None, help="another checkout to compare the tiered example's QPS with")
     args = p.parse_args(argv)
     total = embedding_bytes(args.embedding_dim)
+    if args.compare:
+        return compare(args, total // 3 // args.nproc, os.path.abspath(args.compare))
     budgets = {"tiered (DRAM budget 1/3)": total // 3 // args.nproc, "all in DRAM": 2 * total}
     qps = {k: [] for k in budgets}
     last = {}
@@ -71,6 +81,28 @@ def main(argv=None) -> int:
     a, b = (statistics.median(qps[k]) for k in budgets)
     ratio = a / b
     print(f"  ratio {ratio:.2f}x  [{'PASS' if ratio >= 0.8 else 'MISS'}] goal >= 0.8x all-DRAM QPS")
+    return 0
+
+
+def compare(args: argparse.Namespace, budget: int, other: str) -> int:
+    """The tiered example with this checkout and with ``other``, alternating (which goes first
+    alternates too); prints the median QPS of each and their ratio."""
+    roots = {"this checkout": ROOT, os.path.basename(other.rstrip("/")) or other: other}
+    qps = {k: [] for k in roots}
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(args.rounds):
+            order = list(roots.items()) if r % 2 == 0 else list(reversed(roots.items()))
+            for name, root in order:
+                m = run(args.nproc, args.steps, budget, os.path.join(d, f"{r}-{len(qps[name])}"), root)
+                qps[name].append(m["qps"])
+    print(f"example DLRM (tiered, DRAM budget 1/3), {args.nproc} ranks, {args.steps} steps; "
+          f"{args.rounds} alternating rounds")
+    for name, values in qps.items():
+        print(f"  {name:<20} QPS median {statistics.median(values):>9,.0f}  (runs: "
+              f"{', '.join(f'{v:,.0f}' for v in values)})")
+    ratio = statistics.median(qps["this checkout"]) / statistics.median(next(v for k, v in qps.items()
+                                                                               if k != "this checkout"))
+    print(f"  this / other QPS {ratio:.2f}x  [{'PASS' if ratio >= 1.15 else 'MISS'}] target >= 1.15x the previous main")
     return 0
 
 

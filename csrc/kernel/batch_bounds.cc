@@ -9,13 +9,10 @@ BatchProblem BatchTableBounds(const int64_t* indices, size_t n, const int64_t* o
                               const BatchLayout& layout, const std::vector<int64_t>& feature_batch,
                               std::vector<int64_t>* bounds) {
   const size_t tables = layout.table_rows.size(), features = layout.table_of_feature.size();
-  // ends[f]: the offset index where feature f's bags end.
-  std::vector<int64_t> ends(features, 0);
   if (feature_batch.empty()) {
     if (features == 0 || m < 1 || (m - 1) % features != 0)
       throw std::invalid_argument("offsets length " + std::to_string(m) + " is not F * B + 1 with F = " +
                                   std::to_string(features));
-    for (size_t f = 0; f < features; ++f) ends[f] = int64_t((f + 1) * ((m - 1) / features));
   } else {
     if (feature_batch.size() != features)
       throw std::invalid_argument("feature_batch has " + std::to_string(feature_batch.size()) + " entries for " +
@@ -23,7 +20,7 @@ BatchProblem BatchTableBounds(const int64_t* indices, size_t n, const int64_t* o
     int64_t end = 0;
     for (size_t f = 0; f < features; ++f) {
       if (feature_batch[f] < 0) throw std::invalid_argument("feature_batch[" + std::to_string(f) + "] is negative");
-      ends[f] = end += feature_batch[f];
+      end += feature_batch[f];
     }
     if (int64_t(m) != end + 1)
       throw std::invalid_argument("offsets length " + std::to_string(m) +
@@ -45,13 +42,16 @@ BatchProblem BatchTableBounds(const int64_t* indices, size_t n, const int64_t* o
       return p;
     }
   }
-  // Table t spans from its first feature's start to its last feature's end.
+  // Table t spans from its first feature's start to its last feature's end (the offset
+  // index where feature f's bags end: `end`, computed as the features go).
+  size_t end = 0;
   for (size_t f = 0; f < features; ++f) {
     const int64_t t = layout.table_of_feature[f];
     if (t < 0 || size_t(t) >= tables)
       throw std::invalid_argument("table_of_feature names table " + std::to_string(t) + " of " +
                                   std::to_string(tables));
-    (*bounds)[size_t(t) + 1] = offsets[ends[f]];
+    end += feature_batch.empty() ? (m - 1) / features : size_t(feature_batch[f]);
+    (*bounds)[size_t(t) + 1] = offsets[end];
   }
   for (size_t t = 0; t < tables; ++t) (*bounds)[t + 1] = std::max((*bounds)[t + 1], (*bounds)[t]);
   for (size_t t = 0; t < tables; ++t) {

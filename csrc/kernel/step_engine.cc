@@ -460,10 +460,10 @@ void StepEngine::RunMoves(Job* job) {
       return;
     }
   }
-  std::vector<SlotRows> slots;
+  std::vector<SlotRows>& slots = job->slots;
   {
     MutexLock lock(&mu_);
-    slots = slots_;  // set only between steps; copied so the moves run unlocked
+    slots.assign(slots_.begin(), slots_.end());  // set only between steps; the moves run unlocked
   }
   size_t moved = 0;
   for (; moved < count; ++moved) {

@@ -189,6 +189,7 @@ class StepEngine {
     double plan_seconds = 0;
     uint64_t plan_cpu_ns = 0;
     MoveResult result;              // scratch of one table's move
+    std::vector<SlotRows> slots;    // the TBE's slots as the moves see them (a copy, reused)
     std::vector<OverflowRows> overflow;
     StepFailure failure = StepFailure::kNone;
     Status status;

@@ -20,8 +20,9 @@ Set in the environment of the process to kill (read once, at import)::
 The kill is ``SIGKILL`` of the whole process (no handlers, no flushing, no atexit), the way
 the OOM killer or a lost node ends a job. Phases (``PHASES``) and where they are:
 
-- ``prefetch.before`` / ``prefetch.after``: a TieredEmbeddingBags cache plan (on the
-  prefetch thread), before it moves any row / after its evictions and loads;
+- ``prefetch.before`` / ``prefetch.after``: a TieredEmbeddingBags cache plan (on the step
+  engine's plan thread, through its fault hook), before it moves any row / once its
+  evictions and loads are planned, before they move;
 - ``forward``: TieredEmbeddingBags.forward with the step's rows in place, before the TBE
   computes (mid-step: the previous step's optimizer has run, this one's not);
 - ``flush.table``: TieredEmbeddingBags.flush, after each table's rows are written and its
