@@ -167,7 +167,8 @@ class TieredEmbeddingBags(torch.nn.Module):
         self._init_ranges = config.init_ranges(num_rows)
         stores = self._create_stores(codecs)
         # Every table's cache index, planned in one C++ call per step.
-        index = torch.classes.mtrains.KernelCacheIndex(list(self.cache_rows), config.cache_ways, config.cache_algorithm)
+        index = torch.classes.mtrains.KernelCacheIndex(list(self.cache_rows), num_rows, [False] * len(specs),
+                                                       config.cache_ways, config.cache_algorithm)
         slots = CacheSlots(specs, config, codecs, self.feature_table_map,
                            [n + max(config.cache_ways, n // 8) for n in self.cache_rows])
         # A submodule, for train()/eval() and state_dict(); replaced when the cache outgrows it.
