@@ -27,9 +27,10 @@
 // plan is the same with or without it: the map only finds rows faster. A row outside
 // [0, map_rows) (the caller's ids are validated against the table, so none should come) is
 // looked up by the set scan and never written to the map. It costs 4 bytes per table row.
-// Thread-safe: every method but num_slots() takes one mutex. TieredEmbeddingBags plans on its
-// prefetch thread while the training thread calls MarkDirty, capacity() and counters() (the
-// binding releases the GIL), so the index must not rely on its callers taking turns.
+// Thread-safe: every method but num_slots() and map_rows() takes one mutex.
+// TieredEmbeddingBags plans on its prefetch thread while the training thread calls MarkDirty,
+// capacity() and counters() (the binding releases the GIL), so the index must not rely on its
+// callers taking turns.
 #pragma once
 
 #include <cstddef>
@@ -146,7 +147,7 @@ class SetAssociativeCache {
 
   uint64_t SetOf(int64_t row) const;
   void PrefetchSet(uint64_t first) const REQUIRES(mu_);
-  // PrefetchSet and the set's slot metadata (what a victim scan reads).
+  // PrefetchSet and the set's slot state and frequencies (what a victim scan reads).
   void PrefetchVictimSet(uint64_t first) const REQUIRES(mu_);
   // The slot holding `row` (its set starting at slot `first`, else the overflow pool), or
   // kEmpty: a scan of the set's tags, without the map.
