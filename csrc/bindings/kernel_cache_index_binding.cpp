@@ -33,12 +33,20 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 
 class KernelCacheIndexHandle : public torch::CustomClassHolder {
  public:
-  KernelCacheIndexHandle(const std::vector<int64_t>& slots, int64_t ways, const std::string& policy) {
+  KernelCacheIndexHandle(const std::vector<int64_t>& slots, const std::vector<int64_t>& rows,
+                         const c10::List<bool>& dense_map, int64_t ways, const std::string& policy) {
     TORCH_CHECK_VALUE(!slots.empty(), "a kernel cache index needs at least one table");
-    std::vector<uint64_t> n;
+    TORCH_CHECK_VALUE(rows.size() == slots.size() && dense_map.size() == slots.size(), "slots (", slots.size(),
+                      "), rows (", rows.size(), ") and dense_map (", dense_map.size(),
+                      ") must have one entry per table");
+    std::vector<TableCacheSpec> tables;
     for (size_t t = 0; t < slots.size(); ++t) {
       TORCH_CHECK_VALUE(slots[t] >= 1, "cache slots of table ", t, " = ", slots[t], " must be >= 1");
-      n.push_back(uint64_t(slots[t]));
+      TORCH_CHECK_VALUE(rows[t] >= 1, "rows of table ", t, " = ", rows[t], " must be >= 1");
+      TORCH_CHECK_VALUE(!dense_map.get(t) || uint64_t(slots[t]) < SetAssociativeCache::kMaxMapSlots,
+                        "table ", t, ": a dense row-to-slot map holds 32-bit slots; cache slots = ", slots[t],
+                        " must be below ", SetAssociativeCache::kMaxMapSlots);
+      tables.push_back(TableCacheSpec{uint64_t(slots[t]), uint64_t(rows[t]), bool(dense_map.get(t))});
     }
     TORCH_CHECK_VALUE(ways >= 1 && ways <= 1024, "cache ways=", ways, " must be in [1, 1024]");
     CachePolicy parsed;
@@ -47,7 +55,7 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
-    index_ = std::make_unique<KernelCacheIndex>(n, uint32_t(ways), parsed);
+    index_ = std::make_unique<KernelCacheIndex>(tables, uint32_t(ways), parsed);
   }
 
   // Plans one step over every table.
@@ -110,6 +118,13 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     std::vector<int64_t> rows, slots;
     Cache(table).Occupied(&rows, &slots);
     return {ToTensor(rows), ToTensor(slots)};
+  }
+
+  // Whether each table's cache keeps a dense row-to-slot map.
+  c10::List<bool> dense_maps() {
+    c10::List<bool> out;
+    for (size_t t = 0; t < index_->num_tables(); ++t) out.push_back(index_->cache(t).map_rows() > 0);
+    return out;
   }
 
   std::vector<int64_t> capacities() {
@@ -213,8 +228,9 @@ KernelCacheIndex* KernelCacheIndexOfHandle(const c10::IValue& handle,
 TORCH_LIBRARY_FRAGMENT(mtrains, m) {
   using mtrains::KernelCacheIndexHandle;
   m.class_<KernelCacheIndexHandle>("KernelCacheIndex")
-      .def(torch::init<std::vector<int64_t>, int64_t, std::string>(),
-           "(slots per table, ways, policy 'lru'|'lfu'|'tinylfu'): the row-cache indexes of a kernel's tables.")
+      .def(torch::init<std::vector<int64_t>, std::vector<int64_t>, c10::List<bool>, int64_t, std::string>(),
+           "(slots per table, rows per table, dense row-to-slot map per table (4 bytes a table row), ways, "
+           "policy 'lru'|'lfu'|'tinylfu'): the row-cache indexes of a kernel's tables.")
       .def("plan_step", &KernelCacheIndexHandle::plan_step,
            "(indices, bounds, step, oldest_live_step, train) -> (slot per index, moved tables, "
            "load_rows, load_slots, evict_rows, evict_slots, plan seconds, plan CPU ns).")
@@ -225,6 +241,8 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
            "(table, live_step) -> (rows, slots) of dirty slots; those not locked by a step >= "
            "live_step become clean.")
       .def("occupied", &KernelCacheIndexHandle::occupied, "(table) -> (rows, slots) of occupied slots.")
+      .def("dense_maps", &KernelCacheIndexHandle::dense_maps,
+           "Whether each table's cache keeps a dense row-to-slot map.")
       .def("capacities", &KernelCacheIndexHandle::capacities,
            "Regular + overflow slots of each table: the rows the storage behind it must have.")
       .def("counters", &KernelCacheIndexHandle::counters,

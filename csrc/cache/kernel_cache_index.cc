@@ -1,24 +1,49 @@
 #include "cache/kernel_cache_index.h"
 
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace mtrains {
 
-KernelCacheIndex::KernelCacheIndex(const std::vector<uint64_t>& slots, uint32_t ways,
-                                   CachePolicy policy)
-    : ways_(ways), policy_(policy), slots_(slots) {
-  if (slots.empty()) throw std::invalid_argument("a kernel cache index needs at least one table");
-  caches_.reserve(slots.size());
-  for (uint64_t n : slots) caches_.push_back(std::make_unique<SetAssociativeCache>(n, ways, policy));
-  MutexLock lock(&plan_mu_);
-  scratch_.resize(slots.size());
+namespace {
+
+std::vector<TableCacheSpec> WithoutMaps(const std::vector<uint64_t>& slots) {
+  std::vector<TableCacheSpec> tables;
+  for (uint64_t n : slots) tables.push_back(TableCacheSpec{n, 0, false});
+  return tables;
 }
+
+std::unique_ptr<SetAssociativeCache> NewCache(const TableCacheSpec& t, uint32_t ways, CachePolicy policy) {
+  return std::make_unique<SetAssociativeCache>(t.slots, ways, policy, t.dense_map ? t.rows : 0);
+}
+
+}  // namespace
+
+KernelCacheIndex::KernelCacheIndex(const std::vector<TableCacheSpec>& tables, uint32_t ways,
+                                   CachePolicy policy)
+    : ways_(ways), policy_(policy), tables_(tables) {
+  if (tables.empty()) throw std::invalid_argument("a kernel cache index needs at least one table");
+  caches_.reserve(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (tables[t].dense_map && tables[t].rows == 0)
+      throw std::invalid_argument("table " + std::to_string(t) +
+                                  ": a dense row-to-slot map needs the table's rows (rows=0)");
+    try {
+      caches_.push_back(NewCache(tables[t], ways, policy));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("table " + std::to_string(t) + ": " + e.what());
+    }
+  }
+  MutexLock lock(&plan_mu_);
+  scratch_.resize(tables.size());
+}
+
+KernelCacheIndex::KernelCacheIndex(const std::vector<uint64_t>& slots, uint32_t ways, CachePolicy policy)
+    : KernelCacheIndex(WithoutMaps(slots), ways, policy) {}
 
 void KernelCacheIndex::Reset(size_t table) {
   MutexLock lock(&plan_mu_);
-  caches_.at(table) = std::make_unique<SetAssociativeCache>(slots_.at(table), ways_, policy_);
+  caches_.at(table) = NewCache(tables_.at(table), ways_, policy_);
 }
 
 size_t KernelCacheIndex::PlanStep(const int64_t* indices, const std::vector<int64_t>& bounds,
@@ -35,8 +60,7 @@ size_t KernelCacheIndex::PlanStep(const int64_t* indices, const std::vector<int6
   for (size_t t = 0; t < caches_.size(); ++t) {
     const int64_t lo = bounds[t], n = bounds[t + 1] - lo;
     StepPlan& plan = scratch_[t];
-    caches_[t]->Plan(indices + lo, size_t(n), step, oldest_live_step, train, &plan);
-    if (n) std::memcpy(slot_of_index + lo, plan.slot_of_index.data(), size_t(n) * sizeof(int64_t));
+    caches_[t]->PlanInto(indices + lo, size_t(n), step, oldest_live_step, train, slot_of_index + lo, &plan);
     if (plan.load_rows.empty() && plan.evict_rows.empty()) continue;
     if (used == moves->size()) moves->emplace_back();
     TableMoves& m = (*moves)[used++];

@@ -30,14 +30,26 @@ struct TableMoves {
   std::vector<int64_t> evict_rows, evict_slots;  // dirty rows displaced: write back first
 };
 
+// One table's cache.
+struct TableCacheSpec {
+  uint64_t slots = 1;      // cache slots (>= 1)
+  uint64_t rows = 0;       // the table's rows (ids in [0, rows)); needed for the map
+  bool dense_map = false;  // keep a dense row-to-slot map (SetAssociativeCache, 4 bytes a row)
+};
+
 class KernelCacheIndex {
  public:
-  // One cache of `slots[t]` slots per table. Throws std::invalid_argument on bad values.
+  // One cache per table, of `tables[t].slots` slots, with a dense map over the table's rows
+  // where `tables[t].dense_map` (which then needs `rows` >= 1). Throws
+  // std::invalid_argument on bad values, naming the table.
+  KernelCacheIndex(const std::vector<TableCacheSpec>& tables, uint32_t ways, CachePolicy policy);
+  // One cache of `slots[t]` slots per table, none with a map.
   KernelCacheIndex(const std::vector<uint64_t>& slots, uint32_t ways, CachePolicy policy);
 
   size_t num_tables() const { return caches_.size(); }
   SetAssociativeCache& cache(size_t table) { return *caches_.at(table); }
-  // Replaces table `table`'s cache by an empty one (its rows were replaced underneath).
+  // Replaces table `table`'s cache by an empty one of the same spec, map included (its rows
+  // were replaced underneath).
   void Reset(size_t table);
 
   // Plans step `step` over every table (SetAssociativeCache::Plan's contract per table).
@@ -52,7 +64,7 @@ class KernelCacheIndex {
  private:
   const uint32_t ways_;
   const CachePolicy policy_;
-  std::vector<uint64_t> slots_;
+  const std::vector<TableCacheSpec> tables_;
   std::vector<std::unique_ptr<SetAssociativeCache>> caches_;
   Mutex plan_mu_;
   std::vector<StepPlan> scratch_ GUARDED_BY(plan_mu_);  // per table, reused across steps

@@ -14,6 +14,8 @@ namespace {
 
 constexpr int64_t kNeverLocked = std::numeric_limits<int64_t>::min();
 constexpr size_t kPrefetchAhead = 32;  // indices between a set's prefetch and its scan
+constexpr size_t kMetaAhead = 64;  // indices between a slot's state prefetch and its lock
+constexpr size_t kMapAhead = 64;   // indices between a map entry's prefetch and its load
 constexpr size_t kMissAhead = 4;  // misses between a set's prefetch and its victim scan
 // TinyLFU: the window's share of a set's ways (at least one way), as Caffeine's 1% window.
 constexpr double kWindowShare = 0.01;
@@ -48,7 +50,8 @@ const char* CachePolicyName(CachePolicy policy) {
   return "unknown";
 }
 
-SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy)
+SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy,
+                                         uint64_t map_rows)
     : num_slots_(num_slots),
       ways_(static_cast<uint32_t>(std::min<uint64_t>(ways, num_slots))),
       num_sets_(ways == 0 || num_slots == 0
@@ -56,13 +59,21 @@ SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, Cach
                     : num_slots / std::min<uint64_t>(ways, num_slots)),
       policy_(policy),
       window_ways_(std::max<uint32_t>(
-          1, static_cast<uint32_t>(kWindowShare * std::min<uint64_t>(ways, num_slots) + 0.5))) {
+          1, static_cast<uint32_t>(kWindowShare * std::min<uint64_t>(ways, num_slots) + 0.5))),
+      map_rows_(map_rows) {
   if (num_slots == 0) throw std::invalid_argument("cache must have at least one slot");
   if (ways == 0 || ways > 1024)
     throw std::invalid_argument("ways=" + std::to_string(ways) + " must be in [1, 1024]");
+  if (map_rows > 0 && num_slots >= kMaxMapSlots)
+    throw std::invalid_argument("a dense row-to-slot map holds 32-bit slots: num_slots=" +
+                                std::to_string(num_slots) + " must be below " +
+                                std::to_string(kMaxMapSlots));
+  slot_of_row_.assign(map_rows, kNoSlot);
   // Slots past num_sets * ways (when num_slots is not a multiple) join the overflow pool.
   slot_row_.assign(num_slots, kEmpty);
-  meta_.assign(num_slots, SlotMeta{kNeverLocked, 0, 0, 0, 0});
+  static_assert(sizeof(SlotMeta) == 16, "a slot's state is 16 bytes");
+  meta_.assign(num_slots, SlotMeta{kNeverLocked, 0});
+  if (policy_ != CachePolicy::kLru) freq_.assign(num_slots, 0);
   if (policy_ == CachePolicy::kLfu) {
     sketch_width_ = 1024;
     while (sketch_width_ < num_slots * 4) sketch_width_ <<= 1;
@@ -85,6 +96,130 @@ void SetAssociativeCache::PrefetchVictimSet(uint64_t first) const {
   PrefetchSet(first);
   const char* meta = reinterpret_cast<const char*>(meta_.data() + first);
   for (size_t b = 0; b < ways_ * sizeof(SlotMeta); b += 64) __builtin_prefetch(meta + b);
+  if (!freq_.empty()) {
+    const char* freq = reinterpret_cast<const char*>(freq_.data() + first);
+    for (size_t b = 0; b < ways_ * sizeof(uint32_t); b += 64) __builtin_prefetch(freq + b);
+  }
+}
+
+int64_t SetAssociativeCache::FindSlot(int64_t row) const {
+  if (!Mapped(row)) return FindSlotFrom(row, SetOf(row) * ways_);
+  const uint32_t s = slot_of_row_[static_cast<uint64_t>(row)];
+  return s == kNoSlot ? kEmpty : static_cast<int64_t>(s);
+}
+
+void SetAssociativeCache::MapRow(int64_t row, int64_t slot) {
+  if (Mapped(row)) slot_of_row_[static_cast<uint64_t>(row)] = slot == kEmpty ? kNoSlot : static_cast<uint32_t>(slot);
+}
+
+template <bool kCounted>
+inline void SetAssociativeCache::LockHit(SlotMeta* meta, uint32_t* freq, int64_t slot, int64_t row, int64_t step,
+                                         bool train, uint64_t& clock, uint64_t& hits) {
+  SlotMeta& m = meta[slot];
+  if (kCounted) {
+    if (m.step != step) {  // first sight of this row in this step
+      ++hits;
+      m.step = step;
+      if (train) m.set_dirty(true);
+      if (policy_ == CachePolicy::kLfu) {
+        CountAccess(row);
+        if (freq[slot] < std::numeric_limits<uint32_t>::max()) ++freq[slot];
+      } else {
+        freq[slot] = TouchTinyLfu(row);
+      }
+    }
+  } else {  // the same without a branch (first sights and repeats interleave unpredictably)
+    const bool first = m.step != step;
+    hits += first;
+    m.step = step;
+    // One load and one store of the flags' word: the stamp, the dirty bit set at a first
+    // sight when training, the window bit kept.
+    m.bits = (m.bits & ~SlotMeta::kStampMask) | ((first && train) ? SlotMeta::kDirty : 0) |
+             (++clock & SlotMeta::kStampMask);
+    return;
+  }
+  m.set_stamp(++clock);
+}
+
+template <bool kCounted>
+void SetAssociativeCache::FindAndLockByScan(const int64_t* indices, size_t n, int64_t step, bool train,
+                                            int64_t* slot_of) {
+  // Pass 1: set tags prefetched a few indices ahead; each set's first slot, hashed once,
+  // waits in a ring until its scan.
+  uint64_t first_of[kPrefetchAhead];
+  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) {
+    first_of[i] = SetOf(indices[i]) * ways_;
+    PrefetchSet(first_of[i]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t first = first_of[i % kPrefetchAhead];
+    if (i + kPrefetchAhead < n) {
+      first_of[i % kPrefetchAhead] = SetOf(indices[i + kPrefetchAhead]) * ways_;
+      PrefetchSet(first_of[i % kPrefetchAhead]);
+    }
+    slot_of[i] = FindSlotFrom(indices[i], first);
+  }
+  // Pass 2: the hits' slot state prefetched a few indices ahead. Members in locals, which
+  // the slots' stores cannot alias.
+  SlotMeta* const meta = meta_.data();
+  uint32_t* const freq = freq_.data();
+  uint64_t clock = clock_, hits = 0;
+  for (size_t i = 0; i < n + kMetaAhead; ++i) {
+    if (i < n && slot_of[i] != kEmpty) {
+      __builtin_prefetch(meta + slot_of[i], 1);
+      if (kCounted) __builtin_prefetch(freq + slot_of[i], 1);
+    }
+    if (i < kMetaAhead) continue;
+    const size_t j = i - kMetaAhead;
+    if (slot_of[j] != kEmpty)
+      LockHit<kCounted>(meta, freq, slot_of[j], indices[j], step, train, clock, hits);
+    else
+      miss_scratch_.push_back(j);
+  }
+  clock_ = clock;
+  counters_.unique_rows += hits;
+  counters_.hits += hits;
+}
+
+template <bool kCounted>
+void SetAssociativeCache::FindAndLockByMap(const int64_t* indices, size_t n, int64_t step, bool train,
+                                           int64_t* slot_of) {
+  // Passes 1 and 2 in one pipelined loop: at iteration i, index i's map entry is
+  // prefetched, index i - kMapAhead's read (and its slot's state prefetched), index
+  // i - kMapAhead - kMetaAhead's slot locked. Pass 2 changes no map entry, so this is the
+  // order of two separate passes. Members in locals, which the slots' stores cannot alias.
+  const uint64_t map_rows = map_rows_;
+  const uint32_t* const map = slot_of_row_.data();
+  SlotMeta* const meta = meta_.data();
+  uint32_t* const freq = freq_.data();
+  uint64_t clock = clock_, hits = 0;
+  for (size_t i = 0; i < n + kMapAhead + kMetaAhead; ++i) {
+    if (i < n && static_cast<uint64_t>(indices[i]) < map_rows) __builtin_prefetch(map + indices[i]);
+    if (i >= kMapAhead && i - kMapAhead < n) {
+      const size_t k = i - kMapAhead;
+      const uint64_t row = static_cast<uint64_t>(indices[k]);
+      int64_t slot;
+      if (row < map_rows) {
+        slot = map[row] == kNoSlot ? kEmpty : static_cast<int64_t>(map[row]);
+      } else {
+        slot = FindSlotFrom(indices[k], SetOf(indices[k]) * ways_);
+      }
+      slot_of[k] = slot;
+      if (slot != kEmpty) {
+        __builtin_prefetch(meta + slot, 1);
+        if (kCounted) __builtin_prefetch(freq + slot, 1);
+      }
+    }
+    if (i < kMapAhead + kMetaAhead) continue;
+    const size_t j = i - kMapAhead - kMetaAhead;
+    if (slot_of[j] != kEmpty)
+      LockHit<kCounted>(meta, freq, slot_of[j], indices[j], step, train, clock, hits);
+    else
+      miss_scratch_.push_back(j);
+  }
+  clock_ = clock;
+  counters_.unique_rows += hits;
+  counters_.hits += hits;
 }
 
 int64_t SetAssociativeCache::FindSlotFrom(int64_t row, uint64_t first) const {
@@ -131,7 +266,7 @@ void SetAssociativeCache::CountAccess(int64_t row) {
   // old popularity fades.
   if (++sketch_adds_ >= 10 * sketch_width_) {
     for (auto& c : sketch_) c >>= 1;
-    for (auto& m : meta_) m.freq >>= 1;
+    for (auto& f : freq_) f >>= 1;
     sketch_adds_ = 0;
   }
 }
@@ -149,8 +284,8 @@ int64_t SetAssociativeCache::PickVictim(uint64_t first, uint64_t count,
     }
     const SlotMeta& b = meta_[best];
     const bool better = policy_ == CachePolicy::kLru
-                            ? m.stamp < b.stamp
-                            : (m.freq < b.freq || (m.freq == b.freq && m.stamp < b.stamp));
+                            ? m.stamp() < b.stamp()
+                            : (freq_[s] < freq_[best] || (freq_[s] == freq_[best] && m.stamp() < b.stamp()));
     if (better) best = static_cast<int64_t>(s);
   }
   return best;
@@ -158,7 +293,7 @@ int64_t SetAssociativeCache::PickVictim(uint64_t first, uint64_t count,
 
 uint32_t SetAssociativeCache::TouchTinyLfu(int64_t row) {
   if (tiny_sketch_->Add(static_cast<uint64_t>(row)))
-    for (auto& m : meta_) m.freq >>= 1;  // the sketch halved its counters
+    for (auto& f : freq_) f >>= 1;  // the sketch halved its counters
   return tiny_sketch_->Estimate(static_cast<uint64_t>(row));
 }
 
@@ -170,22 +305,22 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
   uint32_t unlocked = 0;
   for (uint64_t s = first; s < first + ways_; ++s) {
     const SlotMeta& m = meta_[s];
-    window += m.window;
+    window += m.window();
     if (m.step >= oldest_live_step) continue;  // locked by a live step
     if (slot_row_[s] == kEmpty) {
       if (empty == kEmpty) empty = static_cast<int64_t>(s);
       continue;
     }
-    if (m.window) {
-      unlocked_window[unlocked++] = {m.stamp, static_cast<int64_t>(s)};
+    if (m.window()) {
+      unlocked_window[unlocked++] = {m.stamp(), static_cast<int64_t>(s)};
       continue;
     }
-    const SlotMeta* b = victim == kEmpty ? nullptr : &meta_[victim];
-    if (b == nullptr || m.freq < b->freq || (m.freq == b->freq && m.stamp < b->stamp))
+    if (victim == kEmpty || freq_[s] < freq_[victim] ||
+        (freq_[s] == freq_[victim] && m.stamp() < meta_[victim].stamp()))
       victim = static_cast<int64_t>(s);
   }
   if (empty != kEmpty) {  // filling: everything is admitted, the first rows as the window
-    meta_[empty].window = window < window_ways_ ? 1 : 0;
+    meta_[empty].set_window(window < window_ways_);
     return empty;
   }
   // Window rows past the share (left by steps whose new rows outnumbered it) join main,
@@ -194,11 +329,10 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
   uint32_t keep = unlocked;
   while (keep > window_ways_) {
     const int64_t s = unlocked_window[unlocked - keep].second;
-    meta_[s].window = 0;
+    meta_[s].set_window(false);
     --keep;
-    const SlotMeta& b = victim == kEmpty ? meta_[s] : meta_[victim];
-    if (victim == kEmpty || meta_[s].freq < b.freq ||
-        (meta_[s].freq == b.freq && meta_[s].stamp < b.stamp))
+    if (victim == kEmpty || freq_[s] < freq_[victim] ||
+        (freq_[s] == freq_[victim] && meta_[s].stamp() < meta_[victim].stamp()))
       victim = s;
   }
   const int64_t candidate = keep ? unlocked_window[unlocked - keep].second : kEmpty;
@@ -207,14 +341,14 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
     const uint32_t fc = tiny_sketch_->Estimate(static_cast<uint64_t>(slot_row_[candidate]));
     const uint32_t fv = tiny_sketch_->Estimate(static_cast<uint64_t>(slot_row_[victim]));
     if (fc > fv) {
-      meta_[candidate].window = 0;
-      meta_[victim].window = 1;
+      meta_[candidate].set_window(false);
+      meta_[victim].set_window(true);
       return victim;
     }
     return candidate;
   }
   if (candidate != kEmpty) return candidate;
-  if (victim != kEmpty) meta_[victim].window = 1;  // every window row is locked: lend a main slot
+  if (victim != kEmpty) meta_[victim].set_window(true);  // every window row is locked: lend a main slot
   return victim;
 }
 
@@ -229,8 +363,12 @@ int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
     }
   }
   // Every overflow slot is locked: grow the pool (the caller grows the storage behind it).
+  if (map_rows_ > 0 && slot_row_.size() >= kMaxMapSlots)
+    throw std::length_error("the cache's overflow pool would take it past " + std::to_string(kMaxMapSlots) +
+                            " slots, more than its dense row-to-slot map can hold");
   slot_row_.push_back(kEmpty);
-  meta_.push_back(SlotMeta{kNeverLocked, 0, 0, 0, 0});
+  meta_.push_back(SlotMeta{kNeverLocked, 0});
+  if (!freq_.empty()) freq_.push_back(0);
   return static_cast<int64_t>(slot_row_.size() - 1);
 }
 
@@ -241,19 +379,22 @@ void SetAssociativeCache::Place(int64_t row, int64_t slot, int64_t step, bool tr
   const bool overflow = static_cast<uint64_t>(slot) >= num_sets_ * ways_;
   if (old != kEmpty) {
     ++counters_.evictions;
-    if (m.dirty) {
+    if (m.dirty()) {
       plan->evict_rows.push_back(old);
       plan->evict_slots.push_back(slot);
     }
     if (overflow) overflow_map_.erase(old);
+    MapRow(old, kEmpty);
   }
   slot_row_[slot] = row;
-  m.dirty = train ? 1 : 0;
+  MapRow(row, slot);
+  m.set_dirty(train);
   m.step = step;
-  m.stamp = ++clock_;
-  m.freq = policy_ == CachePolicy::kLfu       ? Frequency(row)
-           : policy_ == CachePolicy::kTinyLfu ? tiny_sketch_->Estimate(static_cast<uint64_t>(row))
-                                              : 0;
+  m.set_stamp(++clock_);
+  if (policy_ == CachePolicy::kLfu)
+    freq_[slot] = Frequency(row);
+  else if (policy_ == CachePolicy::kTinyLfu)
+    freq_[slot] = tiny_sketch_->Estimate(static_cast<uint64_t>(row));
   if (overflow) {
     overflow_map_[row] = slot;
     ++counters_.overflow_assignments;
@@ -264,8 +405,13 @@ void SetAssociativeCache::Place(int64_t row, int64_t slot, int64_t step, bool tr
 
 void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
                                int64_t oldest_live_step, bool train, StepPlan* plan) {
-  MutexLock lock(&mu_);
   plan->slot_of_index.resize(n);
+  PlanInto(indices, n, step, oldest_live_step, train, plan->slot_of_index.data(), plan);
+}
+
+void SetAssociativeCache::PlanInto(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step,
+                                   bool train, int64_t* slot_of, StepPlan* plan) {
+  MutexLock lock(&mu_);
   plan->load_rows.clear();
   plan->load_slots.clear();
   plan->evict_rows.clear();
@@ -273,52 +419,25 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
   counters_.lookups += n;
   const bool lfu = policy_ == CachePolicy::kLfu;
   const bool tiny = policy_ == CachePolicy::kTinyLfu;
-  int64_t* slot_of = plan->slot_of_index.data();
-  // Pass 1: find every index's slot (set tags prefetched a few indices ahead; each set's
-  // first slot, hashed once, waits in a ring until its scan).
-  uint64_t first_of[kPrefetchAhead];
-  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) {
-    first_of[i] = SetOf(indices[i]) * ways_;
-    PrefetchSet(first_of[i]);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t first = first_of[i % kPrefetchAhead];
-    if (i + kPrefetchAhead < n) {
-      first_of[i % kPrefetchAhead] = SetOf(indices[i + kPrefetchAhead]) * ways_;
-      PrefetchSet(first_of[i % kPrefetchAhead]);
-    }
-    slot_of[i] = FindSlotFrom(indices[i], first);
-  }
-  // Pass 2: lock every hit before any miss takes a victim, so no row this step uses is
-  // evicted by it (and no row is both written back and loaded in one step).
-  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i)
-    if (slot_of[i] != kEmpty) __builtin_prefetch(&meta_[slot_of[i]]);
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n && slot_of[i + kPrefetchAhead] != kEmpty)
-      __builtin_prefetch(&meta_[slot_of[i + kPrefetchAhead]]);
-    const int64_t slot = slot_of[i];
-    if (slot == kEmpty) continue;
-    SlotMeta& m = meta_[slot];
-    if (m.step != step) {  // first sight of this row in this step
-      ++counters_.unique_rows;
-      ++counters_.hits;
-      m.step = step;
-      if (train) m.dirty = 1;
-      if (lfu) {
-        CountAccess(indices[i]);
-        if (m.freq < std::numeric_limits<uint32_t>::max()) ++m.freq;
-      }
-      if (tiny) m.freq = TouchTinyLfu(indices[i]);
-    }
-    m.stamp = ++clock_;
+  // Passes 1 and 2: find every index's slot, then lock every hit before any miss takes a
+  // victim, so no row this step uses is evicted by it (and no row is both written back and
+  // loaded in one step).
+  std::vector<size_t>& misses = miss_scratch_;
+  misses.clear();
+  if (map_rows_ > 0) {
+    if (lfu || tiny)
+      FindAndLockByMap<true>(indices, n, step, train, slot_of);
+    else
+      FindAndLockByMap<false>(indices, n, step, train, slot_of);
+  } else {
+    if (lfu || tiny)
+      FindAndLockByScan<true>(indices, n, step, train, slot_of);
+    else
+      FindAndLockByScan<false>(indices, n, step, train, slot_of);
   }
   // Pass 3: place the misses in order (a row missing at several indices is placed once),
   // each one's set -- tags and slot metadata, which the victim scan reads whole --
   // prefetched a few misses ahead.
-  std::vector<size_t>& misses = miss_scratch_;
-  misses.clear();
-  for (size_t i = 0; i < n; ++i)
-    if (slot_of[i] == kEmpty) misses.push_back(i);
   uint64_t miss_first[kMissAhead];
   for (size_t j = 0; j < std::min(misses.size(), kMissAhead); ++j) {
     miss_first[j] = SetOf(indices[misses[j]]) * ways_;
@@ -332,9 +451,9 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
       PrefetchVictimSet(miss_first[j % kMissAhead]);
     }
     const int64_t row = indices[i];
-    int64_t slot = FindSlotFrom(row, first);
+    int64_t slot = Mapped(row) ? FindSlot(row) : FindSlotFrom(row, first);
     if (slot != kEmpty) {  // placed earlier in this pass
-      meta_[slot].stamp = ++clock_;
+      meta_[slot].set_stamp(++clock_);
     } else {
       ++counters_.unique_rows;
       ++counters_.misses;
@@ -353,7 +472,7 @@ void SetAssociativeCache::MarkDirty(const int64_t* slots, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= slot_row_.size())
       throw std::out_of_range("slot " + std::to_string(slots[i]) + " is outside the cache");
-    if (slot_row_[slots[i]] != kEmpty) meta_[slots[i]].dirty = 1;
+    if (slot_row_[slots[i]] != kEmpty) meta_[slots[i]].set_dirty(true);
   }
 }
 
@@ -363,10 +482,10 @@ void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* row
   rows->clear();
   slots->clear();
   for (uint64_t s = 0; s < slot_row_.size(); ++s) {
-    if (slot_row_[s] != kEmpty && meta_[s].dirty) {
+    if (slot_row_[s] != kEmpty && meta_[s].dirty()) {
       rows->push_back(slot_row_[s]);
       slots->push_back(static_cast<int64_t>(s));
-      if (meta_[s].step < live_step) meta_[s].dirty = 0;
+      if (meta_[s].step < live_step) meta_[s].set_dirty(false);
     }
   }
 }
@@ -375,11 +494,12 @@ uint64_t SetAssociativeCache::Forget(const int64_t* rows, size_t n) {
   MutexLock lock(&mu_);
   uint64_t dropped = 0;
   for (size_t i = 0; i < n; ++i) {
-    const int64_t slot = FindSlotFrom(rows[i], SetOf(rows[i]) * ways_);
+    const int64_t slot = FindSlot(rows[i]);
     if (slot == kEmpty) continue;
     if (static_cast<uint64_t>(slot) >= num_sets_ * ways_) overflow_map_.erase(rows[i]);
+    MapRow(rows[i], kEmpty);
     slot_row_[slot] = kEmpty;
-    meta_[slot].dirty = 0;
+    meta_[slot].set_dirty(false);
     ++dropped;
   }
   return dropped;

@@ -19,9 +19,18 @@
 // tags change, no row moves. Rows of a live step stay where they are, so a window whose
 // rows are all locked lends itself the main victim's slot; unlocked window rows past the
 // window's share are retagged main (the main region's order then judges them).
-// Thread-safe: every method but num_slots() takes one mutex. TieredEmbeddingBags plans on its
-// prefetch thread while the training thread calls MarkDirty, capacity() and counters() (the
-// binding releases the GIL), so the index must not rely on its callers taking turns.
+// Dense row-to-slot map (optional, `map_rows` > 0): one 32-bit entry per table row in [0,
+// map_rows) holding the row's slot or none, kept in step with the slots' rows (placements,
+// evictions, Forget, overflow slots alike). A lookup of a row in that range is then one load
+// instead of a scan of its set's tags, and an LRU hit touches two cache lines (its entry and
+// its slot's state). Misses still pick their victim from their set as without the map, so a
+// plan is the same with or without it: the map only finds rows faster. A row outside
+// [0, map_rows) (the caller's ids are validated against the table, so none should come) is
+// looked up by the set scan and never written to the map. It costs 4 bytes per table row.
+// Thread-safe: every method but num_slots() and map_rows() takes one mutex.
+// TieredEmbeddingBags plans on its prefetch thread while the training thread calls MarkDirty,
+// capacity() and counters() (the binding releases the GIL), so the index must not rely on its
+// callers taking turns.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +42,7 @@
 
 #include "cache/frequency_sketch.h"
 
+#include "common/huge_page_allocator.h"
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 
@@ -64,8 +74,16 @@ struct StepPlan {
 class SetAssociativeCache {
  public:
   // `num_slots` >= 1; ways in [1, 1024] (a cache smaller than `ways` is one set).
+  // `map_rows` > 0 keeps a dense row-to-slot map over rows [0, map_rows) (4 bytes a row,
+  // allocated here); then `num_slots` must be below kMaxMapSlots. 0: no map.
   // Throws std::invalid_argument on bad values.
-  SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy);
+  SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy, uint64_t map_rows = 0);
+
+  // The map's entries are 32-bit slots: a cache with a map holds fewer slots than this,
+  // overflow slots included (growing past it throws std::length_error from Plan).
+  static constexpr uint64_t kMaxMapSlots = 0xFFFFFFFFull;
+  // Bytes of the dense map per table row.
+  static constexpr uint64_t kMapBytesPerRow = 4;
 
   // Plans step `step` over `indices` (row ids, validated by the caller): finds or assigns a
   // slot for each distinct row and locks it for `step`. Slots locked by a step >=
@@ -74,6 +92,10 @@ class SetAssociativeCache {
   // (their rows will be updated), so evicting them later means writing them back.
   void Plan(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step, bool train,
             StepPlan* plan) EXCLUDES(mu_);
+  // Plan, writing each index's slot to `slot_of_index` (n entries, caller-owned) instead of
+  // `plan->slot_of_index` (left as it was); `plan` gets the loads and write-backs.
+  void PlanInto(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step, bool train,
+                int64_t* slot_of_index, StepPlan* plan) EXCLUDES(mu_);
 
   // Marks `slots` dirty (a step planned in eval mode that trains after all).
   void MarkDirty(const int64_t* slots, size_t n) EXCLUDES(mu_);
@@ -89,6 +111,8 @@ class SetAssociativeCache {
   void Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const EXCLUDES(mu_);
 
   uint64_t num_slots() const { return num_slots_; }
+  // Rows the dense map covers ([0, map_rows())); 0 without a map.
+  uint64_t map_rows() const { return map_rows_; }
   // Regular + overflow slots: the storage behind the slots must have this many rows.
   uint64_t capacity() const EXCLUDES(mu_) {
     MutexLock lock(&mu_);
@@ -102,12 +126,55 @@ class SetAssociativeCache {
 
  private:
   static constexpr int64_t kEmpty = -1;
+  // A slot's state, 16 bytes: four to a cache line, none across two.
+  struct SlotMeta {
+    static constexpr uint64_t kStampMask = (uint64_t{1} << 62) - 1;
+    static constexpr uint64_t kDirty = uint64_t{1} << 62, kWindow = uint64_t{1} << 63;
+
+    int64_t step;   // last step that locked the slot
+    uint64_t bits;  // stamp (bits 0-61), dirty (bit 62), window (bit 63)
+
+    // Last access time (LRU; LFU tie-break): the clock, which counts lookups (one per index
+    // planned) and so does not reach 2^62.
+    uint64_t stamp() const { return bits & kStampMask; }
+    bool dirty() const { return (bits & kDirty) != 0; }
+    // TinyLFU: the slot belongs to its set's window (else to main).
+    bool window() const { return (bits & kWindow) != 0; }
+    void set_stamp(uint64_t stamp) { bits = (bits & ~kStampMask) | (stamp & kStampMask); }
+    void set_dirty(bool dirty) { bits = (bits & ~kDirty) | (dirty ? kDirty : 0); }
+    void set_window(bool window) { bits = (bits & ~kWindow) | (window ? kWindow : 0); }
+  };
+
   uint64_t SetOf(int64_t row) const;
   void PrefetchSet(uint64_t first) const REQUIRES(mu_);
-  // PrefetchSet and the set's slot metadata (what a victim scan reads).
+  // PrefetchSet and the set's slot state and frequencies (what a victim scan reads).
   void PrefetchVictimSet(uint64_t first) const REQUIRES(mu_);
-  // The slot holding `row` (its set starting at slot `first`, else the overflow pool), or kEmpty.
+  // The slot holding `row` (its set starting at slot `first`, else the overflow pool), or
+  // kEmpty: a scan of the set's tags, without the map.
   int64_t FindSlotFrom(int64_t row, uint64_t first) const REQUIRES(mu_);
+  // Whether the dense map covers `row`.
+  bool Mapped(int64_t row) const { return static_cast<uint64_t>(row) < map_rows_; }
+  // The slot holding `row`, or kEmpty: its map entry when the map covers it, else the scan
+  // of its set (FindSlotFrom).
+  int64_t FindSlot(int64_t row) const REQUIRES(mu_);
+  // Plan's passes 1 and 2, with the set scan or through the map: each index's slot, or
+  // kEmpty, in `slot_of`; each hit locked (LockHit); the misses' positions, in order, in
+  // miss_scratch_.
+  template <bool kCounted>
+  void FindAndLockByScan(const int64_t* indices, size_t n, int64_t step, bool train, int64_t* slot_of)
+      REQUIRES(mu_);
+  template <bool kCounted>
+  void FindAndLockByMap(const int64_t* indices, size_t n, int64_t step, bool train, int64_t* slot_of)
+      REQUIRES(mu_);
+  // Pass 2 on one index of `row` found in `slot` (`meta` and `freq`: meta_'s and freq_'s
+  // data, hoisted by the caller where the slots' stores cannot alias them): at the first sight of the row in `step` locks the slot for it, counts a hit in
+  // `hits`, marks it dirty when `train` and, when kCounted (LFU, TinyLFU), counts the
+  // access; then stamps it with ++clock.
+  template <bool kCounted>
+  void LockHit(SlotMeta* meta, uint32_t* freq, int64_t slot, int64_t row, int64_t step, bool train,
+               uint64_t& clock, uint64_t& hits) REQUIRES(mu_);
+  // Records that `slot` holds `row` (kEmpty: holds nothing) in the map, for a mapped row.
+  void MapRow(int64_t row, int64_t slot) REQUIRES(mu_);
   int64_t PickVictim(uint64_t first, uint64_t count, int64_t oldest_live_step) const
       REQUIRES(mu_);
   int64_t TakeOverflowSlot(int64_t oldest_live_step) REQUIRES(mu_);
@@ -122,26 +189,27 @@ class SetAssociativeCache {
   void Place(int64_t row, int64_t slot, int64_t step, bool train, StepPlan* plan)
       REQUIRES(mu_);
 
-  struct SlotMeta {
-    int64_t step;    // last step that locked the slot
-    uint64_t stamp;  // last access time (LRU; LFU tie-break)
-    uint32_t freq;   // LFU: the row's access frequency (sketch estimate, then hits);
-                     // TinyLFU: the sketch's estimate at the row's last access
-    uint8_t dirty;
-    uint8_t window;  // TinyLFU: the slot belongs to its set's window (else to main)
-  };
-
   const uint64_t num_slots_;
   const uint32_t ways_;
   const uint64_t num_sets_;
   const CachePolicy policy_;
   const uint32_t window_ways_;  // TinyLFU: unlocked window rows a set keeps
+  const uint64_t map_rows_;     // rows the dense map covers (0: no map)
   mutable Mutex mu_;
   // Row in each slot, kEmpty if none (a set's ways adjacent).
-  std::vector<int64_t> slot_row_ GUARDED_BY(mu_);
-  std::vector<SlotMeta> meta_ GUARDED_BY(mu_);
+  // The arrays a lookup reads at random sit on huge pages where the kernel gives them
+  // (HugePageAllocator): a 1M-slot cache's are 24 MiB, a 8M-row table's map 32 MiB.
+  std::vector<int64_t, HugePageAllocator<int64_t>> slot_row_ GUARDED_BY(mu_);
+  std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta_ GUARDED_BY(mu_);
+  // Per slot, LFU: the row's access frequency (sketch estimate, then hits); TinyLFU: the
+  // sketch's estimate at the row's last access. Empty for LRU (beside SlotMeta rather than
+  // in it: an LRU hit touches no frequency).
+  std::vector<uint32_t, HugePageAllocator<uint32_t>> freq_ GUARDED_BY(mu_);
   uint64_t overflow_cursor_ GUARDED_BY(mu_) = 0;  // CLOCK hand over the overflow slots
   std::unordered_map<int64_t, int64_t> overflow_map_ GUARDED_BY(mu_);  // row -> overflow slot
+  // The dense map: slot of each row in [0, map_rows_), kNoSlot if none (empty without a map).
+  static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
+  std::vector<uint32_t, HugePageAllocator<uint32_t>> slot_of_row_ GUARDED_BY(mu_);
   uint64_t clock_ GUARDED_BY(mu_) = 0;
   // Count-min sketch for LFU: 4 rows of `sketch_width_` 16-bit counters, one count per
   // distinct row per step, halved periodically (aging).

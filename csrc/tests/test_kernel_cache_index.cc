@@ -57,6 +57,49 @@ void TestMatchesPerTableCaches(CachePolicy policy) {
   CHECK(index.cache(2).counters().misses <= uint64_t(rows[2]));
 }
 
+// Tables with dense maps plan what the same tables without them plan, through resets too.
+void TestDenseMapsMatch(CachePolicy policy) {
+  const std::vector<TableCacheSpec> with = {{16, 500, true}, {64, 200, false}, {1000, 300, true}};
+  std::vector<TableCacheSpec> without = with;
+  for (auto& t : without) t.dense_map = false;
+  KernelCacheIndex a(with, 8, policy), b(without, 8, policy);
+  CHECK(a.cache(0).map_rows() == 500 && a.cache(1).map_rows() == 0 && a.cache(2).map_rows() == 300);
+  std::mt19937_64 rng(21);
+  std::vector<TableMoves> ma, mb;
+  for (int64_t step = 0; step < 400; ++step) {
+    std::vector<int64_t> indices, bounds = {0};
+    for (const auto& t : with) {
+      const size_t n = rng() % 40;
+      for (size_t i = 0; i < n; ++i) indices.push_back(int64_t(rng() % t.rows));
+      bounds.push_back(int64_t(indices.size()));
+    }
+    std::vector<int64_t> sa(indices.size()), sb(indices.size());
+    a.PlanStep(indices.data(), bounds, step, step - 1, true, sa.data(), &ma);
+    b.PlanStep(indices.data(), bounds, step, step - 1, true, sb.data(), &mb);
+    CHECK(sa == sb) << "step " << step;
+    CHECK(ma.size() == mb.size()) << "step " << step;
+    for (size_t k = 0; k < ma.size(); ++k)
+      CHECK(ma[k].table == mb[k].table && ma[k].load_rows == mb[k].load_rows &&
+            ma[k].load_slots == mb[k].load_slots && ma[k].evict_rows == mb[k].evict_rows &&
+            ma[k].evict_slots == mb[k].evict_slots) << "step " << step << " table " << ma[k].table;
+    if (step % 100 == 99) {  // a reset table starts empty, its map too
+      a.Reset(2);
+      b.Reset(2);
+      CHECK(a.cache(2).map_rows() == 300);
+    }
+  }
+}
+
+void TestDenseMapNeedsRows() {
+  bool threw = false;
+  try {
+    KernelCacheIndex index({TableCacheSpec{8, 0, true}}, 4, CachePolicy::kLru);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw) << "a dense map without the table's rows was accepted";
+}
+
 void TestBadBounds() {
   KernelCacheIndex index({8, 8}, 4, CachePolicy::kLru);
   std::vector<TableMoves> moves;
@@ -109,6 +152,10 @@ int main() {
   using namespace mtrains;
   Run("kernel cache index: one plan == per-table plans (lru)", [] { TestMatchesPerTableCaches(CachePolicy::kLru); });
   Run("kernel cache index: one plan == per-table plans (lfu)", [] { TestMatchesPerTableCaches(CachePolicy::kLfu); });
+  Run("kernel cache index: dense maps plan as without (lru)", [] { TestDenseMapsMatch(CachePolicy::kLru); });
+  Run("kernel cache index: dense maps plan as without (lfu)", [] { TestDenseMapsMatch(CachePolicy::kLfu); });
+  Run("kernel cache index: dense maps plan as without (tinylfu)", [] { TestDenseMapsMatch(CachePolicy::kTinyLfu); });
+  Run("kernel cache index: a dense map needs the table's rows", TestDenseMapNeedsRows);
   Run("kernel cache index: bad bounds", TestBadBounds);
   Run("kernel cache index: planning beside readers", TestPlanBesideReaders);
   std::fprintf(stderr, "test_kernel_cache_index: all passed\n");

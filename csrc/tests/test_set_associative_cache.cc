@@ -94,8 +94,9 @@ void TestSequentialModel(CachePolicy policy) {
 
 // The kernel's threads: a prefetch thread plans steps (up to `ahead` queued) while the
 // training thread consumes them in order, marking each dirty and polling the index.
-void TestPrefetchPipeline(CachePolicy policy) {
-  SetAssociativeCache cache(256, 16, policy);  // small: overflow slots get used
+// `map_rows` > 0: the cache keeps a dense row-to-slot map over that many rows.
+void TestPrefetchPipeline(CachePolicy policy, uint64_t map_rows = 0) {
+  SetAssociativeCache cache(256, 16, policy, map_rows);  // small: overflow slots get used
   struct Job {
     int64_t step;
     std::vector<int64_t> idx;
@@ -161,6 +162,117 @@ void TestPrefetchPipeline(CachePolicy policy) {
   CHECK(polls == uint64_t(kSteps));
 }
 
+// Everything two caches return, the same calls made on both: one with a dense row-to-slot
+// map, one without. The map is only a faster lookup, so the two must agree exactly.
+class MapTwins {
+ public:
+  MapTwins(uint64_t slots, uint32_t ways, CachePolicy policy, uint64_t rows)
+      : plain_(slots, ways, policy), mapped_(slots, ways, policy, rows) {
+    CHECK(plain_.map_rows() == 0 && mapped_.map_rows() == rows);
+  }
+
+  void Plan(const std::vector<int64_t>& idx, int64_t step, int64_t oldest_live, bool train) {
+    plain_.Plan(idx.data(), idx.size(), step, oldest_live, train, &a_);
+    mapped_.Plan(idx.data(), idx.size(), step, oldest_live, train, &b_);
+    CHECK(a_.slot_of_index == b_.slot_of_index) << "step " << step << ": slots differ";
+    CHECK(a_.load_rows == b_.load_rows && a_.load_slots == b_.load_slots) << "step " << step << ": loads differ";
+    CHECK(a_.evict_rows == b_.evict_rows && a_.evict_slots == b_.evict_slots) << "step " << step << ": evictions differ";
+    CHECK(plain_.capacity() == mapped_.capacity()) << "step " << step;
+  }
+  void Forget(const std::vector<int64_t>& rows) {
+    CHECK(plain_.Forget(rows.data(), rows.size()) == mapped_.Forget(rows.data(), rows.size()));
+  }
+  void MarkDirty(const std::vector<int64_t>& slots) {
+    plain_.MarkDirty(slots.data(), slots.size());
+    mapped_.MarkDirty(slots.data(), slots.size());
+  }
+  void CheckSame(int64_t live_step) {
+    std::vector<int64_t> ra, sa, rb, sb;
+    plain_.TakeDirty(live_step, &ra, &sa);
+    mapped_.TakeDirty(live_step, &rb, &sb);
+    CHECK(ra == rb && sa == sb) << "dirty rows differ";
+    plain_.Occupied(&ra, &sa);
+    mapped_.Occupied(&rb, &sb);
+    CHECK(ra == rb && sa == sb) << "occupied slots differ";
+    const CacheCounters x = plain_.counters(), y = mapped_.counters();
+    CHECK(x.lookups == y.lookups && x.unique_rows == y.unique_rows && x.hits == y.hits && x.misses == y.misses &&
+          x.evictions == y.evictions && x.overflow_assignments == y.overflow_assignments)
+        << "counters differ: hits " << x.hits << " vs " << y.hits << ", evictions " << x.evictions << " vs "
+        << y.evictions;
+  }
+  const StepPlan& plan() const { return b_; }
+  const CacheCounters counters() const { return mapped_.counters(); }
+
+ private:
+  SetAssociativeCache plain_, mapped_;
+  StepPlan a_, b_;
+};
+
+// Random steps with evictions, overflow (several live steps lock ways), Forget (a virtual
+// table's evictions), MarkDirty and TakeDirty: every plan is the same with the map and
+// without, for caches of one set, of sets and a tail of overflow slots, and larger than
+// their table.
+void TestMapPlansIdentical(CachePolicy policy) {
+  struct Shape {
+    uint64_t slots, rows;
+    uint32_t ways;
+  };
+  for (const Shape& shape : {Shape{64, 500, 8}, Shape{1000, 5000, 32}, Shape{37, 300, 8}, Shape{5, 40, 8},
+                             Shape{300, 100, 16}}) {
+    MapTwins twins(shape.slots, shape.ways, policy, shape.rows);
+    std::mt19937_64 rng(shape.slots * 31 + shape.rows);
+    int64_t oldest_live = 0;
+    for (int64_t step = 0; step < 2000; ++step) {
+      std::vector<int64_t> idx(1 + rng() % (step % 7 == 0 ? 400 : 60));
+      const uint64_t span = step % 200 < 100 ? shape.rows / 5 + 1 : shape.rows;  // hot phases, then the table
+      for (auto& r : idx) r = int64_t(rng() % 3 == 0 ? rng() % span : (rng() % 8) * (rng() % 8) % shape.rows);
+      if (rng() % 3 == 0) oldest_live = step - int64_t(rng() % 4);
+      twins.Plan(idx, step, oldest_live, rng() % 4 != 0);
+      if (step % 13 == 0) {
+        std::vector<int64_t> gone(1 + rng() % 20);
+        for (auto& r : gone) r = int64_t(rng() % shape.rows);
+        twins.Forget(gone);
+      }
+      if (step % 17 == 0) twins.MarkDirty({twins.plan().slot_of_index.front()});
+      if (step % 29 == 0) twins.CheckSame(oldest_live);
+    }
+    twins.CheckSame(0);
+    const CacheCounters c = twins.counters();
+    CHECK(c.hits > 0) << "slots " << shape.slots << ": a workload without hits";
+    if (shape.slots < shape.rows) {
+      CHECK(c.evictions > 0) << "slots " << shape.slots << ": a workload without evictions";
+    }
+    if (shape.slots < 100) {
+      CHECK(c.overflow_assignments > 0) << "slots " << shape.slots << ": no overflow slot used";
+    }
+  }
+}
+
+// Ids at or past the map's rows (the caller validates ids against the table, so none should
+// come) are found by the set scan and never written to the map: plans still agree.
+void TestMapRowsOutsideTheMap() {
+  MapTwins twins(64, 8, CachePolicy::kLru, 100);
+  std::mt19937_64 rng(17);
+  for (int64_t step = 0; step < 500; ++step) {
+    std::vector<int64_t> idx(1 + rng() % 50);
+    for (auto& r : idx) r = int64_t(rng() % 160);  // a third past the map
+    twins.Plan(idx, step, step - int64_t(rng() % 3), true);
+    if (step % 11 == 0) twins.Forget({int64_t(rng() % 160), int64_t(rng() % 160)});
+  }
+  twins.CheckSame(0);
+}
+
+void TestMapConfiguration() {
+  std::string what;
+  try {
+    SetAssociativeCache too_many(SetAssociativeCache::kMaxMapSlots, 32, CachePolicy::kLru, 10);
+  } catch (const std::invalid_argument& e) {
+    what = e.what();
+  }
+  CHECK(what.find("32-bit") != std::string::npos) << "a map over 2^32 - 1 slots was accepted: " << what;
+  SetAssociativeCache without(8, 8, CachePolicy::kLru);
+  CHECK(without.map_rows() == 0);
+}
 
 // Count-min bound on a Zipf(1.05) stream with a fixed seed, within one sample period (no
 // aging): every estimate >= min(true count, 15); the over-estimate exceeds e / width * N + 1
@@ -288,6 +400,14 @@ int main() {
   Run("sketch: aging halves the counts", TestSketchAgingHalves);
   Run("cache: tinylfu keeps frequent rows through a scan", TestTinyLfuAdmission);
   Run("cache: policy names", TestParsePolicy);
+  for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kTinyLfu}) {
+    const std::string name = CachePolicyName(p);
+    Run(("cache: plans with the dense map == without (" + name + ")").c_str(), [p] { TestMapPlansIdentical(p); });
+    Run(("cache: prefetch thread + training thread, dense map (" + name + ")").c_str(),
+        [p] { TestPrefetchPipeline(p, 3000); });
+  }
+  Run("cache: ids outside the dense map", TestMapRowsOutsideTheMap);
+  Run("cache: dense map configuration", TestMapConfiguration);
   std::fprintf(stderr, "test_set_associative_cache: all passed\n");
   return 0;
 }

@@ -88,6 +88,35 @@ def test_tinylfu_matches_fbgemm_all_in_dram(tmp_path: Path, tier: Tier, cache: s
                        cache_algorithm="tinylfu", **CACHES[cache])
 
 
+# What the cache counts and moves (cache_stats), not the seconds it took.
+_CACHE_COUNTS = ("lookups", "unique_rows", "hits", "misses", "evictions", "overflow_assignments", "rows_loaded",
+                 "rows_written_back", "bytes_read_from_tier", "bytes_written_to_tier", "cache_capacity_rows")
+
+
+@pytest.mark.parametrize("algo", ["lru", "lfu", "tinylfu"])
+@pytest.mark.parametrize("cache", ["one_slot", "sets", "over_table"])
+def test_dense_slot_map_on_and_off_train_alike(tmp_path: Path, cache: str, algo: str) -> None:
+    """The dense row-to-slot map only finds rows faster: forced on and forced off, the kernel
+    trains like FBGEMM, counts the same hits, misses and evictions and moves the same rows
+    (the one-slot and 96-slot caches use overflow slots; prefetch ahead keeps two steps live)."""
+    model, workload = Model(), Workload(steps=120, data_seed=3)
+    traj = reference_run(model, workload)
+    steps = make_steps(model.specs, workload)
+    counts = {}
+    for dense in (False, True):
+        ker = make_kernel(model, Tier.SSD, tmp_path / f"map_{dense}", cache_algorithm=algo, dense_slot_map=dense,
+                          **CACHES[cache])
+        try:
+            assert ker.dense_slot_maps == [dense] * len(model.specs)
+            drive(ker, steps, "ahead", output_checker(traj, model))
+            assert_tables_match(ker, traj, model, f"dense_slot_map={dense}: ")
+            counts[dense] = {t: {k: s[k] for k in _CACHE_COUNTS} for t, s in ker.cache_stats().items()}
+        finally:
+            ker.close()
+    assert counts[True] == counts[False]
+    assert all(c["evictions"] > 0 for c in counts[True].values()) or cache == "over_table"
+
+
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: t.name)
 def test_plan_of_next_step_overlaps_backward(tmp_path: Path, tier: Tier) -> None:
     """forward(b[s]); prefetch(b[s+1]); backward(b[s]): the next plan (evictions, loads)

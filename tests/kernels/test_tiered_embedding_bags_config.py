@@ -146,6 +146,9 @@ CONFIG_ERRORS = {
     "table_names_empty": (dict(table_names=[""]), "table_names"),
     "storage_dir_not_a_path": (dict(storage_dir=3), "storage_dir=3"),
     "feature_table_map_not_a_sequence": (dict(feature_table_map=3), "feature_table_map=3"),
+    "dense_slot_map_int": (dict(dense_slot_map=1), r"dense_slot_map=1 must be None \(the rule picks the tables\), "
+                                                   "True or False"),
+    "dense_slot_map_string": (dict(dense_slot_map="auto"), "dense_slot_map='auto'"),
 }
 
 
@@ -199,6 +202,33 @@ def test_config_for_other_tables_is_refused_before_any_file(tmp_path: Path, sett
     with pytest.raises(ValueError, match=match):
         TieredEmbeddingBags(SPECS, config=config)
     assert not (tmp_path / "store").exists()
+
+
+# The dense row-to-slot map ------------------------------------------------------------------------
+def test_dense_slot_map_rule_and_forced_settings() -> None:
+    """None follows the rule (the map's 4 bytes a table row at most an eighth of the cache
+    slots' row bytes), True and False force it; the kernel builds what the config says."""
+    # fp32, row-wise Adagrad: dim 64 -> 260-byte rows, dim 8 -> 36-byte rows.
+    specs, cache = [(1000, 64), (1000, 8)], [200, 200]
+    row_bytes = [TableLayout(dim, "fp32", "exact_row_wise_adagrad").row_bytes for _, dim in specs]
+    assert row_bytes == [260, 36]
+    rows = [r for r, _ in specs]
+    # 4,000 map bytes against 200 x 260 / 8 = 6,500 (kept) and 200 x 36 / 8 = 900 (not).
+    assert TieredConfig().dense_maps(rows, cache, row_bytes) == [True, False]
+    assert TieredConfig(dense_slot_map=True).dense_maps(rows, cache, row_bytes) == [True, True]
+    assert TieredConfig(dense_slot_map=False).dense_maps(rows, cache, row_bytes) == [False, False]
+    for setting, want in ((None, [True, False]), (True, [True, True]), (False, [False, False])):
+        ker = TieredEmbeddingBags(specs, tier=Tier.DRAM, cache_rows=cache, dense_slot_map=setting)
+        try:
+            assert ker.dense_slot_maps == want and ker.config.dense_slot_map is setting
+        finally:
+            ker.close()
+
+
+def test_dense_slot_map_forced_on_a_cache_past_32_bit_slots_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"dense_slot_map=True: table big's cache of 4294967295 slots"):
+        TieredConfig(dense_slot_map=True, table_names=["big"]).dense_maps([2**33], [2**32 - 1], [64])
+    assert TieredConfig().dense_maps([2**33], [2**32 - 1], [4096]) == [False]  # the rule never picks it
 
 
 # One default load factor; TieredParams makes the kernel's config ------------------------------------

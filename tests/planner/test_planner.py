@@ -180,6 +180,31 @@ def test_placement_uses_slow_tiers_when_dram_is_short() -> None:
     assert whole.predicted_qps >= p.predicted_qps
 
 
+def test_planner_counts_the_dense_slot_map_in_dram_where_the_rule_keeps_it() -> None:
+    """The kernel keeps a dense row-to-slot map (4 bytes a table row) where it is at most an
+    eighth of its cache's row bytes (torchrec_mtrains/slot_map.py): the plan's DRAM holds
+    it beside the cache's rows there, and only the rows where the cache is too small for it."""
+    from torchrec_mtrains.planner.model.placement import tier_bytes
+    from torchrec_mtrains.slot_map import dense_map_pays
+
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+        name="big", num_embeddings=2_000_000, embedding_dim=128, feature_names=["f"])], device=torch.device("meta"))
+    planner = StorageAwarePlanner(CPU_NODE, batch_size=4096, world_size=1,
+                                  locality={"big": {"pooling_factor": 20, "zipf_alpha": 1.05}},
+                                  budget_bytes={Tier.DRAM: 300 << 20})
+    p = planner.place(ebc)
+    table, placed = planner.model_spec(ebc).tables[0], p.tables["big"]
+    assert placed.tier in (Tier.SCM, Tier.SSD) and placed.cache_rows > 0
+    map_bytes = 4.0 * table.num_embeddings
+    assert map_bytes <= placed.cache_rows * table.row_bytes / 8  # the scenario: the rule keeps the map
+    assert p.used_bytes[Tier.DRAM] == pytest.approx(placed.cache_rows * table.row_bytes + map_bytes)
+    small = 0.01 * table.num_embeddings  # 10 MiB of rows: the map's 7.6 MiB is more than an eighth
+    assert not dense_map_pays(table.num_embeddings, small, table.row_bytes)
+    assert tier_bytes(table, Tier.SSD, small, 0.0, Tier.DRAM) == {Tier.SSD: table.bytes_on(Tier.SSD),
+                                                                   Tier.DRAM: small * table.row_bytes}
+    assert tier_bytes(table, Tier.DRAM, 0.0, 0.0, Tier.DRAM) == {Tier.DRAM: table.bytes}  # whole: no cache
+
+
 def test_ssd_writes_cost_their_bytes_and_reads_a_block_each() -> None:
     """The block store appends evicted rows to log segments: a miss costs one random block
     read (IOPS) but only its row's bytes written; SCM rows cost access units both ways."""

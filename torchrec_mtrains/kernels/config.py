@@ -22,6 +22,7 @@ from torchrec_mtrains.kernels.tbe_settings import (
 )
 from torchrec_mtrains.kernels.virtual_rows import VirtualTableSpec
 from torchrec_mtrains.layout import OPTIMIZERS, TableLayout, optimizer_name, precision_name
+from torchrec_mtrains.slot_map import uses_dense_map
 from torchrec_mtrains.types import Tier
 
 __all__ = ["CACHE_ALGORITHMS", "DEFAULTS", "DEFAULT_CACHE_LOAD_FACTOR", "TieredConfig", "resolve_config"]
@@ -43,7 +44,9 @@ class TieredConfig:
     ``feature_table_map``) are kept as tuples; ``optimizer`` and ``weights_precision`` may
     be given as FBGEMM's enums or their string values and are kept as the enums;
     ``tbe_settings`` (FBGEMM TBE keywords passed to the kernel's TBE: ``tbe_settings.py``)
-    as a mapping or pairs, kept as sorted (keyword, value) pairs. Settings
+    as a mapping or pairs, kept as sorted (keyword, value) pairs. ``dense_slot_map`` (None,
+    True or False) is whether every table's cache index keeps a dense row-to-slot map: None
+    leaves it to the rule of ``torchrec_mtrains/slot_map.py``. Settings
     that depend on the number of tables are checked against the tables by the methods
     taking them (``tiers``, ``cache_sizes``, ``init_ranges``, ``names``).
 
@@ -70,6 +73,7 @@ class TieredConfig:
     feature_table_map: Optional[Tuple[int, ...]] = None
     virtual_tables: Optional[Tuple[Optional[VirtualTableSpec], ...]] = None
     tbe_settings: Union[Mapping[str, Any], Tuple[Tuple[str, Any], ...]] = ()
+    dense_slot_map: Optional[bool] = None
 
     def __post_init__(self) -> None:
         check_optimizer_supported(self.optimizer, OPTIMIZERS)
@@ -82,6 +86,9 @@ class TieredConfig:
         _check_int("cache_ways", self.cache_ways, 1, _MAX_CACHE_WAYS)
         _check_int("seed", self.seed, 0)
         self._replace("prefetch_pipeline", bool(self.prefetch_pipeline))
+        if self.dense_slot_map is not None and not isinstance(self.dense_slot_map, bool):
+            raise ValueError(f"dense_slot_map={self.dense_slot_map!r} must be None (the rule picks the tables), "
+                             "True or False")
         self._replace("cache_rows", _cache_rows(self.cache_rows, self.cache_load_factor))
         self._replace("init_range", _init_range(self.init_range))
         self._replace("table_names", _table_names(self.table_names))
@@ -127,6 +134,18 @@ class TieredConfig:
         if len(self.cache_rows) != len(num_rows):
             raise ValueError(f"cache_rows={list(self.cache_rows)!r} must be a positive int or one per table")
         return list(self.cache_rows)
+
+    def dense_maps(self, num_rows: Sequence[int], cache_sizes: Sequence[int], row_bytes: Sequence[int]) -> List[bool]:
+        """Whether each table's cache index keeps a dense row-to-slot map, given each table's
+        rows, cache slots and row bytes (weights + optimizer state): ``dense_slot_map`` if
+        set, else the rule (``slot_map.dense_map_pays``).
+
+        Raises:
+            ValueError: the map forced on over a cache too large for its 32-bit slots.
+        """
+        names = self.names(len(num_rows))
+        return [uses_dense_map(self.dense_slot_map, rows, slots, nbytes, name)
+                for rows, slots, nbytes, name in zip(num_rows, cache_sizes, row_bytes, names)]
 
     def init_ranges(self, num_rows: Sequence[int]) -> List[InitRange]:
         """Each table's initial-weight range; default ``(-1/sqrt(rows), 1/sqrt(rows))``

@@ -106,6 +106,11 @@ class TieredEmbeddingBags(torch.nn.Module):
             passed to the kernel's TBE as given (gradient clipping, weight decay, output
             dtype, ...); the keywords it cannot honour are refused with the reason
             (``tbe_settings.py`` lists each keyword's fate).
+        dense_slot_map: whether every table's cache index keeps a dense row-to-slot map (4
+            bytes of host DRAM per table row, for a faster plan of the same slots): None
+            (default) keeps one where the rule of ``torchrec_mtrains/slot_map.py`` finds it
+            pays (its bytes at most an eighth of the cache slots' row bytes), True or False
+            for every table.
         config: every setting above at once; the arguments for them must then keep their
             defaults.
 
@@ -145,6 +150,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         feature_table_map: Optional[Sequence[int]] = DEFAULTS.feature_table_map,
         virtual_tables: Optional[Sequence[Optional[VirtualTableSpec]]] = DEFAULTS.virtual_tables,
         tbe_settings: Optional[Mapping[str, Any]] = DEFAULTS.tbe_settings,
+        dense_slot_map: Optional[bool] = DEFAULTS.dense_slot_map,
         config: Optional[TieredConfig] = None,
     ) -> None:
         # The settings' arguments by name, taken before any other local exists.
@@ -165,9 +171,11 @@ class TieredEmbeddingBags(torch.nn.Module):
         self.cache_rows = config.cache_sizes(num_rows)
         codecs = [RowCodec(config.layout(dim)) for _, dim in specs]
         self._init_ranges = config.init_ranges(num_rows)
+        dense_maps = config.dense_maps(num_rows, self.cache_rows, [codec.layout.row_bytes for codec in codecs])
         stores = self._create_stores(codecs)
         # Every table's cache index, planned in one C++ call per step.
-        index = torch.classes.mtrains.KernelCacheIndex(list(self.cache_rows), config.cache_ways, config.cache_algorithm)
+        index = torch.classes.mtrains.KernelCacheIndex(list(self.cache_rows), num_rows, dense_maps, config.cache_ways,
+                                                       config.cache_algorithm)
         slots = CacheSlots(specs, config, codecs, self.feature_table_map,
                            [n + max(config.cache_ways, n // 8) for n in self.cache_rows])
         # A submodule, for train()/eval() and state_dict(); replaced when the cache outgrows it.
@@ -223,6 +231,12 @@ class TieredEmbeddingBags(torch.nn.Module):
         def wrap() -> None:
             virtual.attach(mover, t, seed, init_range, layout.dim, layout.state_slots, codec.dtype)
         return wrap
+
+    @property
+    def dense_slot_maps(self) -> List[bool]:
+        """Whether each table's cache index keeps a dense row-to-slot map
+        (``config.dense_slot_map``, else the rule of ``torchrec_mtrains/slot_map.py``)."""
+        return list(self._cache.index.dense_maps())
 
     def store_seed(self, table: int) -> int:
         """The seed of table ``table``'s initial rows on its tier (``lazy_init_rows``)."""

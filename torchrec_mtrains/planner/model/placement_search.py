@@ -44,6 +44,7 @@ from torchrec_mtrains.planner.model.placement_state import (
     PlacementMemo,
     Started,
     TableState,
+    cache_index_bytes,
     format_size,
     no_room,
     over_budget,
@@ -257,8 +258,13 @@ class Placer:
 
     # --------------------------------------------------------------- accounting ----
     def compute_bytes(self, table: ModelTable, cache: Optional[int]) -> float:
-        """Bytes of the compute tier the table takes: whole (``cache`` None) or its cache."""
-        return table.bytes if cache is None else self.memo.sizes[table.name][cache] * table.row_bytes
+        """Bytes of the compute tier the table takes: whole (``cache`` None) or its cache
+        (with its index's dense map when the compute tier is host DRAM)."""
+        if cache is None:
+            return table.bytes
+        rows = self.memo.sizes[table.name][cache]
+        index = cache_index_bytes(table, rows) if self.compute_tier is Tier.DRAM else 0.0
+        return rows * table.row_bytes + index
 
     def apply(self, table: ModelTable, state: TableState, sign: float) -> None:
         """Adds (sign 1) or removes (sign -1) a table's bytes and device time in a state."""

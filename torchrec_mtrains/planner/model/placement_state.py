@@ -11,6 +11,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 from torchrec_mtrains.planner.model.estimator import TableCost, dense_step_seconds, table_cost
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, ModelTable
 from torchrec_mtrains.planner.types import TablePlacement, TieredTopology
+from torchrec_mtrains.slot_map import dense_map_bytes, dense_map_pays
 from torchrec_mtrains.types import Tier
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "PlacementMemo",
     "Started",
     "TableState",
+    "cache_index_bytes",
     "format_size",
     "no_room",
     "over_budget",
@@ -110,10 +112,19 @@ def over_budget(io: Mapping[Tier, float], budget: float) -> Tuple[Tier, ...]:
     return tuple(t for t, seconds in io.items() if seconds > budget * _SLACK)
 
 
+def cache_index_bytes(table: ModelTable, cache_rows: float) -> float:
+    """Host-DRAM bytes a cache of ``cache_rows`` adds for its index beyond its rows: the
+    dense row-to-slot map, where the kernel's rule keeps one (``torchrec_mtrains/slot_map.py``:
+    4 bytes a table row, kept where that is at most an eighth of the cache's row bytes)."""
+    pays = dense_map_pays(table.num_embeddings, cache_rows, table.row_bytes)
+    return dense_map_bytes(table.num_embeddings) if pays else 0.0
+
+
 def tier_bytes(table: ModelTable, tier: Tier, cache_rows: float, l2_rows: float, compute_tier: Tier) -> Dict[Tier, float]:
     """A table's bytes on each tier: whole in ``compute_tier`` (no cache), or its rows on
     ``tier`` with a cache of ``cache_rows`` in the compute tier and, on a GPU node, an L2
-    cache of ``l2_rows`` in host DRAM. A virtual table's id index is in host DRAM too."""
+    cache of ``l2_rows`` in host DRAM. The cache's dense row-to-slot map, where the rule
+    keeps one (``cache_index_bytes``), and a virtual table's id index are in host DRAM too."""
     if tier == compute_tier and cache_rows <= 0:
         out = {compute_tier: table.bytes}
     else:
@@ -121,6 +132,9 @@ def tier_bytes(table: ModelTable, tier: Tier, cache_rows: float, l2_rows: float,
         out[compute_tier] = out.get(compute_tier, 0.0) + cache_rows * table.row_bytes
         if l2_rows:
             out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + l2_rows * table.row_bytes
+        index = cache_index_bytes(table, cache_rows)
+        if index:
+            out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + index
     if table.index_bytes_per_row:
         out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + float(table.num_embeddings) * table.index_bytes_per_row
     return out
