@@ -123,7 +123,7 @@ def cache_index_bytes(table: ModelTable, cache_rows: float) -> float:
 def tier_bytes(table: ModelTable, tier: Tier, cache_rows: float, l2_rows: float, compute_tier: Tier) -> Dict[Tier, float]:
     """A table's bytes on each tier: whole in ``compute_tier`` (no cache), or its rows on
     ``tier`` with a cache of ``cache_rows`` in the compute tier and, on a GPU node, an L2
-    cache of ``l2_rows`` in host DRAM. The cache's dense row-to-slot map, where the rule
+    cache of ``l2_rows`` in host DRAM. The CPU kernel's dense row-to-slot map, where the rule
     keeps one (``cache_index_bytes``), and a virtual table's id index are in host DRAM too."""
     if tier == compute_tier and cache_rows <= 0:
         out = {compute_tier: table.bytes}
@@ -132,7 +132,9 @@ def tier_bytes(table: ModelTable, tier: Tier, cache_rows: float, l2_rows: float,
         out[compute_tier] = out.get(compute_tier, 0.0) + cache_rows * table.row_bytes
         if l2_rows:
             out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + l2_rows * table.row_bytes
-        index = cache_index_bytes(table, cache_rows)
+        # The map belongs to the CPU kernel's index, beside its cache in DRAM; a device cache
+        # (compute tier HBM) has no such map.
+        index = cache_index_bytes(table, cache_rows) if compute_tier == Tier.DRAM else 0.0
         if index:
             out[Tier.DRAM] = out.get(Tier.DRAM, 0.0) + index
     if table.index_bytes_per_row:
