@@ -10,6 +10,13 @@
 namespace mtrains {
 namespace {
 
+// The table of each feature: as given, or one feature per table when none is given.
+std::vector<int64_t> FeatureTables(std::vector<int64_t> table_of_feature, size_t tables) {
+  if (table_of_feature.empty())
+    for (size_t t = 0; t < tables; ++t) table_of_feature.push_back(int64_t(t));
+  return table_of_feature;
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -20,16 +27,12 @@ StepEngine::StepEngine(KernelCacheIndex* index, StepMover* mover, std::vector<in
                        std::vector<int64_t> table_of_feature, bool background, EngineHooks hooks)
     : index_(index),
       mover_(mover),
-      bounds_layout_{id_bounds, table_of_feature.empty() ? std::vector<int64_t>() : table_of_feature},
+      bounds_layout_{id_bounds, FeatureTables(std::move(table_of_feature), id_bounds.size())},
       hooks_(hooks),
       write_guard_(new std::atomic<bool>[id_bounds.size()]) {
   if (index == nullptr || mover == nullptr) throw std::invalid_argument("a step engine needs an index and a mover");
   if (id_bounds.empty() || id_bounds.size() != index->num_tables() || id_bounds.size() != mover->num_tables())
     throw std::invalid_argument("a step engine needs one id bound per table of its index and mover");
-  if (bounds_layout_.table_of_feature.empty()) {
-    auto& features = const_cast<std::vector<int64_t>&>(bounds_layout_.table_of_feature);
-    for (size_t t = 0; t < id_bounds.size(); ++t) features.push_back(int64_t(t));
-  }
   for (size_t t = 0; t < id_bounds.size(); ++t) write_guard_[t] = false;
   {
     MutexLock lock(&mu_);

@@ -87,10 +87,11 @@ class RowCache:
         self.broken: Optional[str] = None
         self.closed = False
 
-    def count_moved(self, t: int) -> None:
+    def count_moved(self, t: int, engine_counters: Optional[Dict[str, float]] = None) -> None:
         """Adds the rows the step engine moved for table t since the last call to its store's
-        ``stats()`` counters (``RowStore.count_moved``)."""
-        e = dict(self.engine.table_counters(t))
+        ``stats()`` counters (``RowStore.count_moved``); ``engine_counters``: the engine's
+        ``table_counters(t)`` when the caller has them already."""
+        e = dict(self.engine.table_counters(t)) if engine_counters is None else engine_counters
         now = (e["rows_loaded"], e["rows_written_back"], e["lazy_rows"])
         before, self._store_counted[t] = self._store_counted[t], now
         self.stores[t].count_moved(*(int(a - b) for a, b in zip(now, before)))
@@ -142,9 +143,9 @@ class RowCache:
         # The plan covers every table at once: its CPU per row loaded by any of them.
         plan_ns_per_row = run["plan_cpu_ns"] / max(1, sum(m["rows_loaded"] for m in moved))
         for t, name in enumerate(self.names):
-            self.count_moved(t)  # the stores' stats() count the engine's moves too
-            c = dict(self.index.counters(t))
             e = engine[t]
+            self.count_moved(t, e)  # the stores' stats() count the engine's moves too
+            c = dict(self.index.counters(t))
             m = moved[t]
             loads, write_backs = max(1, m["rows_loaded"]), max(1, m["rows_written_back"])
             unique = max(1, c["unique_rows"])
