@@ -33,6 +33,14 @@ inline uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// Empties the plan's loads and write-backs (a plan's first act).
+void ClearMoves(StepPlan* plan) {
+  plan->load_rows.clear();
+  plan->load_slots.clear();
+  plan->evict_rows.clear();
+  plan->evict_slots.clear();
+}
+
 }  // namespace
 
 CachePolicy ParseCachePolicy(const std::string& name) {
@@ -51,7 +59,7 @@ const char* CachePolicyName(CachePolicy policy) {
 }
 
 SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy,
-                                         uint64_t map_rows)
+                                         uint64_t map_rows, bool keyed)
     : num_slots_(num_slots),
       ways_(static_cast<uint32_t>(std::min<uint64_t>(ways, num_slots))),
       num_sets_(ways == 0 || num_slots == 0
@@ -60,8 +68,12 @@ SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, Cach
       policy_(policy),
       window_ways_(std::max<uint32_t>(
           1, static_cast<uint32_t>(kWindowShare * std::min<uint64_t>(ways, num_slots) + 0.5))),
-      map_rows_(map_rows) {
+      map_rows_(map_rows),
+      keyed_(keyed) {
   if (num_slots == 0) throw std::invalid_argument("cache must have at least one slot");
+  if (keyed && map_rows > 0)
+    throw std::invalid_argument("a keyed cache has no dense map (its keys are not bounded by the table): map_rows=" +
+                                std::to_string(map_rows) + " must be 0");
   if (ways == 0 || ways > 1024)
     throw std::invalid_argument("ways=" + std::to_string(ways) + " must be in [1, 1024]");
   if (map_rows > 0 && num_slots >= kMaxMapSlots)
@@ -71,6 +83,7 @@ SetAssociativeCache::SetAssociativeCache(uint64_t num_slots, uint32_t ways, Cach
   slot_of_row_.assign(map_rows, kNoSlot);
   // Slots past num_sets * ways (when num_slots is not a multiple) join the overflow pool.
   slot_row_.assign(num_slots, kEmpty);
+  if (keyed) tier_row_.assign(num_slots, kEmpty);
   static_assert(sizeof(SlotMeta) == 16, "a slot's state is 16 bytes");
   meta_.assign(num_slots, SlotMeta{kNeverLocked, 0});
   if (policy_ != CachePolicy::kLru) freq_.assign(num_slots, 0);
@@ -141,9 +154,9 @@ inline void SetAssociativeCache::LockHit(SlotMeta* meta, uint32_t* freq, int64_t
   m.set_stamp(++clock);
 }
 
-template <bool kCounted>
+template <bool kCounted, bool kKeyed>
 void SetAssociativeCache::FindAndLockByScan(const int64_t* indices, size_t n, int64_t step, bool train,
-                                            int64_t* slot_of) {
+                                            int64_t* slot_of, int64_t* tier_row_of) {
   // Pass 1: set tags prefetched a few indices ahead; each set's first slot, hashed once,
   // waits in a ring until its scan.
   uint64_t first_of[kPrefetchAhead];
@@ -157,24 +170,32 @@ void SetAssociativeCache::FindAndLockByScan(const int64_t* indices, size_t n, in
       first_of[i % kPrefetchAhead] = SetOf(indices[i + kPrefetchAhead]) * ways_;
       PrefetchSet(first_of[i % kPrefetchAhead]);
     }
+    // A key of kEmpty would match the empty slots; a row never is one (the caller checks rows).
+    if (kKeyed && indices[i] == kEmpty)
+      throw std::invalid_argument("key " + std::to_string(kEmpty) + " at position " + std::to_string(i) +
+                                  " is reserved (a keyed cache's empty tag)");
     slot_of[i] = FindSlotFrom(indices[i], first);
   }
   // Pass 2: the hits' slot state prefetched a few indices ahead. Members in locals, which
   // the slots' stores cannot alias.
   SlotMeta* const meta = meta_.data();
   uint32_t* const freq = freq_.data();
+  const int64_t* const tiers = tier_row_.data();
   uint64_t clock = clock_, hits = 0;
   for (size_t i = 0; i < n + kMetaAhead; ++i) {
     if (i < n && slot_of[i] != kEmpty) {
       __builtin_prefetch(meta + slot_of[i], 1);
       if (kCounted) __builtin_prefetch(freq + slot_of[i], 1);
+      if (kKeyed) __builtin_prefetch(tiers + slot_of[i]);
     }
     if (i < kMetaAhead) continue;
     const size_t j = i - kMetaAhead;
-    if (slot_of[j] != kEmpty)
+    if (slot_of[j] != kEmpty) {
       LockHit<kCounted>(meta, freq, slot_of[j], indices[j], step, train, clock, hits);
-    else
+      if (kKeyed) tier_row_of[j] = tiers[slot_of[j]];
+    } else {
       miss_scratch_.push_back(j);
+    }
   }
   clock_ = clock;
   counters_.unique_rows += hits;
@@ -367,12 +388,14 @@ int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
     throw std::length_error("the cache's overflow pool would take it past " + std::to_string(kMaxMapSlots) +
                             " slots, more than its dense row-to-slot map can hold");
   slot_row_.push_back(kEmpty);
+  if (keyed_) tier_row_.push_back(kEmpty);
   meta_.push_back(SlotMeta{kNeverLocked, 0});
   if (!freq_.empty()) freq_.push_back(0);
   return static_cast<int64_t>(slot_row_.size() - 1);
 }
 
-void SetAssociativeCache::Place(int64_t row, int64_t slot, int64_t step, bool train,
+template <bool kKeyed>
+void SetAssociativeCache::Place(int64_t key, int64_t tier_row, int64_t slot, int64_t step, bool train,
                                 StepPlan* plan) {
   const int64_t old = slot_row_[slot];
   SlotMeta& m = meta_[slot];
@@ -380,26 +403,27 @@ void SetAssociativeCache::Place(int64_t row, int64_t slot, int64_t step, bool tr
   if (old != kEmpty) {
     ++counters_.evictions;
     if (m.dirty()) {
-      plan->evict_rows.push_back(old);
+      plan->evict_rows.push_back(kKeyed ? tier_row_[slot] : old);
       plan->evict_slots.push_back(slot);
     }
     if (overflow) overflow_map_.erase(old);
     MapRow(old, kEmpty);
   }
-  slot_row_[slot] = row;
-  MapRow(row, slot);
+  slot_row_[slot] = key;
+  if (kKeyed) tier_row_[slot] = tier_row;
+  MapRow(key, slot);
   m.set_dirty(train);
   m.step = step;
   m.set_stamp(++clock_);
   if (policy_ == CachePolicy::kLfu)
-    freq_[slot] = Frequency(row);
+    freq_[slot] = Frequency(key);
   else if (policy_ == CachePolicy::kTinyLfu)
-    freq_[slot] = tiny_sketch_->Estimate(static_cast<uint64_t>(row));
+    freq_[slot] = tiny_sketch_->Estimate(static_cast<uint64_t>(key));
   if (overflow) {
-    overflow_map_[row] = slot;
+    overflow_map_[key] = slot;
     ++counters_.overflow_assignments;
   }
-  plan->load_rows.push_back(row);
+  plan->load_rows.push_back(tier_row);
   plan->load_slots.push_back(slot);
 }
 
@@ -411,57 +435,106 @@ void SetAssociativeCache::Plan(const int64_t* indices, size_t n, int64_t step,
 
 void SetAssociativeCache::PlanInto(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step,
                                    bool train, int64_t* slot_of, StepPlan* plan) {
+  if (keyed_) throw std::invalid_argument("a keyed cache plans with LockHits and PlaceMisses (its misses need tier rows)");
   MutexLock lock(&mu_);
-  plan->load_rows.clear();
-  plan->load_slots.clear();
-  plan->evict_rows.clear();
-  plan->evict_slots.clear();
-  counters_.lookups += n;
-  const bool lfu = policy_ == CachePolicy::kLfu;
-  const bool tiny = policy_ == CachePolicy::kTinyLfu;
-  // Passes 1 and 2: find every index's slot, then lock every hit before any miss takes a
+  ClearMoves(plan);
+  LockHitsLocked(indices, n, step, train, slot_of, nullptr);
+  PlaceMissesLocked<false>(indices, nullptr, step, oldest_live_step, train, slot_of, plan);
+}
+
+size_t SetAssociativeCache::LockHits(const int64_t* keys, size_t n, int64_t step, bool train, int64_t* slot_of,
+                                     int64_t* tier_row_of) {
+  if (keyed_ && tier_row_of == nullptr)
+    throw std::invalid_argument("LockHits of a keyed cache needs tier_row_of (its hits' tier rows)");
+  MutexLock lock(&mu_);
+  return LockHitsLocked(keys, n, step, train, slot_of, tier_row_of);
+}
+
+size_t SetAssociativeCache::LockHitsLocked(const int64_t* keys, size_t n, int64_t step, bool train,
+                                           int64_t* slot_of, int64_t* tier_row_of) {
+  // Passes 1 and 2: find every key's slot, then lock every hit before any miss takes a
   // victim, so no row this step uses is evicted by it (and no row is both written back and
   // loaded in one step).
-  std::vector<size_t>& misses = miss_scratch_;
-  misses.clear();
+  miss_scratch_.clear();
+  planned_n_ = n;
+  const bool counted = policy_ != CachePolicy::kLru;
   if (map_rows_ > 0) {
-    if (lfu || tiny)
-      FindAndLockByMap<true>(indices, n, step, train, slot_of);
+    if (counted)
+      FindAndLockByMap<true>(keys, n, step, train, slot_of);
     else
-      FindAndLockByMap<false>(indices, n, step, train, slot_of);
+      FindAndLockByMap<false>(keys, n, step, train, slot_of);
+  } else if (keyed_) {
+    if (counted)
+      FindAndLockByScan<true, true>(keys, n, step, train, slot_of, tier_row_of);
+    else
+      FindAndLockByScan<false, true>(keys, n, step, train, slot_of, tier_row_of);
   } else {
-    if (lfu || tiny)
-      FindAndLockByScan<true>(indices, n, step, train, slot_of);
+    if (counted)
+      FindAndLockByScan<true, false>(keys, n, step, train, slot_of, nullptr);
     else
-      FindAndLockByScan<false>(indices, n, step, train, slot_of);
+      FindAndLockByScan<false, false>(keys, n, step, train, slot_of, nullptr);
   }
-  // Pass 3: place the misses in order (a row missing at several indices is placed once),
+  counters_.lookups += n;  // after the passes: a refused key counts no lookup
+  return miss_scratch_.size();
+}
+
+void SetAssociativeCache::PlaceMisses(const int64_t* keys, size_t n, const int64_t* tier_row_of, int64_t step,
+                                      int64_t oldest_live_step, bool train, int64_t* slot_of, StepPlan* plan) {
+  if (n != planned_n_)
+    throw std::invalid_argument("PlaceMisses of " + std::to_string(n) + " keys after a LockHits of " +
+                                std::to_string(planned_n_));
+  if (keyed_) CheckTierRows(keys, tier_row_of);
+  MutexLock lock(&mu_);
+  ClearMoves(plan);
+  if (keyed_)
+    PlaceMissesLocked<true>(keys, tier_row_of, step, oldest_live_step, train, slot_of, plan);
+  else
+    PlaceMissesLocked<false>(keys, nullptr, step, oldest_live_step, train, slot_of, plan);
+}
+
+void SetAssociativeCache::CheckTierRows(const int64_t* keys, const int64_t* tier_row_of) const {
+  if (tier_row_of == nullptr && !miss_scratch_.empty())
+    throw std::invalid_argument("PlaceMisses of a keyed cache needs tier_row_of (its misses' tier rows)");
+  for (size_t i : miss_scratch_)
+    if (tier_row_of[i] < 0)
+      throw std::invalid_argument("key " + std::to_string(keys[i]) + " at position " + std::to_string(i) +
+                                  " missed with tier row " + std::to_string(tier_row_of[i]) + " (must be >= 0)");
+}
+
+template <bool kKeyed>
+void SetAssociativeCache::PlaceMissesLocked(const int64_t* keys, const int64_t* tier_row_of, int64_t step,
+                                            int64_t oldest_live_step, bool train, int64_t* slot_of,
+                                            StepPlan* plan) {
+  const bool lfu = policy_ == CachePolicy::kLfu;
+  const bool tiny = policy_ == CachePolicy::kTinyLfu;
+  // Pass 3: place the misses in order (a key missing at several positions is placed once),
   // each one's set -- tags and slot metadata, which the victim scan reads whole --
   // prefetched a few misses ahead.
+  const std::vector<size_t>& misses = miss_scratch_;
   uint64_t miss_first[kMissAhead];
   for (size_t j = 0; j < std::min(misses.size(), kMissAhead); ++j) {
-    miss_first[j] = SetOf(indices[misses[j]]) * ways_;
+    miss_first[j] = SetOf(keys[misses[j]]) * ways_;
     PrefetchVictimSet(miss_first[j]);
   }
   for (size_t j = 0; j < misses.size(); ++j) {
     const size_t i = misses[j];
     const uint64_t first = miss_first[j % kMissAhead];
     if (j + kMissAhead < misses.size()) {
-      miss_first[j % kMissAhead] = SetOf(indices[misses[j + kMissAhead]]) * ways_;
+      miss_first[j % kMissAhead] = SetOf(keys[misses[j + kMissAhead]]) * ways_;
       PrefetchVictimSet(miss_first[j % kMissAhead]);
     }
-    const int64_t row = indices[i];
-    int64_t slot = Mapped(row) ? FindSlot(row) : FindSlotFrom(row, first);
+    const int64_t key = keys[i];
+    int64_t slot = Mapped(key) ? FindSlot(key) : FindSlotFrom(key, first);
     if (slot != kEmpty) {  // placed earlier in this pass
       meta_[slot].set_stamp(++clock_);
     } else {
       ++counters_.unique_rows;
       ++counters_.misses;
-      if (lfu) CountAccess(row);
-      if (tiny) TouchTinyLfu(row);
+      if (lfu) CountAccess(key);
+      if (tiny) TouchTinyLfu(key);
       slot = tiny ? AdmitSlot(first, oldest_live_step) : PickVictim(first, ways_, oldest_live_step);
       if (slot == kEmpty) slot = TakeOverflowSlot(oldest_live_step);
-      Place(row, slot, step, train, plan);
+      Place<kKeyed>(key, kKeyed ? tier_row_of[i] : key, slot, step, train, plan);
     }
     slot_of[i] = slot;
   }
@@ -481,24 +554,26 @@ void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* row
   MutexLock lock(&mu_);
   rows->clear();
   slots->clear();
+  const auto& row_of = keyed_ ? tier_row_ : slot_row_;
   for (uint64_t s = 0; s < slot_row_.size(); ++s) {
     if (slot_row_[s] != kEmpty && meta_[s].dirty()) {
-      rows->push_back(slot_row_[s]);
+      rows->push_back(row_of[s]);
       slots->push_back(static_cast<int64_t>(s));
       if (meta_[s].step < live_step) meta_[s].set_dirty(false);
     }
   }
 }
 
-uint64_t SetAssociativeCache::Forget(const int64_t* rows, size_t n) {
+uint64_t SetAssociativeCache::Forget(const int64_t* keys, size_t n) {
   MutexLock lock(&mu_);
   uint64_t dropped = 0;
   for (size_t i = 0; i < n; ++i) {
-    const int64_t slot = FindSlot(rows[i]);
+    const int64_t slot = FindSlot(keys[i]);
     if (slot == kEmpty) continue;
-    if (static_cast<uint64_t>(slot) >= num_sets_ * ways_) overflow_map_.erase(rows[i]);
-    MapRow(rows[i], kEmpty);
+    if (static_cast<uint64_t>(slot) >= num_sets_ * ways_) overflow_map_.erase(keys[i]);
+    MapRow(keys[i], kEmpty);
     slot_row_[slot] = kEmpty;
+    if (keyed_) tier_row_[slot] = kEmpty;
     meta_[slot].set_dirty(false);
     ++dropped;
   }
@@ -509,9 +584,10 @@ void SetAssociativeCache::Occupied(std::vector<int64_t>* rows, std::vector<int64
   MutexLock lock(&mu_);
   rows->clear();
   slots->clear();
+  const auto& row_of = keyed_ ? tier_row_ : slot_row_;
   for (uint64_t s = 0; s < slot_row_.size(); ++s) {
     if (slot_row_[s] != kEmpty) {
-      rows->push_back(slot_row_[s]);
+      rows->push_back(row_of[s]);
       slots->push_back(static_cast<int64_t>(s));
     }
   }

@@ -27,7 +27,17 @@
 // plan is the same with or without it: the map only finds rows faster. A row outside
 // [0, map_rows) (the caller's ids are validated against the table, so none should come) is
 // looked up by the set scan and never written to the map. It costs 4 bytes per table row.
-// Thread-safe: every method but num_slots() and map_rows() takes one mutex.
+// Keyed mode (`keyed`, a virtual table's cache): the tags are the table's keys (64-bit ids,
+// not bounded by the table) and each slot also records its key's tier row (the row in the
+// backing store), given by the caller for each miss. Lookups, sets, frequencies, the
+// overflow pool and Forget go by key; everything reported about the backing store (loads,
+// write-backs, TakeDirty, Occupied) is in tier rows. So a virtual table finds its cached
+// rows by id and consults its id index only for the ids the cache misses: it plans in two
+// calls, LockHits then PlaceMisses, and resolves the misses' keys to tier rows between them.
+// Keys are any int64 but -1, the empty slots' tag. A keyed cache has no dense map and costs
+// 8 more bytes a slot. Its caller keeps tier rows distinct among the cached keys (it
+// Forgets a key before giving its row to another).
+// Thread-safe: every method but num_slots(), map_rows(), keyed() and misses() takes one mutex.
 // TieredEmbeddingBags plans on its prefetch thread while the training thread calls MarkDirty,
 // capacity() and counters() (the binding releases the GIL), so the index must not rely on its
 // callers taking turns.
@@ -76,8 +86,10 @@ class SetAssociativeCache {
   // `num_slots` >= 1; ways in [1, 1024] (a cache smaller than `ways` is one set).
   // `map_rows` > 0 keeps a dense row-to-slot map over rows [0, map_rows) (4 bytes a row,
   // allocated here); then `num_slots` must be below kMaxMapSlots. 0: no map.
+  // `keyed`: keyed mode (above), which takes no map.
   // Throws std::invalid_argument on bad values.
-  SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy, uint64_t map_rows = 0);
+  SetAssociativeCache(uint64_t num_slots, uint32_t ways, CachePolicy policy, uint64_t map_rows = 0,
+                      bool keyed = false);
 
   // The map's entries are 32-bit slots: a cache with a map holds fewer slots than this,
   // overflow slots included (growing past it throws std::length_error from Plan).
@@ -94,25 +106,55 @@ class SetAssociativeCache {
             StepPlan* plan) EXCLUDES(mu_);
   // Plan, writing each index's slot to `slot_of_index` (n entries, caller-owned) instead of
   // `plan->slot_of_index` (left as it was); `plan` gets the loads and write-backs.
+  // Plan and PlanInto are for a non-keyed cache (a keyed one throws std::invalid_argument:
+  // its misses need tier rows); they are LockHits and PlaceMisses in one call.
   void PlanInto(const int64_t* indices, size_t n, int64_t step, int64_t oldest_live_step, bool train,
                 int64_t* slot_of_index, StepPlan* plan) EXCLUDES(mu_);
 
+  // A plan in two calls, for a caller that resolves the misses in between (a keyed cache's).
+  // LockHits: Plan's first half over `keys` (ids of the table; rows unless keyed): each key's
+  // slot, or -1 for a miss, in slot_of[0..n); each hit locked for `step` and stamped, dirty
+  // when `train`; lookups and hits counted. A keyed cache also writes each hit's tier row to
+  // tier_row_of[i] (leaving the misses' entries as they were); a non-keyed one ignores
+  // `tier_row_of` (may be null: its keys are its tier rows). Returns the number of misses,
+  // whose positions misses() then lists. Throws std::invalid_argument for a keyed cache
+  // without `tier_row_of` or given the key -1, before locking any hit.
+  size_t LockHits(const int64_t* keys, size_t n, int64_t step, bool train, int64_t* slot_of,
+                  int64_t* tier_row_of) EXCLUDES(mu_);
+  // The positions of the last LockHits' misses, ascending; valid until the next LockHits or
+  // Plan of this cache. Not locked: it belongs to the planning thread (one planner at a time);
+  // Forget, MarkDirty and the readers that other threads call never touch it.
+  const std::vector<size_t>& misses() const { return miss_scratch_; }
+  // PlaceMisses: the second half of the plan begun by the last LockHits (same `keys`, `n`,
+  // `step`, `train`), which may run after other calls (Forget of keys no live step uses,
+  // MarkDirty, readers): places every miss, taking tier_row_of[i] as the tier row of the
+  // miss at position i (a keyed cache; a non-keyed one ignores `tier_row_of`). A key missing
+  // at several positions is placed once, with its first position's tier row. Fills slot_of
+  // at the misses; `plan` (cleared first) gets the loads (tier rows and slots) and the dirty
+  // victims' write-backs (their tier rows and slots); plan->slot_of_index is left as it was.
+  // Throws std::invalid_argument when `n` is not the last LockHits' or, keyed, when a miss
+  // has no tier row (null `tier_row_of`, or a negative one), before placing any.
+  void PlaceMisses(const int64_t* keys, size_t n, const int64_t* tier_row_of, int64_t step,
+                   int64_t oldest_live_step, bool train, int64_t* slot_of, StepPlan* plan) EXCLUDES(mu_);
+
   // Marks `slots` dirty (a step planned in eval mode that trains after all).
   void MarkDirty(const int64_t* slots, size_t n) EXCLUDES(mu_);
-  // Slots whose rows are dirty, with their rows (flush). Marks them clean, except slots
+  // Slots whose rows are dirty, with their (tier) rows (flush). Marks them clean, except slots
   // locked by a step >= `live_step` (planned or running: their rows will change again).
   void TakeDirty(int64_t live_step, std::vector<int64_t>* rows, std::vector<int64_t>* slots)
       EXCLUDES(mu_);
-  // Drops `rows` from the cache without writing them back (their rows now belong to
-  // another id: a virtual table's eviction); returns how many were cached. The caller
-  // ensures no live step uses them.
-  uint64_t Forget(const int64_t* rows, size_t n) EXCLUDES(mu_);
-  // Occupied slots and their rows (reading the table through the cache).
+  // Drops `keys` (rows unless keyed) from the cache without writing them back (their rows
+  // now belong to another id: a virtual table's eviction); returns how many were cached.
+  // The caller ensures no live step uses them.
+  uint64_t Forget(const int64_t* keys, size_t n) EXCLUDES(mu_);
+  // Occupied slots and their (tier) rows (reading the table through the cache).
   void Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const EXCLUDES(mu_);
 
   uint64_t num_slots() const { return num_slots_; }
   // Rows the dense map covers ([0, map_rows())); 0 without a map.
   uint64_t map_rows() const { return map_rows_; }
+  // Whether the cache is keyed (its tags are keys, its reports tier rows).
+  bool keyed() const { return keyed_; }
   // Regular + overflow slots: the storage behind the slots must have this many rows.
   uint64_t capacity() const EXCLUDES(mu_) {
     MutexLock lock(&mu_);
@@ -157,12 +199,22 @@ class SetAssociativeCache {
   // The slot holding `row`, or kEmpty: its map entry when the map covers it, else the scan
   // of its set (FindSlotFrom).
   int64_t FindSlot(int64_t row) const REQUIRES(mu_);
+  // LockHits under the lock.
+  size_t LockHitsLocked(const int64_t* keys, size_t n, int64_t step, bool train, int64_t* slot_of,
+                        int64_t* tier_row_of) REQUIRES(mu_);
+  // Throws std::invalid_argument unless every miss of the last LockHits has a tier row >= 0.
+  void CheckTierRows(const int64_t* keys, const int64_t* tier_row_of) const;
+  // PlaceMisses under the lock, its arguments checked; kKeyed: keyed_ (a non-keyed miss's
+  // tier row is its key).
+  template <bool kKeyed>
+  void PlaceMissesLocked(const int64_t* keys, const int64_t* tier_row_of, int64_t step, int64_t oldest_live_step,
+                         bool train, int64_t* slot_of, StepPlan* plan) REQUIRES(mu_);
   // Plan's passes 1 and 2, with the set scan or through the map: each index's slot, or
-  // kEmpty, in `slot_of`; each hit locked (LockHit); the misses' positions, in order, in
-  // miss_scratch_.
-  template <bool kCounted>
-  void FindAndLockByScan(const int64_t* indices, size_t n, int64_t step, bool train, int64_t* slot_of)
-      REQUIRES(mu_);
+  // kEmpty, in `slot_of`; each hit locked (LockHit), and when kKeyed its tier row written to
+  // `tier_row_of`; the misses' positions, in order, in miss_scratch_.
+  template <bool kCounted, bool kKeyed>
+  void FindAndLockByScan(const int64_t* indices, size_t n, int64_t step, bool train, int64_t* slot_of,
+                         int64_t* tier_row_of) REQUIRES(mu_);
   template <bool kCounted>
   void FindAndLockByMap(const int64_t* indices, size_t n, int64_t step, bool train, int64_t* slot_of)
       REQUIRES(mu_);
@@ -186,7 +238,9 @@ class SetAssociativeCache {
   // TinyLFU: the slot of set [first, first + ways) a new row takes (tagged window), or
   // kEmpty when every way is locked.
   int64_t AdmitSlot(uint64_t first, int64_t oldest_live_step) REQUIRES(mu_);
-  void Place(int64_t row, int64_t slot, int64_t step, bool train, StepPlan* plan)
+  // Puts `key` (tier row `tier_row`; kKeyed: keyed_) in `slot`, displacing its key.
+  template <bool kKeyed>
+  void Place(int64_t key, int64_t tier_row, int64_t slot, int64_t step, bool train, StepPlan* plan)
       REQUIRES(mu_);
 
   const uint64_t num_slots_;
@@ -195,18 +249,22 @@ class SetAssociativeCache {
   const CachePolicy policy_;
   const uint32_t window_ways_;  // TinyLFU: unlocked window rows a set keeps
   const uint64_t map_rows_;     // rows the dense map covers (0: no map)
+  const bool keyed_;
   mutable Mutex mu_;
-  // Row in each slot, kEmpty if none (a set's ways adjacent).
+  // Key in each slot (its row unless keyed_), kEmpty if none (a set's ways adjacent).
   // The arrays a lookup reads at random sit on huge pages where the kernel gives them
   // (HugePageAllocator): a 1M-slot cache's are 24 MiB, a 8M-row table's map 32 MiB.
   std::vector<int64_t, HugePageAllocator<int64_t>> slot_row_ GUARDED_BY(mu_);
   std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta_ GUARDED_BY(mu_);
+  // Keyed: each slot's tier row (kEmpty if none), as long as slot_row_; empty otherwise (a
+  // non-keyed slot's key is its tier row).
+  std::vector<int64_t, HugePageAllocator<int64_t>> tier_row_ GUARDED_BY(mu_);
   // Per slot, LFU: the row's access frequency (sketch estimate, then hits); TinyLFU: the
   // sketch's estimate at the row's last access. Empty for LRU (beside SlotMeta rather than
   // in it: an LRU hit touches no frequency).
   std::vector<uint32_t, HugePageAllocator<uint32_t>> freq_ GUARDED_BY(mu_);
   uint64_t overflow_cursor_ GUARDED_BY(mu_) = 0;  // CLOCK hand over the overflow slots
-  std::unordered_map<int64_t, int64_t> overflow_map_ GUARDED_BY(mu_);  // row -> overflow slot
+  std::unordered_map<int64_t, int64_t> overflow_map_ GUARDED_BY(mu_);  // key -> overflow slot
   // The dense map: slot of each row in [0, map_rows_), kNoSlot if none (empty without a map).
   static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
   std::vector<uint32_t, HugePageAllocator<uint32_t>> slot_of_row_ GUARDED_BY(mu_);
@@ -218,7 +276,10 @@ class SetAssociativeCache {
   // TinyLFU's sketch (null for the other policies).
   std::unique_ptr<FrequencySketch> tiny_sketch_ GUARDED_BY(mu_);
   CacheCounters counters_ GUARDED_BY(mu_);
-  std::vector<size_t> miss_scratch_ GUARDED_BY(mu_);  // Plan's misses, reused across steps
+  // The planning thread's alone (hence not guarded: misses() reads it unlocked): the last
+  // LockHits' miss positions, reused across steps, and its `n`.
+  std::vector<size_t> miss_scratch_;
+  size_t planned_n_ = 0;
 };
 
 }  // namespace mtrains
