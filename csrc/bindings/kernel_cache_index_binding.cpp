@@ -33,20 +33,27 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 
 class KernelCacheIndexHandle : public torch::CustomClassHolder {
  public:
+  // `keyed`: one entry per table, or empty (no table keyed).
   KernelCacheIndexHandle(const std::vector<int64_t>& slots, const std::vector<int64_t>& rows,
-                         const c10::List<bool>& dense_map, int64_t ways, const std::string& policy) {
+                         const c10::List<bool>& dense_map, int64_t ways, const std::string& policy,
+                         const c10::List<bool>& keyed) {
     TORCH_CHECK_VALUE(!slots.empty(), "a kernel cache index needs at least one table");
     TORCH_CHECK_VALUE(rows.size() == slots.size() && dense_map.size() == slots.size(), "slots (", slots.size(),
                       "), rows (", rows.size(), ") and dense_map (", dense_map.size(),
                       ") must have one entry per table");
+    TORCH_CHECK_VALUE(keyed.empty() || keyed.size() == slots.size(), "keyed (", keyed.size(),
+                      ") must have one entry per table (", slots.size(), ") or none");
     std::vector<TableCacheSpec> tables;
     for (size_t t = 0; t < slots.size(); ++t) {
+      const bool is_keyed = !keyed.empty() && keyed.get(t);
       TORCH_CHECK_VALUE(slots[t] >= 1, "cache slots of table ", t, " = ", slots[t], " must be >= 1");
       TORCH_CHECK_VALUE(rows[t] >= 1, "rows of table ", t, " = ", rows[t], " must be >= 1");
       TORCH_CHECK_VALUE(!dense_map.get(t) || uint64_t(slots[t]) < SetAssociativeCache::kMaxMapSlots,
                         "table ", t, ": a dense row-to-slot map holds 32-bit slots; cache slots = ", slots[t],
                         " must be below ", SetAssociativeCache::kMaxMapSlots);
-      tables.push_back(TableCacheSpec{uint64_t(slots[t]), uint64_t(rows[t]), bool(dense_map.get(t))});
+      TORCH_CHECK_VALUE(!(is_keyed && dense_map.get(t)), "table ", t,
+                        " is keyed: its cache has no dense row-to-slot map (dense_map must be False)");
+      tables.push_back(TableCacheSpec{uint64_t(slots[t]), uint64_t(rows[t]), bool(dense_map.get(t)), is_keyed});
     }
     TORCH_CHECK_VALUE(ways >= 1 && ways <= 1024, "cache ways=", ways, " must be in [1, 1024]");
     CachePolicy parsed;
@@ -103,9 +110,9 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
     }
   }
 
-  int64_t forget(int64_t table, const at::Tensor& rows) {
-    CheckIndexVector(rows, "rows");
-    return int64_t(Cache(table).Forget(rows.data_ptr<int64_t>(), size_t(rows.numel())));
+  int64_t forget(int64_t table, const at::Tensor& keys) {
+    CheckIndexVector(keys, "keys");
+    return int64_t(Cache(table).Forget(keys.data_ptr<int64_t>(), size_t(keys.numel())));
   }
 
   std::tuple<at::Tensor, at::Tensor> take_dirty(int64_t table, int64_t live_step) {
@@ -124,6 +131,13 @@ class KernelCacheIndexHandle : public torch::CustomClassHolder {
   c10::List<bool> dense_maps() {
     c10::List<bool> out;
     for (size_t t = 0; t < index_->num_tables(); ++t) out.push_back(index_->cache(t).map_rows() > 0);
+    return out;
+  }
+
+  // Whether each table's cache is keyed.
+  c10::List<bool> keyed() {
+    c10::List<bool> out;
+    for (size_t t = 0; t < index_->num_tables(); ++t) out.push_back(index_->keyed(t));
     return out;
   }
 
@@ -228,21 +242,30 @@ KernelCacheIndex* KernelCacheIndexOfHandle(const c10::IValue& handle,
 TORCH_LIBRARY_FRAGMENT(mtrains, m) {
   using mtrains::KernelCacheIndexHandle;
   m.class_<KernelCacheIndexHandle>("KernelCacheIndex")
-      .def(torch::init<std::vector<int64_t>, std::vector<int64_t>, c10::List<bool>, int64_t, std::string>(),
+      .def(torch::init<std::vector<int64_t>, std::vector<int64_t>, c10::List<bool>, int64_t, std::string,
+                       c10::List<bool>>(),
            "(slots per table, rows per table, dense row-to-slot map per table (4 bytes a table row), ways, "
-           "policy 'lru'|'lfu'|'tinylfu'): the row-cache indexes of a kernel's tables.")
+           "policy 'lru'|'lfu'|'tinylfu', keyed per table ([]: none; a keyed table's cache is found by id and "
+           "reports tier rows, and is planned by the step engine with its id index)): the row-cache indexes of "
+           "a kernel's tables.",
+           {torch::arg("slots"), torch::arg("rows"), torch::arg("dense_map"), torch::arg("ways"), torch::arg("policy"),
+            torch::arg("keyed") = c10::IValue(c10::List<bool>())})
       .def("plan_step", &KernelCacheIndexHandle::plan_step,
            "(indices, bounds, step, oldest_live_step, train) -> (slot per index, moved tables, "
-           "load_rows, load_slots, evict_rows, evict_slots, plan seconds, plan CPU ns).")
+           "load_rows, load_slots, evict_rows, evict_slots, plan seconds, plan CPU ns). Not for an index "
+           "with keyed tables (ValueError): their misses need the id index.")
       .def("mark_dirty", &KernelCacheIndexHandle::mark_dirty, "(table, slots): marks slots dirty.")
       .def("forget", &KernelCacheIndexHandle::forget,
-           "(table, rows) -> how many were cached: drops them without writing them back.")
+           "(table, keys) -> how many were cached: drops them (rows, or a keyed table's ids) without writing "
+           "them back.")
       .def("take_dirty", &KernelCacheIndexHandle::take_dirty,
-           "(table, live_step) -> (rows, slots) of dirty slots; those not locked by a step >= "
-           "live_step become clean.")
-      .def("occupied", &KernelCacheIndexHandle::occupied, "(table) -> (rows, slots) of occupied slots.")
+           "(table, live_step) -> (rows, slots) of dirty slots (a keyed table's tier rows); those not locked "
+           "by a step >= live_step become clean.")
+      .def("occupied", &KernelCacheIndexHandle::occupied,
+           "(table) -> (rows, slots) of occupied slots (a keyed table's tier rows).")
       .def("dense_maps", &KernelCacheIndexHandle::dense_maps,
            "Whether each table's cache keeps a dense row-to-slot map.")
+      .def("keyed", &KernelCacheIndexHandle::keyed, "Whether each table's cache is keyed (found by id).")
       .def("capacities", &KernelCacheIndexHandle::capacities,
            "Regular + overflow slots of each table: the rows the storage behind it must have.")
       .def("counters", &KernelCacheIndexHandle::counters,
