@@ -76,19 +76,21 @@ auto Run(F&& f) -> decltype(f()) {
 
 class StepEngineHandle : public torch::CustomClassHolder {
  public:
-  // hooks: the addresses of EngineHooks' functions (0: none): map_rows, before_write, fault.
+  // hooks: the addresses of EngineHooks' functions (0: none): before_write, fault.
+  // virtual_ids: the kernel's torch.classes.mtrains.VirtualIds, or None.
   StepEngineHandle(const c10::IValue& index, const c10::IValue& mover, const std::vector<int64_t>& id_bounds,
-                   const std::vector<int64_t>& table_of_feature, bool background, const std::vector<int64_t>& hooks) {
-    TORCH_CHECK_VALUE(hooks.size() == 3, "hooks must hold 3 function addresses (0: none)");
+                   const std::vector<int64_t>& table_of_feature, bool background, const std::vector<int64_t>& hooks,
+                   const c10::IValue& virtual_ids) {
+    TORCH_CHECK_VALUE(hooks.size() == 2, "hooks must hold 2 function addresses (0: none)");
     KernelCacheIndex* i = KernelCacheIndexOfHandle(index, &keep_index_);
     StepMover* m = StepMoverOfHandle(mover, &keep_mover_);
+    VirtualIds* v = VirtualIdsOfHandle(virtual_ids, &keep_virtual_);
     EngineHooks h;
-    h.map_rows = reinterpret_cast<decltype(h.map_rows)>(static_cast<intptr_t>(hooks[0]));
-    h.before_write = reinterpret_cast<decltype(h.before_write)>(static_cast<intptr_t>(hooks[1]));
-    h.fault = reinterpret_cast<decltype(h.fault)>(static_cast<intptr_t>(hooks[2]));
+    h.before_write = reinterpret_cast<decltype(h.before_write)>(static_cast<intptr_t>(hooks[0]));
+    h.fault = reinterpret_cast<decltype(h.fault)>(static_cast<intptr_t>(hooks[1]));
     for (int64_t b : id_bounds) TORCH_CHECK_VALUE(b >= 1, "id bounds must be >= 1, got ", b);
     try {
-      engine_ = std::make_unique<StepEngine>(i, m, id_bounds, table_of_feature, background, h);
+      engine_ = std::make_unique<StepEngine>(i, m, id_bounds, table_of_feature, background, h, v);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
@@ -272,7 +274,7 @@ class StepEngineHandle : public torch::CustomClassHolder {
                 "; a forked child cannot use it");
   }
 
-  c10::intrusive_ptr<c10::intrusive_ptr_target> keep_index_, keep_mover_;
+  c10::intrusive_ptr<c10::intrusive_ptr_target> keep_index_, keep_mover_, keep_virtual_;
   std::unique_ptr<StepEngine> engine_;
   std::deque<Kept> kept_;  // the pending steps' tensors, in step order
   std::vector<at::Tensor> pool_;
@@ -287,9 +289,10 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
   using mtrains::StepEngineHandle;
   m.class_<StepEngineHandle>("StepEngine")
       .def(torch::init<c10::IValue, c10::IValue, std::vector<int64_t>, std::vector<int64_t>, bool,
-                       std::vector<int64_t>>(),
+                       std::vector<int64_t>, c10::IValue>(),
            "(KernelCacheIndex, StepMover, id bounds per table, table of each feature ([]: one per table), "
-           "background threads, hook addresses [map_rows, before_write, fault]): a kernel's step engine.")
+           "background threads, hook addresses [before_write, fault], VirtualIds or None): a kernel's step "
+           "engine.")
       .def("submit", &StepEngineHandle::submit,
            "(indices, offsets, feature_batch, train) -> batch problem (kind 0: queued as the next step).")
       .def("take", &StepEngineHandle::take,

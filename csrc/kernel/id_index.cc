@@ -236,6 +236,22 @@ void IdIndex::Find(const int64_t* ids, size_t n, int64_t* rows) const {
   }
 }
 
+void IdIndex::Touch(const int64_t* rows, size_t n, uint32_t now) {
+  if (!keeps_metadata()) return;
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t r = uint64_t(rows[i]);
+    if (r >= rows_used_ || Free(ids_[r])) continue;
+    if (keep_counts_) counts_[r] += 1.f;
+    if (keep_times_) times_[r] = now;
+  }
+}
+
+uint64_t IdIndex::live() const {
+  MutexLock lock(&mu_);
+  return live_;
+}
+
 void IdIndex::TakeFresh(const int64_t* rows, size_t n, uint8_t* fresh, int64_t* ids) {
   MutexLock lock(&fresh_mu_);
   for (size_t i = 0; i < n; ++i) {

@@ -73,6 +73,13 @@ class IdIndex {
   uint64_t CountMissing(const int64_t* ids, size_t n) const EXCLUDES(mu_);
   // Rows of ids[0..n) (-1: none), changing nothing.
   void Find(const int64_t* ids, size_t n, int64_t* rows) const EXCLUDES(mu_);
+  // Counts one access at time `now` of each of rows[0..n) (live rows, found without a
+  // lookup: a cache hit's), as Map counts a found id's. Nothing to do without metadata.
+  void Touch(const int64_t* rows, size_t n, uint32_t now) EXCLUDES(mu_);
+  // Whether Map and Touch keep per-row metadata (counts or times).
+  bool keeps_metadata() const { return keep_counts_ || keep_times_; }
+  // Ids holding a row.
+  uint64_t live() const EXCLUDES(mu_);
 
   // For each of rows[0..n): whether it was fresh (fresh[i]), then no longer fresh, and the
   // id it was made for (ids[i]; -1 for a row that was not fresh).

@@ -24,11 +24,13 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 StepEngine::StepEngine(KernelCacheIndex* index, StepMover* mover, std::vector<int64_t> id_bounds,
-                       std::vector<int64_t> table_of_feature, bool background, EngineHooks hooks)
+                       std::vector<int64_t> table_of_feature, bool background, EngineHooks hooks,
+                       VirtualIds* virtual_ids)
     : index_(index),
       mover_(mover),
       bounds_layout_{id_bounds, FeatureTables(std::move(table_of_feature), id_bounds.size())},
       hooks_(hooks),
+      virtual_(virtual_ids),
       write_guard_(new std::atomic<bool>[id_bounds.size()]) {
   if (index == nullptr || mover == nullptr) throw std::invalid_argument("a step engine needs an index and a mover");
   if (id_bounds.empty() || id_bounds.size() != index->num_tables() || id_bounds.size() != mover->num_tables())
@@ -94,6 +96,7 @@ BatchProblem StepEngine::Submit(const StepInput& in) {
   job->version = in.version;
   job->remapped = in.remapped;
   job->train = in.train;
+  if (virtual_ != nullptr) virtual_->Now(&job->now);
   {
     MutexLock lock(&mu_);
     job->step = next_step_++;
@@ -210,8 +213,8 @@ void StepEngine::Consume(Job* job, bool train, TakenStep* out) {
 
 void StepEngine::MarkRows(const Job& job, bool created_only) {
   if (bitmaps_.empty() || (created_only && job.created.empty())) return;
-  const int64_t* rows = job.plan_rows();
   for (size_t t = 0; t < num_tables() && t < bitmaps_.size(); ++t) {
+    const int64_t* rows = virtual_ != nullptr && virtual_->IsVirtual(t) ? job.rows.data() : job.indices;
     uint8_t* bits = bitmaps_[t].bits;
     const uint64_t limit = bitmaps_[t].rows;
     for (int64_t i = job.bounds[t]; i < job.bounds[t + 1]; ++i) {
@@ -417,23 +420,28 @@ void StepEngine::RunPlan(Job* job) {
     job->status = Status::InvalidArgument("the fault point before the plan failed");
     return;
   }
-  if (hooks_.map_rows != nullptr) {
+  Status resolved;
+  if (virtual_ != nullptr) {
     job->rows.resize(job->n);
     job->created.assign(job->n, 0);
-    if (hooks_.map_rows(hooks_.context, job->step, job->oldest_live, job->indices, job->bounds.data(),
-                        int64_t(job->n), job->rows.data(), job->created.data()) != 0) {
-      job->failure = StepFailure::kHook;
-      job->status = Status::InvalidArgument("the virtual tables' id lookup failed");
-      return;
-    }
+    virtual_->BeginStep(job->now);
   }
   try {
-    job->num_moves = index_->PlanStep(job->plan_rows(), job->bounds, job->step, job->oldest_live, job->train,
-                                      job->remapped, &job->moves);
+    job->num_moves = index_->PlanStep(job->indices, job->bounds, job->step, job->oldest_live, job->train,
+                                      job->remapped, &job->moves, virtual_, job->rows.data(), &resolved);
   } catch (const std::exception& e) {
     job->failure = StepFailure::kPlan;
     job->status = Status::InvalidArgument(e.what());
     return;
+  }
+  if (!resolved.ok()) {
+    job->failure = StepFailure::kPlan;
+    job->status = std::move(resolved);
+    return;
+  }
+  if (virtual_ != nullptr) {
+    for (size_t t = 0; t < num_tables(); ++t)
+      if (virtual_->IsVirtual(t)) virtual_->MarkCreated(t, job->created.data() + job->bounds[t]);
   }
   if (!job->train && !job->created.empty()) {
     // A new id's slot must reach the tier, whether the step trains or not.

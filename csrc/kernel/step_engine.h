@@ -3,9 +3,10 @@
 // A step is submitted (prefetch, or forward without one) with its batch; the engine checks
 // it and splits it by table in the caller's thread (a bad batch changes nothing), then runs
 // it on its own threads, steps in submission order:
-//   plan  -- virtual tables' ids to rows (a hook, only for kernels that have them), the cache
-//            index's plan of every table (cache/kernel_cache_index.h): each index's slot,
-//            the rows to load and the dirty rows to write back;
+//   plan  -- the cache index's plan of every table (cache/kernel_cache_index.h): each
+//            index's slot, the rows to load and the dirty rows to write back; a virtual
+//            table's cache is keyed by its ids, and only its misses go to its id index
+//            (kernel/virtual_ids.h);
 //   move  -- every moved table's write-backs and loads through the step mover
 //            (kernel/step_mover.h), tier I/O of all tables in one pass.
 // The plan of step i+2 overlaps the moves of step i+1, which overlap the compute of step i.
@@ -39,6 +40,7 @@
 #include "kernel/batch_bounds.h"
 #include "kernel/slot_rows.h"
 #include "kernel/step_mover.h"
+#include "kernel/virtual_ids.h"
 
 namespace mtrains {
 
@@ -47,10 +49,6 @@ namespace mtrains {
 // return fails the step (the callee keeps its own error).
 struct EngineHooks {
   void* context = nullptr;
-  // Virtual tables: the step's ids (n, table-major, table t's in [bounds[t], bounds[t+1]))
-  // into rows[0..n); created[i] = 1 (zeroed before) where id i was given a row now.
-  int (*map_rows)(void* context, int64_t step, int64_t oldest_live, const int64_t* ids, const int64_t* bounds,
-                  int64_t n, int64_t* rows, uint8_t* created) = nullptr;
   // Before table `table`'s rows ids[0..n) are written to its tier, while a checkpoint reads
   // that tier (SetWriteGuard): the checkpoint keeps their old values first.
   int (*before_write)(void* context, int64_t step, int64_t table, const int64_t* ids, int64_t n) = nullptr;
@@ -77,7 +75,7 @@ struct StepInput {
 enum class StepFailure : int {
   kNone = 0,
   kMove = 1,       // a table's move failed: status, failed_table
-  kPlan = 2,       // the cache index refused the plan: status
+  kPlan = 2,       // the cache index refused the plan, or a virtual table is full: status
   kHook = 3,       // a hook returned non-zero (its error is the caller's)
   kEarlier = 4,    // an earlier step failed: status is its
   kCancelled = 5,  // dropped by Shutdown(cancel) before its plan ran
@@ -123,9 +121,11 @@ class StepEngine {
  public:
   // `id_bounds[t]`: table t's ids lie in [0, id_bounds[t]); `table_of_feature`: each
   // feature's table (one feature per table when empty). `background`: stage threads (else
-  // every step runs in Submit). The index and mover must outlive the engine.
+  // every step runs in Submit). `virtual_ids`: the virtual tables (null: none). The index,
+  // mover and virtual ids must outlive the engine.
   StepEngine(KernelCacheIndex* index, StepMover* mover, std::vector<int64_t> id_bounds,
-             std::vector<int64_t> table_of_feature, bool background, EngineHooks hooks);
+             std::vector<int64_t> table_of_feature, bool background, EngineHooks hooks,
+             VirtualIds* virtual_ids = nullptr);
   ~StepEngine();
   StepEngine(const StepEngine&) = delete;
   StepEngine& operator=(const StepEngine&) = delete;
@@ -182,8 +182,9 @@ class StepEngine {
     uint64_t version = 0;
     int64_t* remapped = nullptr;
     std::vector<int64_t> bounds;
-    std::vector<int64_t> rows;      // virtual tables: the ids' rows (else unused)
+    std::vector<int64_t> rows;      // virtual tables: the ids' tier rows (else unused)
     std::vector<uint8_t> created;   // virtual tables: ids given a row by this step
+    std::vector<uint32_t> now;      // virtual tables: their policies' seconds at submit
     std::vector<TableMoves> moves;  // the plan's: [0, num_moves) the tables with rows to move
     size_t num_moves = 0;
     double plan_seconds = 0;
@@ -195,7 +196,6 @@ class StepEngine {
     Status status;
     int64_t failed_table = -1;
     Stage stage = Stage::kFree;
-    const int64_t* plan_rows() const { return rows.empty() && n ? indices : rows.data(); }
   };
 
   Job* NewJob() REQUIRES(mu_);
@@ -223,6 +223,7 @@ class StepEngine {
   StepMover* const mover_;
   const BatchLayout bounds_layout_;
   const EngineHooks hooks_;
+  VirtualIds* const virtual_;
   std::unique_ptr<std::atomic<bool>[]> write_guard_;
 
   mutable Mutex mu_;

@@ -170,7 +170,7 @@ struct TierTable {
 
 struct HookScript {
   StepEngine* engine = nullptr;
-  // map_rows (ids are rows: the identity), at step `hold_step`: opens `held`, waits for
+  // The plan hook (PlanHook), at step `hold_step`: opens `held`, waits for
   // `release`; at `shutdown_step` first waits for `shutdown_go`, then calls
   // Shutdown(shutdown_cancel); at `wait_moves_step` opens `waiting`, calls WaitForMoves and
   // notes how many moves of `moves` had ended.
@@ -180,7 +180,6 @@ struct HookScript {
   MoveScript* moves = nullptr;
   std::atomic<int64_t> done_at_return{-1};
   std::atomic<uint64_t> return_seq{0};
-  std::atomic<int64_t> created_from{std::numeric_limits<int64_t>::max()};  // map_rows: ids >= it are new
   // before_write: call `fail_write_call` (1-based) returns 1.
   std::atomic<int64_t> write_calls{0}, fail_write_call{0};
   // fault: returns 1 at (fail_fault_step, fail_fault_phase).
@@ -193,7 +192,7 @@ struct HookScript {
     uint64_t seq;
   };
   Mutex mu;
-  std::vector<int64_t> planned GUARDED_BY(mu);  // steps in the order map_rows saw them
+  std::vector<int64_t> planned GUARDED_BY(mu);  // steps in the order PlanHook saw them
   std::vector<Write> writes GUARDED_BY(mu);
   std::vector<std::pair<int64_t, int64_t>> faults GUARDED_BY(mu);  // (step, phase)
 
@@ -212,16 +211,15 @@ struct HookScript {
   void NoteThread() { ++(engine->OnStageThread() ? on_stage : off_stage); }
 };
 
-inline int MapRowsHook(void* context, int64_t step, int64_t oldest_live, const int64_t* ids, const int64_t* bounds,
-                       int64_t n, int64_t* rows, uint8_t* created) {
+// The fault hook at phase 0 (before the plan), running the script's plan-time parts.
+inline int PlanHook(void* context, int64_t step, int64_t phase) {
+  if (phase != 0) return 0;
   HookScript& h = *static_cast<HookScript*>(context);
   h.NoteThread();
   {
     MutexLock lock(&h.mu);
     h.planned.push_back(step);
   }
-  CHECK(bounds[0] == 0 && bounds[kTables] == n) << bounds[0] << " " << bounds[kTables] << " " << n;
-  CHECK(oldest_live <= step) << oldest_live << " " << step;
   if (step == h.shutdown_step.load()) {
     h.shutdown_go.Wait();
     h.engine->Shutdown(h.shutdown_cancel);  // on a stage thread: returns without joining
@@ -235,11 +233,6 @@ inline int MapRowsHook(void* context, int64_t step, int64_t oldest_live, const i
     h.engine->WaitForMoves();
     h.done_at_return = h.moves->done.load();
     h.return_seq = Tick();
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    CHECK(created[i] == 0) << "created flags not zeroed at " << i;
-    rows[i] = ids[i];
-    created[i] = ids[i] >= h.created_from.load() ? 1 : 0;
   }
   return 0;
 }
@@ -358,7 +351,8 @@ struct KernelOptions {
   std::vector<uint64_t> cache_slots = {12, 8, 16};
   uint32_t ways = 4;
   bool background = true;
-  bool map_rows = false, before_write = false, fault = false;
+  // plan_hook: the fault hook is PlanHook (HookScript's plan-time script), not FaultHook.
+  bool plan_hook = false, before_write = false, fault = false;
 };
 
 struct Tbe {
@@ -390,9 +384,9 @@ class Kernel {
     }
     EngineHooks h;
     h.context = &hooks_;
-    if (o.map_rows) h.map_rows = MapRowsHook;
     if (o.before_write) h.before_write = BeforeWriteHook;
     if (o.fault) h.fault = FaultHook;
+    if (o.plan_hook) h.fault = PlanHook;
     engine_ = std::make_unique<StepEngine>(&index_, &mover_, kIdBounds, kTableOfFeature, o.background, h);
     hooks_.engine = engine_.get();
     for (MoveScript& s : scripts_) s.engine = engine_.get();

@@ -3,8 +3,8 @@
 // reference that counts each row's training; batch problems and the split of a batch by
 // table; a prefetched batch compared with the one taken; a failed move, a failed hook and a
 // failed fault point failing their step and every later one; Shutdown with a plan held and
-// steps queued; WaitForMoves from a plan hook; write guards; dirty bitmaps; counters read
-// while steps run. Every wait is on an event or a counter, never on a sleep or a timeout.
+// steps queued; WaitForMoves from a plan hook; write guards; dirty bitmaps; a virtual table;
+// counters read while steps run. Every wait is on an event or a counter, never on a sleep or a timeout.
 // Run plain, under ASan/UBSan and TSan, and through the thread-safety analysis by
 // scripts/sanitize.sh.
 #include <algorithm>
@@ -407,11 +407,11 @@ Taken TakeCancelled(Kernel* k, Batch* b, int64_t step) {
   return t;
 }
 
-// Shutdown(true) from the test's thread while step 0's plan is held in map_rows: step 0
+// Shutdown(true) from the test's thread while step 0's plan is held in the plan hook: step 0
 // completes, steps 1 and 2 are cancelled; Submit after it runs inline and is cancelled.
 void TestShutdownCancelWhileHeld() {
   KernelOptions o;
-  o.map_rows = true;
+  o.plan_hook = true;
   Kernel k(o);
   StepEngine& e = k.engine();
   HookScript& h = k.hooks();
@@ -452,10 +452,10 @@ void TestShutdownCancelWhileHeld() {
   k.Destroy();  // the destructor after Shutdown
 }
 
-// Shutdown(true) from the map_rows hook (a stage thread: it returns without joining).
+// Shutdown(true) from the plan hook (a stage thread: it returns without joining).
 void TestShutdownFromHook() {
   KernelOptions o;
-  o.map_rows = true;
+  o.plan_hook = true;
   Kernel k(o);
   StepEngine& e = k.engine();
   HookScript& h = k.hooks();
@@ -478,7 +478,7 @@ void TestShutdownFromHook() {
 // Shutdown(false) with steps queued: they all run; Submits after it run inline.
 void TestShutdownDrains() {
   KernelOptions o;
-  o.map_rows = true;
+  o.plan_hook = true;
   o.cache_slots = {4, 4, 4};
   Kernel k(o);
   StepEngine& e = k.engine();
@@ -520,7 +520,7 @@ void TestShutdownDrains() {
 // it must still plan and move after them (steps in submission order).
 void TestSubmitWhileShutdownDrains() {
   KernelOptions o;
-  o.map_rows = true;
+  o.plan_hook = true;
   o.cache_slots = {4, 4, 4};
   Kernel k(o);
   HookScript& h = k.hooks();
@@ -557,7 +557,7 @@ void TestSubmitWhileShutdownDrains() {
 
 void TestWaitForMovesFromPlan() {
   KernelOptions o;
-  o.map_rows = true;
+  o.plan_hook = true;
   Kernel k(o);
   StepEngine& e = k.engine();
   HookScript& h = k.hooks();
@@ -590,7 +590,7 @@ void TestWaitForMovesFromPlan() {
 // Inline: hooks and moves run on the caller's thread, which is no stage thread.
 void TestInlineThreads() {
   KernelOptions o;
-  o.map_rows = true;
+  o.plan_hook = true;
   o.background = false;
   Kernel k(o);
   HookScript& h = k.hooks();
@@ -712,16 +712,14 @@ void TestFaultHook(bool background) {
 // ---------------------------------------------------------------------------------------------
 // Dirty bitmaps, DropPending, the constructor's checks.
 
-// A step taken in train mode marks its rows; one taken in eval mode only the rows its plan
-// gave to new ids; MarkPendingCreated marks the pending steps' new rows; rows past a bitmap
-// are left alone.
+// A step taken in train mode marks its rows; one taken in eval mode none (a dense table
+// makes no rows: TestVirtualTables covers new ids' rows); rows past a bitmap are left alone.
 void TestDirtyBitmaps(bool background) {
   KernelOptions o;
   o.background = background;
-  o.map_rows = true;
+  o.plan_hook = true;
   Kernel k(o);
   StepEngine& e = k.engine();
-  k.hooks().created_from = 40;
   std::array<std::vector<uint8_t>, kTables> bits = {std::vector<uint8_t>(7), std::vector<uint8_t>(4),
                                                     std::vector<uint8_t>(2)};  // table 2: rows 0-15 only
   e.SetDirtyBitmaps({{bits[0].data(), 56}, {bits[1].data(), 32}, {bits[2].data(), 16}});
@@ -743,15 +741,15 @@ void TestDirtyBitmaps(bool background) {
   b.plan_train = b.take_train = false;
   Submit(&k, &b);
   TakeOk(&k, &b, 1);
-  expect({1, 41, 45}, {2}, {3});
+  expect({1, 41}, {2}, {3});
   Batch c = OfTables({8, 48}, {9}, {10});
   Submit(&k, &c);
   TakenStep drained;
   e.Drain(&drained);
   e.MarkPendingCreated();
-  expect({1, 41, 45, 48}, {2}, {3});
+  expect({1, 41}, {2}, {3});
   TakeOk(&k, &c, 2);
-  expect({1, 8, 41, 45, 48}, {2, 9}, {3, 10});
+  expect({1, 8, 41, 48}, {2, 9}, {3, 10});
 }
 
 // Steps dropped after a drain: never trained, their numbers skipped; the steps after them
@@ -775,6 +773,78 @@ void TestDropPending() {
   k.CheckTiers(ref);
   for (Batch& x : queued) Submit(&k, &x);
   k.Destroy();
+}
+
+// A virtual table (table 0): its cache keyed by id, its rows given by an IdIndex. The ids a
+// step's cache misses are looked up, those it holds are not; new ids' rows are marked in the
+// dirty bitmap even by an eval step; a step that brings more ids than the rows fails its
+// plan with ENOSPC, naming the table, and so does every later step.
+void TestVirtualTable(bool background) {
+  const std::vector<int64_t> bounds = {int64_t(1) << 40, kIdBounds[1], kIdBounds[2]};
+  KernelCacheIndex index({TableCacheSpec{12, 0, false, true}, TableCacheSpec{8}, TableCacheSpec{16}}, 4,
+                         CachePolicy::kLru);
+  std::vector<std::unique_ptr<TierTable>> tiers;
+  StepMover mover(kTables);
+  for (size_t t = 0; t < kTables; ++t) {
+    tiers.push_back(std::make_unique<TierTable>(t));
+    mover.SetTier(t, tiers[t]->Mapped());
+  }
+  auto ids = std::make_shared<IdIndex>(4, true, false);
+  VirtualIds virt(&index, NormEviction{});
+  VirtualTable vt;
+  vt.table = 0;
+  vt.name = "virt";
+  vt.index = ids;
+  virt.Add(vt);
+  StepEngine e(&index, &mover, bounds, kTableOfFeature, background, EngineHooks{}, &virt);
+  std::array<Tbe, kTables> tbes;
+  std::vector<SlotRows> slots;
+  for (size_t t = 0; t < kTables; ++t) {
+    tbes[t].Resize(64);
+    slots.push_back(tbes[t].View());
+  }
+  e.SetSlots(slots);
+  std::vector<uint8_t> bits(1);
+  e.SetDirtyBitmaps({{bits.data(), 8}, {nullptr, 0}, {nullptr, 0}});
+  const int64_t a = int64_t(1) << 39, b = 77, c = (int64_t(1) << 40) - 1, d = 12345;
+  auto take = [&](Batch* x) {
+    CHECK(e.Submit(x->Input()).kind == BatchProblemKind::kOk);
+    TakenStep out;
+    bool mismatch = true;
+    BatchProblem problem;
+    e.Take(x->Input(), x->take_train, &out, &mismatch, &problem);
+    CHECK(!mismatch && problem.kind == BatchProblemKind::kOk);
+    return out;
+  };
+  Batch s0 = OfTables({a, b, a}, {1}, {2});
+  TakenStep t0 = take(&s0);
+  CHECK(t0.failure == StepFailure::kNone) << t0.status.message();
+  CHECK(s0.remapped[0] == s0.remapped[2] && s0.remapped[0] != s0.remapped[1]);
+  CHECK(virt.Lookups(0) == std::make_pair(uint64_t(0), uint64_t(3)));
+  CHECK(bits[0] == 0b11) << int(bits[0]);  // rows 0 and 1, trained
+  std::vector<int64_t> rows(2);
+  const std::vector<int64_t> ab = {a, b};
+  ids->Find(ab.data(), 2, rows.data());
+  CHECK(rows == (std::vector<int64_t>{0, 1}));
+  Batch s1 = OfTables({a, c, a}, {1}, {2});
+  s1.plan_train = s1.take_train = false;
+  TakenStep t1 = take(&s1);
+  CHECK(t1.failure == StepFailure::kNone) << t1.status.message();
+  CHECK(s1.remapped[0] == s0.remapped[0]) << "a cached id moved";
+  CHECK(virt.Lookups(0) == std::make_pair(uint64_t(2), uint64_t(4))) << "a hit was looked up";
+  CHECK(bits[0] == 0b111) << int(bits[0]);  // the eval step's new row (2) only
+  float counts[3];
+  uint32_t times[3];
+  const std::vector<int64_t> r012 = {0, 1, 2};
+  ids->Metadata(r012.data(), 3, counts, times);
+  CHECK(counts[0] == 4.f && counts[1] == 1.f && counts[2] == 1.f) << "hits counted by row";
+  Batch s2 = OfTables({d, d + 1}, {1}, {2});  // 2 new ids, 1 free row
+  TakenStep t2 = take(&s2);
+  CHECK(t2.failure == StepFailure::kPlan && t2.status.sys_errno() == ENOSPC) << int(t2.failure);
+  CHECK(t2.status.message().find("virtual table virt") != std::string::npos) << t2.status.message();
+  Batch s3 = OfTables({a}, {1}, {2});
+  TakenStep t3 = take(&s3);
+  CHECK(t3.failure == StepFailure::kEarlier) << int(t3.failure);
 }
 
 void TestConstructorChecks() {
@@ -834,6 +904,8 @@ int main() {
     Run(("write guards and before_write" + mode).c_str(), [bg] { TestWriteGuard(bg); });
     Run(("fault points" + mode).c_str(), [bg] { TestFaultHook(bg); });
     Run(("dirty bitmaps" + mode).c_str(), [bg] { TestDirtyBitmaps(bg); });
+    Run(("a virtual table: keyed cache, id lookups for misses only" + mode).c_str(),
+        [bg] { TestVirtualTable(bg); });
   }
   Run("DropPending, then more steps; the destructor with steps queued", TestDropPending);
   Run("the constructor's checks", TestConstructorChecks);

@@ -239,3 +239,17 @@ def test_a_pass_for_want_of_rows_keeps_the_steps_own_ids(tmp_path):
     live, _ = emb.virtual_ids(0)
     assert set(step.tolist()) <= set(live.tolist())
     emb.close()
+
+
+def test_a_cached_id_is_found_without_an_id_index_lookup(tmp_path):
+    """The cache is keyed by the ids: only the ids it misses go to the id index."""
+    virt = _kernel(tmp_path, "hits", 500, virtual=VirtualTableSpec(id_space=2**40))
+    ids = torch.tensor([2**39, 5, 2**39, 77] * 4)
+    _step(virt, ids)
+    s = virt.cache_stats()["hits"]
+    assert (s["id_lookups"], s["ids_found_in_cache"]) == (16, 0)
+    _step(virt, ids)
+    s = virt.cache_stats()["hits"]
+    assert (s["id_lookups"], s["ids_found_in_cache"]) == (16, 16), "a cached id was looked up again"
+    assert s["live_ids"] == 3
+    virt.close()

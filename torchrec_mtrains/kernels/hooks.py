@@ -1,11 +1,10 @@
 """EngineHooks: the Python a kernel's C++ step engine calls, only where it applies.
 
 The engine (csrc/kernel/step_engine.h) runs a step's plan and moves on its own threads with
-no Python, except at three points, each a C function pointer made here with ``ctypes`` (a
-ctypes callback takes the GIL itself, from any thread):
+no Python, except at two points, each a C function pointer made here with ``ctypes`` (a
+ctypes callback takes the GIL itself, from any thread), and the L2-norm eviction pass of
+virtual tables (``VirtualRows``, which makes its own):
 
-- ``map_rows``: a kernel with virtual tables turns their ids into rows before the plan
-  (``VirtualRows.map_step``, with its eviction passes);
 - ``before_write``: while a checkpoint saves a table in the background, the old values of
   the rows a step writes back are kept first (``RowSnapshot.before_write``; the engine calls
   it only for tables with a write guard on);
@@ -32,7 +31,6 @@ from torchrec_mtrains.testing.faults import fault_point, reaches
 __all__ = ["EngineHooks", "PrefetchCancelled"]
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_MAP_ROWS = ctypes.CFUNCTYPE(ctypes.c_int, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR)
 _BEFORE_WRITE = ctypes.CFUNCTYPE(ctypes.c_int, _PTR, _I64, _I64, _PTR, _I64)
 _FAULT = ctypes.CFUNCTYPE(ctypes.c_int, _PTR, _I64, _I64)
 _PHASES = ("prefetch.before", "prefetch.after")
@@ -60,21 +58,6 @@ class EngineHooks:
         self._cache = cache
         self._errors: Dict[int, BaseException] = {}
         self._lock = threading.Lock()
-        num_tables = len(cache.specs)
-
-        def map_rows(_ctx, step, oldest_live, ids, bounds, n, rows, created) -> int:
-            try:
-                table_bounds = list((_I64 * (num_tables + 1)).from_address(bounds))
-                mapped, new_at = cache.virtual.map_step(_at(ids, n, _I64, torch.int64), table_bounds, step,
-                                                        oldest_live)
-                _at(rows, n, _I64, torch.int64).copy_(mapped)
-                flags = _at(created, n, ctypes.c_uint8, torch.uint8)
-                for t, at in new_at.items():
-                    flags[table_bounds[t] + at] = 1
-                return 0
-            except BaseException as e:  # raised by the training thread when it takes the step
-                self._keep(step, e)
-                return 1
 
         def before_write(_ctx, step, table, ids, n) -> int:
             try:
@@ -92,7 +75,6 @@ class EngineHooks:
 
         # Kept alive as long as this object: the engine holds only their addresses.
         self._callbacks: List[object] = [
-            _MAP_ROWS(map_rows) if cache.virtual else None,
             _BEFORE_WRITE(before_write),
             _FAULT(fault) if any(reaches(p) for p in _PHASES) else None,
         ]

@@ -1,7 +1,7 @@
 """RowWeights: the current weights of a table's rows, read on the plan thread for an
 L2-norm eviction pass (``virtual_rows.py``).
 
-A pass runs inside ``VirtualRows.map_step``, on the plan thread, while the consumer thread
+A pass runs inside the plan of a step (``VirtualRows._norm_pass``), on the plan thread, while the consumer thread
 computes and the move thread may be moving earlier steps' rows. Its candidates are rows of
 live ids in no live step (the step in its backward and every step planned after it). Their
 newest value is in their cache slot when the cache holds them, else on the tier, and that

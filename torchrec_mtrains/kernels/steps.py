@@ -7,12 +7,14 @@ from the tier into their slots) on its own threads, in step order; ``take`` wait
 step ``forward`` computes and gets its slots. Slots in use by a live step (the one still in
 its backward, and every step planned after it) are locked and never displaced, so a move only
 touches slots no live step uses. Rows for overflow slots past the TBE wait in
-``CacheSlots.deferred`` until it grows. Python runs on the engine's threads only through the
-hooks (``hooks.py``): virtual tables' id lookups, a checkpoint's copy-on-write, fault points.
+``CacheSlots.deferred`` until it grows. A virtual table's misses go to its id index in C++
+(``virtual_rows.py``). Python runs on the engine's threads only through the hooks
+(``hooks.py``): a checkpoint's copy-on-write, fault points, the L2-norm eviction pass.
 """
 
 from __future__ import annotations
 
+import errno
 from typing import List, Optional, Tuple
 
 import torch
@@ -20,6 +22,7 @@ import torch
 from torchrec_mtrains.kernels.batch import BatchSizes, check_index_tensor, feature_batch_of, raise_batch_problem
 from torchrec_mtrains.kernels.hooks import EngineHooks, PrefetchCancelled
 from torchrec_mtrains.kernels.row_cache import RowCache
+from torchrec_mtrains.kernels.virtual_rows import VirtualTableFull
 from torchrec_mtrains.storage.status import raise_for_status
 
 __all__ = ["PrefetchCancelled", "StepPath"]
@@ -51,6 +54,7 @@ class StepPath:
         self._num_features = len(cache.specs) if feature_table_map is None else len(feature_table_map)
         self._first_error: Optional[BaseException] = None
         self._written_back_seen = 0.0
+        self._clocks = any(t.given_clock for t in cache.virtual.tables.values())  # a test's: read per step
 
     @property
     def pending(self) -> int:
@@ -65,6 +69,8 @@ class StepPath:
             ValueError, IndexError: a bad batch (nothing is queued).
         """
         indices, offsets, feature_batch = self._checked(indices, offsets, batch_sizes)
+        if self._clocks:
+            self.cache.virtual.read_clocks()
         raise_batch_problem(self.engine.submit(indices, offsets, feature_batch, train), indices, self.cache)
 
     def take(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool,
@@ -79,6 +85,8 @@ class StepPath:
         """
         indices, offsets, feature_batch = self._checked(indices, offsets, batch_sizes)
         cache = self.cache
+        if self._clocks:
+            cache.virtual.read_clocks()
         slots, _, mismatch, problem, outcome = self.engine.take(indices, offsets, feature_batch, train)
         if mismatch:
             raise ValueError(
@@ -150,6 +158,12 @@ class StepPath:
             if error is not None:
                 raise error
             raise RuntimeError(status[2])
+        if failure == _PLAN:
+            error = cache.virtual.take_error(step)  # the L2-norm pass's
+            if error is not None:
+                raise error
+            if status[1] == errno.ENOSPC:
+                raise VirtualTableFull(status[2])
         if failure == _MOVE and table >= 0:
             with cache.naming(table):
                 raise_for_status(status)

@@ -171,18 +171,21 @@ class TieredEmbeddingBags(torch.nn.Module):
         self.cache_rows = config.cache_sizes(num_rows)
         codecs = [RowCodec(config.layout(dim)) for _, dim in specs]
         self._init_ranges = config.init_ranges(num_rows)
-        dense_maps = config.dense_maps(num_rows, self.cache_rows, [codec.layout.row_bytes for codec in codecs])
+        virtual_specs = config.virtual_specs(len(specs))
+        keyed = [spec is not None for spec in virtual_specs]  # a virtual table's cache is keyed by its ids
+        dense_maps = [use and not by_id for use, by_id in zip(
+            config.dense_maps(num_rows, self.cache_rows, [codec.layout.row_bytes for codec in codecs]), keyed)]
         stores = self._create_stores(codecs)
         # Every table's cache index, planned in one C++ call per step.
         index = torch.classes.mtrains.KernelCacheIndex(list(self.cache_rows), num_rows, dense_maps, config.cache_ways,
-                                                       config.cache_algorithm)
+                                                       config.cache_algorithm, keyed)
         slots = CacheSlots(specs, config, codecs, self.feature_table_map,
                            [n + max(config.cache_ways, n // 8) for n in self.cache_rows])
         # A submodule, for train()/eval() and state_dict(); replaced when the cache outgrows it.
         self._tbe = slots.tbe
         # Moves a step's rows between the slots and every table's store, one C++ call a step.
         mover = torch.classes.mtrains.StepMover(len(specs))
-        virtual = VirtualRows(config.virtual_specs(len(specs)), num_rows, self.table_names, index)
+        virtual = VirtualRows(virtual_specs, num_rows, self.table_names, index)
         tier_wrappers = {t: self._virtual_wrapper(virtual, mover, t, codecs[t]) for t in virtual.tables}
         for t, store in enumerate(stores):
             store.attach_to(mover, t)
@@ -196,7 +199,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         hooks = EngineHooks(self._cache)
         engine = torch.classes.mtrains.StepEngine(index, mover, [bound for bound, _ in self._cache.id_specs],
                                                   self.feature_table_map or [], config.prefetch_pipeline,
-                                                  hooks.addresses())
+                                                  hooks.addresses(), virtual.ids if virtual else None)
         engine.set_slots(slots.weights, slots.move_states)
         engine.set_dirty_bitmaps(self._cache.dirty_bits)
         self._cache.engine = engine

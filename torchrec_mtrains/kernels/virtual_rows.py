@@ -1,10 +1,12 @@
 """Virtual tables: every id its own row, made on first lookup and evicted by a policy.
 
 A virtual table's ids are keys in a space far larger than the table (raw 64-bit ids, say),
-not row numbers. The kernel under it -- row cache, step mover, stores -- works on dense
-rows as for any table; the table's ``IdIndex`` (C++, kernel/id_index.h) gives each live id
-its own row, so no two ids share one. Before a step is planned, ``VirtualRows.map_step``
-turns the step's ids into rows (on the plan thread, in step order):
+not row numbers. The kernel under it -- step mover, stores -- works on dense rows as for any
+table; the table's ``IdIndex`` (C++, kernel/id_index.h) gives each live id its own row, so no
+two ids share one. The table's cache is keyed by the ids themselves: a step's hits find their
+slots (and rows) without the id index, which the plan consults only for the ids the cache
+misses (``torch.classes.mtrains.VirtualIds``, kernel/virtual_ids.h, on the engine's plan
+thread, in step order):
 
 - an id without a row takes a free one; that row is *fresh* until the step mover first
   loads it into a cache slot, which then makes the id's initial value -- ``lazy_init_rows``
@@ -12,19 +14,21 @@ turns the step's ids into rows (on the plan thread, in step order):
   reading the tier, which still holds the row's previous id (kernel/virtual_tier_rows.h).
   The slot is kept dirty, so the new row reaches the tier;
 - an eviction pass runs once a step took the live ids past the policy's trigger, or when a
-  step's new ids would not fit the table's rows: it removes the ids the policy names (count with decay, time since last use, or
-  both, or the L2 norm of the row's weights, as FBGEMM's policies do), never those of a step
-  still planned or running, and drops their rows from the cache unwritten. An evicted id that comes back is a fresh row again.
+  step's new ids would not fit the table's rows: it removes the ids the policy names (count
+  with decay, time since last use, or both, or the L2 norm of the row's weights, as FBGEMM's
+  policies do), never those of a step still planned or running, and drops them from the
+  cache unwritten. An evicted id that comes back is a fresh row again. The L2-norm pass reads
+  rows' weights, so it runs here, in Python, called by the plan (``_norm_pass``).
 """
 
 from __future__ import annotations
 
-import collections
+import ctypes
 import dataclasses
-import errno
 import math
+import threading
 import time
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,6 +37,9 @@ from torchrec_mtrains.storage.status import raise_for_status
 __all__ = ["EvictionSpec", "VirtualRows", "VirtualTableFull", "VirtualTableSpec"]
 
 _MAX_ROWS = 2**32 - 2  # the index's row numbers are 32-bit
+# NormEviction::evict of kernel/virtual_ids.h: (context, step, table, keep rows, n) -> ids removed, -1: failed.
+_NORM_PASS = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                              ctypes.c_int64)
 
 WeightReader = Callable[[int, torch.Tensor], Iterable[torch.Tensor]]
 """(table, rows) -> that table's current weights of ``rows``, in blocks (``set_weight_reader``)."""
@@ -121,7 +128,7 @@ class VirtualTableSpec:
 
 
 class _Table:
-    """One virtual table's index and the rows its live steps use."""
+    """One virtual table's index and spec."""
 
     def __init__(self, number: int, name: str, spec: VirtualTableSpec, rows: int) -> None:
         if not 1 <= rows <= _MAX_ROWS:
@@ -129,27 +136,8 @@ class _Table:
         ev = spec.eviction
         self.number, self.name, self.spec, self.rows = number, name, spec, rows
         self.index = torch.classes.mtrains.IdIndex(rows, ev.count_threshold > 0, ev.ttl_seconds > 0)
-        self.live = 0
-        # Rows of steps planned and not yet done: never evicted.
-        self.step_rows: Deque[Tuple[int, torch.Tensor]] = collections.deque()
-        # The policy had its pass: the next waits until the live ids grow by 1% of the trigger.
-        self.next_pass_at = 0
-        self.passes = 0
-        # Steps a restored checkpoint had mapped already (prefetched, not computed, when it
-        # was saved): their ids are looked up again without counting them twice.
-        self.replay = 0
-
-    def pass_done(self) -> None:
-        """After a pass (or a restore): the next waits until the live ids grow by 1% of the
-        trigger (of the rows, without one)."""
-        self.next_pass_at = self.live + max(1, (self.spec.eviction.trigger_ids or self.rows) // 100)
-
-    def protected_rows(self, oldest_live: int) -> torch.Tensor:
-        while self.step_rows and self.step_rows[0][0] < oldest_live:
-            self.step_rows.popleft()
-        if not self.step_rows:
-            return torch.empty(0, dtype=torch.int64)
-        return torch.cat([r for _, r in self.step_rows])
+        # A test's own clock (else the C++ side reads the wall clock itself).
+        self.given_clock = ev.clock is not time.time
 
 
 class VirtualRows:
@@ -159,7 +147,7 @@ class VirtualRows:
         specs: per kernel table, its VirtualTableSpec or None (a dense table).
         rows: per kernel table, its rows (a virtual table's live-id capacity).
         names: the tables' names (errors, stats).
-        cache_index: the kernel's KernelCacheIndex (evicted rows are dropped from it).
+        cache_index: the kernel's KernelCacheIndex, whose virtual tables are keyed by id.
     """
 
     # Reads rows' weights for the L2-norm policy: the kernel's, given by set_weight_reader.
@@ -170,6 +158,18 @@ class VirtualRows:
         self.tables: Dict[int, _Table] = {
             t: _Table(t, names[t], spec, rows[t]) for t, spec in enumerate(specs) if spec is not None}
         self._cache_index = cache_index
+        self._errors: Dict[int, BaseException] = {}
+        self._errors_lock = threading.Lock()
+        # Kept alive with this object: the C++ side holds only its address.
+        self._norm_callback = _NORM_PASS(self._norm_pass)
+        by_norm = any(t.spec.eviction.l2_threshold > 0 for t in self.tables.values())
+        address = ctypes.cast(self._norm_callback, ctypes.c_void_p).value if by_norm else 0
+        self.ids = torch.classes.mtrains.VirtualIds(cache_index, address or 0)
+        for t, table in self.tables.items():
+            ev = table.spec.eviction
+            self.ids.add(t, table.name, table.index, ev.trigger_ids, float(ev.decay_rate),
+                         float(ev.count_threshold), ev.ttl_seconds, ev.l2_threshold > 0, not table.given_clock)
+        self._given_clocks = [table for table in self.tables.values() if table.given_clock]
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -178,6 +178,10 @@ class VirtualRows:
         """Each table's bound on ids: a virtual table's id space, a dense table's rows."""
         return [self.tables[t].spec.id_space if t in self.tables else n for t, n in enumerate(num_rows)]
 
+    def keyed(self, num_tables: int) -> List[bool]:
+        """Per kernel table, whether its cache is keyed by id (the virtual tables')."""
+        return [t in self.tables for t in range(num_tables)]
+
     def attach(self, mover: torch.ScriptObject, t: int, seed: int, init_range: Tuple[float, float], dim: int,
                state_dim: int, dtype: torch.dtype) -> None:
         """Makes table t's tier in ``mover`` a virtual one (after each attach of a store)."""
@@ -185,81 +189,31 @@ class VirtualRows:
         raise_for_status(mover.wrap_virtual(t, table.index, seed, float(init_range[0]), float(init_range[1]), dim,
                                             state_dim, dtype, table.spec.id_offset))
 
-    def map_step(self, indices: torch.Tensor, bounds: Sequence[int], step: int, oldest_live: int
-                 ) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
-        """The step's indices with every virtual table's ids turned into rows, and per such
-        table the positions (in its part of ``indices``) of the ids given a row now.
+    def read_clocks(self) -> None:
+        """Gives the next steps the seconds of the tables with a clock of their own (a
+        test's); the others read the wall clock in C++."""
+        for table in self._given_clocks:
+            self.ids.set_now(table.number, int(table.spec.eviction.clock()))
 
-        Raises:
-            VirtualTableFull: a table cannot hold the step's new ids, naming it.
-        """
-        rows = indices.clone()
-        created: Dict[int, torch.Tensor] = {}
-        for t, table in self.tables.items():
-            lo, hi = bounds[t], bounds[t + 1]
-            replay = table.replay > 0
-            table.replay = max(0, table.replay - 1)
-            if hi == lo:
-                continue
-            ids = indices[lo:hi]
-            if replay:
-                mapped = table.index.find(ids)
-                if bool((mapped >= 0).all()):  # the saved run's step: counted in its checkpoint
-                    rows[lo:hi] = mapped
-                    table.step_rows.append((step, mapped))
-                    continue
-                table.replay = 0  # another batch than the saved run's: map it as any
-            mapped, new_at = self._map(table, ids, oldest_live)
-            table.live += new_at.numel()
-            rows[lo:hi] = mapped
-            table.step_rows.append((step, mapped))
-            ev = table.spec.eviction
-            if ev.evicts and ev.trigger_ids and table.live > ev.trigger_ids and table.live >= table.next_pass_at:
-                self._evict(table, oldest_live)  # this step's rows are among the live steps'
-            if new_at.numel():
-                created[t] = new_at
-        return rows, created
+    def take_error(self, step: int) -> Optional[BaseException]:
+        """The exception the L2-norm pass raised while planning ``step`` (once)."""
+        with self._errors_lock:
+            return self._errors.pop(step, None)
 
-    def _now(self, table: _Table) -> int:
-        return max(0, min(2**32 - 1, int(table.spec.eviction.clock())))
-
-    def _map(self, table: _Table, ids: torch.Tensor, oldest_live: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(rows, positions of the ids given one now); when the rows run out, an eviction
-        pass first (the index changes nothing on a map that does not fit)."""
-        status, mapped, new_at = table.index.map(ids, True, self._now(table))
-        if status[1] == errno.ENOSPC:
-            if table.spec.eviction.evicts:
-                held = table.index.find(ids)  # this step's ids with rows: in use, kept
-                self._evict(table, oldest_live, held[held >= 0])
-                status, mapped, new_at = table.index.map(ids, True, self._now(table))
-            if status[1] == errno.ENOSPC:
-                ev = table.spec.eviction
-                policy = "its eviction policy keeps them" if ev.evicts else "it has no eviction policy"
-                missing = table.index.count_missing(ids)
-                raise VirtualTableFull(
-                    f"virtual table {table.name}: a step brings {missing} new ids, but {table.live} of its "
-                    f"{table.rows} rows hold live ids and {policy}; give it more rows (its capacity) or a "
-                    "policy that evicts")
-        raise_for_status(status)
-        return mapped, new_at
-
-    def _evict(self, table: _Table, oldest_live: int, also_keep: Optional[torch.Tensor] = None) -> None:
-        """One eviction pass: the policy's ids go, except those of live steps (and the rows
-        ``also_keep``); their rows leave the cache unwritten (they now belong to no id)."""
-        ev = table.spec.eviction
-        keep = table.protected_rows(oldest_live)
-        if also_keep is not None and also_keep.numel():
-            keep = torch.cat([keep, also_keep])
-        if ev.l2_threshold > 0:
-            evicted_rows = self._evict_by_l2_norm(table, keep)
-        else:
-            _, evicted_rows = table.index.evict(ev.decay_rate, float(ev.count_threshold), ev.ttl_seconds,
-                                                self._now(table), keep)
-        table.passes += 1
-        if evicted_rows.numel():
-            self._cache_index.forget(table.number, evicted_rows)
-        table.live -= evicted_rows.numel()
-        table.pass_done()
+    def _norm_pass(self, _ctx, step: int, t: int, keep: int, n: int) -> int:
+        """The L2-norm policy's pass over table t, keeping the rows ``keep[0..n)`` (the live
+        steps'), called by the plan: the ids removed, or -1 (the error waits for the step)."""
+        try:
+            keep_rows = torch.frombuffer((ctypes.c_int64 * n).from_address(keep), dtype=torch.int64).clone() \
+                if n else torch.empty(0, dtype=torch.int64)
+            gone = self._evict_by_l2_norm(self.tables[t], keep_rows)
+            if gone.numel():  # their rows now belong to no id: dropped from the cache unwritten
+                self._cache_index.forget(t, gone)
+            return int(gone.numel())
+        except BaseException as e:  # raised by the training thread when it takes the step
+            with self._errors_lock:
+                self._errors[step] = e
+            return -1
 
     def set_weight_reader(self, read_weights: WeightReader) -> None:
         """Gives the L2-norm policy its rows' weights: ``read_weights(t, rows)`` yields table
@@ -271,7 +225,7 @@ class VirtualRows:
     def _evict_by_l2_norm(self, table: _Table, keep: torch.Tensor) -> torch.Tensor:
         """FBGEMM's L2WeightBasedEvict: removes the live ids, except those holding rows in
         ``keep``, whose row's weights have an L2 norm (computed in float32) below the
-        threshold; returns their rows. Memory: the live (id, row) pairs and one block of rows."""
+        threshold; returns those ids. Memory: the live (id, row) pairs and one block of rows."""
         threshold = table.spec.eviction.l2_threshold
         if self._read_weights is None:
             raise RuntimeError(f"virtual table {table.name}: its L2-norm eviction reads rows' weights, and no "
@@ -290,8 +244,10 @@ class VirtualRows:
         if done != rows.numel():
             raise RuntimeError(f"virtual table {table.name}: the weight reader gave {done} rows of {rows.numel()}")
         # Counts the pass in the index's stats (a rule naming no id removes none).
-        table.index.evict(1.0, 0.0, 0, self._now(table), keep)
-        return table.index.remove(torch.cat(chosen) if chosen else ids[:0])
+        table.index.evict(1.0, 0.0, 0, 0, keep)
+        gone = torch.cat(chosen) if chosen else ids[:0]
+        table.index.remove(gone)
+        return gone
 
     def find(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """Table t's rows of ``ids`` (-1 where an id has none); changes nothing."""
@@ -309,7 +265,11 @@ class VirtualRows:
 
     def next_pass_at(self, t: int) -> int:
         """Table t's live ids at which its next eviction pass may run."""
-        return self.tables[t].next_pass_at
+        return self.ids.next_pass_at(t)
+
+    def passes(self, t: int) -> int:
+        """Table t's eviction passes so far."""
+        return self.ids.passes(t)
 
     def restore(self, t: int, ids: torch.Tensor, counts: torch.Tensor, times: torch.Tensor, replay: int,
                 next_pass_at: Optional[int]) -> torch.Tensor:
@@ -325,19 +285,13 @@ class VirtualRows:
         if ids.numel() > table.rows:
             raise ValueError(f"virtual table {table.name}: the checkpoint holds {ids.numel()} live ids for this "
                              f"shard, more than its {table.rows} rows; give it more (TieredParams.virtual_rows)")
-        _, old_rows = table.index.entries()
-        if old_rows.numel():  # rows of the ids it held: dropped from the cache unwritten
-            self._cache_index.forget(table.number, old_rows)
+        old_ids, _ = table.index.entries()
+        if old_ids.numel():  # the ids it held: dropped from the cache unwritten
+            self._cache_index.forget(table.number, old_ids)
         rows = torch.arange(ids.numel(), dtype=torch.int64)
         raise_for_status(table.index.assign(ids.to(torch.int64), rows, counts.to(torch.float32),
                                             times.clamp(0, 2**32 - 1).to(torch.int64)))
-        table.live = int(ids.numel())
-        table.step_rows.clear()
-        table.replay = max(0, int(replay))
-        if next_pass_at is None:
-            table.pass_done()
-        else:
-            table.next_pass_at = int(next_pass_at)
+        self.ids.restored(t, max(0, int(replay)), -1 if next_pass_at is None else int(next_pass_at))
         return rows
 
     def stats(self, t: int, row_bytes: int) -> Dict[str, float]:
@@ -350,4 +304,6 @@ class VirtualRows:
         s["index_bytes_per_row_used"] = s["index_bytes"] / max(1.0, s["rows_used"])
         s["metadata_bytes_per_live_id"] = s["metadata_bytes"] / live
         s["tier_bytes_of_live_ids"] = s["live_ids"] * row_bytes
+        # A hit is found by its id in the cache; only misses are looked up in the index.
+        s["ids_found_in_cache"], s["id_lookups"] = (float(v) for v in self.ids.lookups(t))
         return s
