@@ -27,6 +27,7 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import argparse
 import dataclasses
 import json
@@ -100,7 +101,7 @@ def fbgemm(tables: Sequence[Tuple[int, int]], lr: float) -> SplitTableBatchedEmb
 
 def tiered(tables: Sequence[Tuple[int, int]], tier, cache_rows, directory: str, lr: float) -> TieredEmbeddingBags:
     return TieredEmbeddingBags(list(tables), tier=tier, cache_rows=cache_rows, storage_dir=directory,
-                               learning_rate=lr, prefetch_pipeline=True)
+                               learning_rate=lr, prefetch_pipeline=os.environ.get("PIPE", "1") == "1")
 
 
 class Trainer:

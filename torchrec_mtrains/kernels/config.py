@@ -63,7 +63,7 @@ class TieredConfig:
     eps: float = 1.0e-8
     pooling_mode: PoolingMode = PoolingMode.SUM
     cache_algorithm: str = "lru"
-    prefetch_pipeline: bool = True
+    prefetch_pipeline: Optional[bool] = None
     weights_precision: SparseType = SparseType.FP32
     cache_ways: int = 32
     init_range: Optional[Union[InitRange, Tuple[InitRange, ...]]] = None
@@ -85,7 +85,8 @@ class TieredConfig:
             self._replace(name, _number(name, getattr(self, name), lo=0.0))
         _check_int("cache_ways", self.cache_ways, 1, _MAX_CACHE_WAYS)
         _check_int("seed", self.seed, 0)
-        self._replace("prefetch_pipeline", bool(self.prefetch_pipeline))
+        if self.prefetch_pipeline is not None:
+            self._replace("prefetch_pipeline", bool(self.prefetch_pipeline))
         if self.dense_slot_map is not None and not isinstance(self.dense_slot_map, bool):
             raise ValueError(f"dense_slot_map={self.dense_slot_map!r} must be None (the rule picks the tables), "
                              "True or False")

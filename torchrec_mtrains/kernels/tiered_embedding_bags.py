@@ -45,6 +45,7 @@ from torchrec_mtrains.kernels.slots import CacheSlots
 from torchrec_mtrains.kernels.steps import StepPath
 from torchrec_mtrains.kernels.table_rows import TableRows
 from torchrec_mtrains.kernels.tier_stores import StoreSpec, create_store
+from torchrec_mtrains.kernels.stage_threads import stage_threads_pay
 from torchrec_mtrains.kernels.virtual_rows import VirtualRows, VirtualTableSpec
 from torchrec_mtrains.layout import TableLayout
 from torchrec_mtrains.storage import BlockStore, RowStore
@@ -88,7 +89,10 @@ class TieredEmbeddingBags(torch.nn.Module):
             PoolingMode.NONE (sequences, TorchRec's EmbeddingCollection: one output row per
             id, ``[len(indices), dim]``; every table of one dim).
         cache_algorithm: "lru", "lfu" or "tinylfu" (LFU behind a TinyLFU admission filter).
-        prefetch_pipeline: run ``prefetch()`` on a background thread (False: inline).
+        prefetch_pipeline: run each step's plan and moves on the kernel's own threads (True)
+            or inline in ``prefetch()`` (False); None (default): threads where they pay
+            (``stage_threads.py``: with an SSD table, or with CPUs to spare beside torch's
+            threads), else inline. ``stage_threads`` says which the kernel runs.
         weights_precision: SparseType.FP32 or SparseType.FP16.
         cache_ways: ways per cache set (default 32, at most 1024).
         init_range: initial weights are uniform(lo, hi), one pair for all tables or one
@@ -139,7 +143,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         eps: float = DEFAULTS.eps,
         pooling_mode: PoolingMode = DEFAULTS.pooling_mode,
         cache_algorithm: str = DEFAULTS.cache_algorithm,
-        prefetch_pipeline: bool = DEFAULTS.prefetch_pipeline,
+        prefetch_pipeline: Optional[bool] = DEFAULTS.prefetch_pipeline,
         *,
         weights_precision: SparseType = DEFAULTS.weights_precision,
         cache_ways: int = DEFAULTS.cache_ways,
@@ -197,8 +201,10 @@ class TieredEmbeddingBags(torch.nn.Module):
                                virtual, tier_wrappers)
         # Runs every step's plan and moves on C++ threads (csrc/kernel/step_engine.h).
         hooks = EngineHooks(self._cache)
+        self.stage_threads = (stage_threads_pay(self.tiers) if config.prefetch_pipeline is None
+                              else config.prefetch_pipeline)
         engine = torch.classes.mtrains.StepEngine(index, mover, [bound for bound, _ in self._cache.id_specs],
-                                                  self.feature_table_map or [], config.prefetch_pipeline,
+                                                  self.feature_table_map or [], self.stage_threads,
                                                   hooks.addresses(), virtual.ids if virtual else None)
         engine.set_slots(slots.weights, slots.move_states)
         engine.set_dirty_bitmaps(self._cache.dirty_bits)
