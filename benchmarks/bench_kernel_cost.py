@@ -27,7 +27,6 @@ Usage::
 
 from __future__ import annotations
 
-import os
 import argparse
 import dataclasses
 import json
@@ -99,9 +98,13 @@ def fbgemm(tables: Sequence[Tuple[int, int]], lr: float) -> SplitTableBatchedEmb
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=lr)
 
 
+# --stage-threads: the tiered kernels' prefetch_pipeline (None: the kernel's own choice).
+STAGE_THREADS: List[Optional[bool]] = [None]
+
+
 def tiered(tables: Sequence[Tuple[int, int]], tier, cache_rows, directory: str, lr: float) -> TieredEmbeddingBags:
     return TieredEmbeddingBags(list(tables), tier=tier, cache_rows=cache_rows, storage_dir=directory,
-                               learning_rate=lr, prefetch_pipeline=os.environ.get("PIPE", "1") == "1")
+                               learning_rate=lr, prefetch_pipeline=STAGE_THREADS[0])
 
 
 class Trainer:
@@ -242,7 +245,10 @@ def main(argv: "list[str] | None" = None) -> int:
     p.add_argument("--dir", type=Path, default=None, help="where the SCM/SSD files go (a temporary dir)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--quick", action="store_true", help="few short blocks (a smoke run)")
+    p.add_argument("--stage-threads", choices=("auto", "on", "off"), default="auto",
+                   help="the tiered kernels' step stages on threads (on), inline (off), or as the kernel picks")
     args = p.parse_args(argv)
+    STAGE_THREADS[0] = {"auto": None, "on": True, "off": False}[args.stage_threads]
     if args.quick:
         args.blocks, args.block_steps, args.warmup_steps, args.distinct_batches = 2, 5, 5, 8
     names = [c for c in args.cases.split(",") if c]
