@@ -67,7 +67,8 @@ def _kernel(kind: str, args, directory: str) -> TieredEmbeddingBags:
     virtual = [VirtualTableSpec(id_space=2**62)] if kind == "virtual" else None
     return TieredEmbeddingBags([(args.live, DIM)], tier=Tier(args.tier), cache_rows=int(args.cache_fraction * args.live),
                                storage_dir=directory, table_names=[kind], virtual_tables=virtual,
-                               init_range=(-0.01, 0.01))
+                               init_range=(-0.01, 0.01),
+                               prefetch_pipeline={"auto": None, "on": True, "off": False}[args.stage_threads])
 
 
 def _steps_per_second(emb: TieredEmbeddingBags, batches: List[torch.Tensor], bag: int) -> float:
@@ -165,6 +166,8 @@ def main() -> int:
     p.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of the ids")
     p.add_argument("--cache-fraction", type=float, default=0.1)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--stage-threads", choices=("auto", "on", "off"), default="auto",
+                   help="the kernels' step stages on threads (on), inline (off), or as the kernel picks")
     p.add_argument("--example-steps", type=int, default=200)
     p.add_argument("--example-repeat", type=int, default=2)
     p.add_argument("--eval-batches", type=int, default=64, help="held-out batches of the example's AUC")
