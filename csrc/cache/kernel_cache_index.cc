@@ -50,6 +50,11 @@ void KernelCacheIndex::Reset(size_t table) {
   caches_.at(table) = NewCache(tables_.at(table), ways_, policy_);
 }
 
+void KernelCacheIndex::ReleaseAfter(int64_t last_live_step) {
+  MutexLock lock(&plan_mu_);
+  for (auto& cache : caches_) cache->ReleaseAfter(last_live_step);
+}
+
 size_t KernelCacheIndex::PlanStep(const int64_t* indices, const std::vector<int64_t>& bounds, int64_t step,
                                   int64_t oldest_live_step, bool train, int64_t* slot_of_index,
                                   std::vector<TableMoves>* moves, MissResolver* resolver, int64_t* tier_row_of_index,

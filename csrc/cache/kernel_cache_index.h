@@ -78,6 +78,8 @@ class KernelCacheIndex {
   // Replaces table `table`'s cache by an empty one of the same spec, map included (its rows
   // were replaced underneath).
   void Reset(size_t table);
+  // Every table's SetAssociativeCache::ReleaseAfter (no PlanStep may run meanwhile).
+  void ReleaseAfter(int64_t last_live_step) EXCLUDES(plan_mu_);
 
   // Plans step `step` over every table (SetAssociativeCache::Plan's contract per table).
   // `bounds` has num_tables() + 1 entries; `slot_of_index` receives bounds.back() slots.

@@ -580,6 +580,18 @@ uint64_t SetAssociativeCache::Forget(const int64_t* keys, size_t n) {
   return dropped;
 }
 
+uint64_t SetAssociativeCache::ReleaseAfter(int64_t last_live_step) {
+  MutexLock lock(&mu_);
+  const int64_t to = last_live_step < 0 ? kNeverLocked : last_live_step;
+  uint64_t released = 0;
+  for (SlotMeta& m : meta_) {
+    if (m.step <= last_live_step) continue;
+    m.step = to;
+    ++released;
+  }
+  return released;
+}
+
 void SetAssociativeCache::Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const {
   MutexLock lock(&mu_);
   rows->clear();

@@ -147,6 +147,10 @@ class SetAssociativeCache {
   // now belong to another id: a virtual table's eviction); returns how many were cached.
   // The caller ensures no live step uses them.
   uint64_t Forget(const int64_t* keys, size_t n) EXCLUDES(mu_);
+  // Planned steps after `last_live_step` were dropped and will never run: the slots they
+  // locked are relocked to `last_live_step` (a step still in its backward may share them;
+  // none when it is negative), so they free up as the steps after it pass. Returns how many.
+  uint64_t ReleaseAfter(int64_t last_live_step) EXCLUDES(mu_);
   // Occupied slots and their (tier) rows (reading the table through the cache).
   void Occupied(std::vector<int64_t>* rows, std::vector<int64_t>* slots) const EXCLUDES(mu_);
 

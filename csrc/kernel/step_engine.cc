@@ -250,6 +250,12 @@ size_t StepEngine::DropPending() {
     free_.push_back(job);
   }
   pending_.clear();
+  if (dropped > 0) {
+    // The dropped steps never run: their slots and rows are free again (else a cache
+    // prefetched and cancelled over and over would grow its overflow pool without end).
+    index_->ReleaseAfter(last_taken_);
+    if (virtual_ != nullptr) virtual_->Dropped(last_taken_);
+  }
   return dropped;
 }
 

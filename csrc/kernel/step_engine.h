@@ -143,7 +143,7 @@ class StepEngine {
       EXCLUDES(mu_);
   // Waits for every pending step to move; fills their failure (the first) and overflow rows.
   void Drain(TakenStep* out) EXCLUDES(mu_);
-  // Forgets the pending steps (after Drain); returns how many.
+  // Forgets the pending steps (after Drain), unlocking their slots and rows; returns how many.
   size_t DropPending() EXCLUDES(mu_);
   // Marks the rows pending steps gave to new ids in the dirty bitmaps (after Drain).
   void MarkPendingCreated() EXCLUDES(mu_);

@@ -190,6 +190,16 @@ std::pair<uint64_t, uint64_t> VirtualIds::Lookups(size_t table) const {
   return {s.cache_found, s.index_lookups};
 }
 
+void VirtualIds::Dropped(int64_t last_live_step) {
+  MutexLock lock(&mu_);
+  for (State& s : states_) {
+    while (!s.step_rows.empty() && s.step_rows.back().first > last_live_step) {
+      s.spare.push_back(std::move(s.step_rows.back().second));
+      s.step_rows.pop_back();
+    }
+  }
+}
+
 void VirtualIds::Restored(size_t table, uint64_t replay, int64_t next_pass_at) {
   MutexLock lock(&mu_);
   State& s = StateOf(table);

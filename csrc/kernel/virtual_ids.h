@@ -91,6 +91,8 @@ class VirtualIds : public MissResolver {
   uint64_t Passes(size_t table) const EXCLUDES(mu_);
   // Table `table`'s ids found by the cache (no id lookup) and ids looked up in its index.
   std::pair<uint64_t, uint64_t> Lookups(size_t table) const EXCLUDES(mu_);
+  // The planned steps after `last_live_step` were dropped: their rows are no longer kept.
+  void Dropped(int64_t last_live_step) EXCLUDES(mu_);
   // After a restore (no step pending): `replay` steps are looked up again without being
   // counted; the next pass waits for `next_pass_at` live ids (-1: as after a pass now).
   void Restored(size_t table, uint64_t replay, int64_t next_pass_at) EXCLUDES(mu_);

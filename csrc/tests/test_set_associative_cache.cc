@@ -384,6 +384,50 @@ void TestParsePolicy() {
   CHECK(what.find("'fifo'") != std::string::npos && what.find("'tinylfu'") != std::string::npos) << what;
 }
 
+// Steps dropped before they ran (ReleaseAfter): their slots are relocked to the step still
+// live (its own rows may share them), so once it passes the next plans take them instead of
+// growing the overflow pool; with no step live they are free at once.
+void TestReleaseAfter(CachePolicy policy) {
+  auto rows_of = [](int64_t first, int64_t n) {
+    std::vector<int64_t> rows;
+    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+    return rows;
+  };
+  StepPlan plan;
+  {  // nothing taken: steps 0-2 dropped, all free
+    SetAssociativeCache cache(16, 4, policy);
+    for (int64_t step = 0; step < 3; ++step) {
+      const std::vector<int64_t> rows = rows_of(100 * (step + 1), 16);
+      cache.Plan(rows.data(), rows.size(), step, 0, true, &plan);
+    }
+    const uint64_t grown = cache.capacity();
+    CHECK(grown > 16) << "the dropped steps' rows did not overflow: the test proves nothing";
+    cache.ReleaseAfter(-1);
+    const std::vector<int64_t> next = rows_of(1000, 16);
+    cache.Plan(next.data(), next.size(), 3, 0, true, &plan);
+    CHECK(cache.capacity() == grown) << "the pool grew again: " << cache.capacity();
+  }
+  // Step 0 taken (in its backward), steps 1-3 dropped.
+  SetAssociativeCache cache(16, 4, policy);
+  const std::vector<int64_t> live = {1, 2, 3};
+  cache.Plan(live.data(), live.size(), 0, 0, true, &plan);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const std::vector<int64_t> rows = rows_of(100 * step, 16);
+    cache.Plan(rows.data(), rows.size(), step, 0, true, &plan);
+  }
+  CHECK(cache.ReleaseAfter(0) > 0);
+  const std::vector<int64_t> step4 = rows_of(1000, 13);
+  cache.Plan(step4.data(), step4.size(), 4, 0, true, &plan);  // step 0 still live
+  std::vector<int64_t> rows, slots;
+  cache.Occupied(&rows, &slots);
+  for (int64_t r : live) CHECK(std::count(rows.begin(), rows.end(), r) == 1) << "live row " << r << " evicted";
+  const uint64_t before = cache.capacity();
+  const std::vector<int64_t> step5 = rows_of(2000, 16);
+  cache.Plan(step5.data(), step5.size(), 5, 4, true, &plan);  // step 4 taken: step 0 passed
+  CHECK(cache.capacity() == before) << "the released slots were not reused: " << before << " -> "
+                                    << cache.capacity();
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -400,6 +444,8 @@ int main() {
   Run("sketch: aging halves the counts", TestSketchAgingHalves);
   Run("cache: tinylfu keeps frequent rows through a scan", TestTinyLfuAdmission);
   Run("cache: policy names", TestParsePolicy);
+  for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kTinyLfu})
+    Run("cache: dropped steps release their slots", [p] { TestReleaseAfter(p); });
   for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kTinyLfu}) {
     const std::string name = CachePolicyName(p);
     Run(("cache: plans with the dense map == without (" + name + ")").c_str(), [p] { TestMapPlansIdentical(p); });

@@ -276,6 +276,22 @@ def test_cancel_prefetch_lets_forward_take_another_batch(tmp_path: Path, tier: T
     ker.close()
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["inline", "pipeline"])
+def test_cancelled_prefetches_do_not_keep_their_slots_locked(tmp_path: Path, pipeline: bool) -> None:
+    """prefetch + cancel_prefetch, again and again with no step computed: a dropped step never
+    runs, so its rows' slots are free again and the cache does not grow an overflow pool."""
+    ker = TieredEmbeddingBags([(5000, 8)], tier=Tier.DRAM, cache_rows=64, cache_ways=4,
+                              storage_dir=str(tmp_path), prefetch_pipeline=pipeline)
+    offsets = torch.tensor([0, 48])
+    for k in range(40):  # 48 new rows each time: more than the cache holds after two
+        ker.prefetch(torch.arange(48 * k, 48 * (k + 1)), offsets)
+        assert ker.cancel_prefetch() == 1
+    ids = torch.arange(3000, 3048)
+    ker(ids, offsets).sum().backward()
+    assert ker.cache_stats()["table_0"]["cache_capacity_rows"] <= 64 + 48, "dropped steps kept slots locked"
+    ker.close()
+
+
 # Tier I/O errors ----------------------------------------------------------------------------
 def test_tier_io_error_names_table_tier_and_file(tmp_path: Path) -> None:
     """A full disk under a table (ENOSPC injected into its block store) surfaces as an

@@ -111,9 +111,14 @@ class StepPath:
             self.engine.set_slots(cache.slots.weights, cache.slots.move_states)
 
     def cancel(self) -> int:
-        """Drops every pending step once its rows are in place; returns how many."""
+        """Drops every pending step once its rows are in place (loads past the TBE too: it
+        grows, as the slots the dropped steps held are free for the next plan); returns how
+        many."""
         self.drain()
-        return self.engine.drop_pending()
+        dropped = self.engine.drop_pending()
+        if self.cache.slots.deferred:
+            self.grow()
+        return dropped
 
     def mark_pending_created(self) -> None:
         """Marks the rows the pending steps gave to new ids as changed (a checkpoint taken
