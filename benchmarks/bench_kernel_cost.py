@@ -114,6 +114,9 @@ class Trainer:
     def __init__(self, kernels: List[Tuple[torch.nn.Module, List[int]]], num_tables: int, batch: int) -> None:
         self.kernels = kernels
         self.num_tables, self.batch = num_tables, batch
+        # Wall seconds of each phase over the measured steps (where the step's time goes).
+        self.phase_seconds = {"prefetch": 0.0, "forward": 0.0, "backward": 0.0}
+        self.steps_timed = 0
 
     def _slice(self, b: Batch, tables: List[int]) -> Batch:
         if len(tables) == self.num_tables:
@@ -133,16 +136,24 @@ class Trainer:
         nothing, so the next block (maybe another system's) starts with no plan queued."""
         sliced = [[self._slice(batches[(start + i) % len(batches)], ts) for _, ts in self.kernels]
                   for i in range(steps)]
+        phase = self.phase_seconds
         for i in range(steps):
             outs = []
             for k, (module, _) in enumerate(self.kernels):
+                t0 = time.perf_counter()
                 if isinstance(module, TieredEmbeddingBags):
                     if i == 0:
                         module.prefetch(*sliced[0][k])
                     if i + 1 < steps:
                         module.prefetch(*sliced[i + 1][k])
+                t1 = time.perf_counter()
                 outs.append(module(*sliced[i][k]))
+                phase["prefetch"] += t1 - t0
+                phase["forward"] += time.perf_counter() - t1
+            t2 = time.perf_counter()
             torch.cat(outs, dim=1).sum().backward()
+            phase["backward"] += time.perf_counter() - t2
+        self.steps_timed += steps
 
 
 def measure(systems: Dict[str, Trainer], batches: List[Batch], warmup: int, blocks: int,
@@ -152,6 +163,8 @@ def measure(systems: Dict[str, Trainer], batches: List[Batch], warmup: int, bloc
     out: Dict[str, Dict[str, List[float]]] = {name: {"wall": [], "cpu": []} for name in systems}
     for name, trainer in systems.items():
         trainer.run(batches, warmup, 0)
+        trainer.phase_seconds = dict.fromkeys(trainer.phase_seconds, 0.0)
+        trainer.steps_timed = 0
     step = warmup
     for b in range(blocks):
         order = list(systems.items()) if b % 2 == 0 else list(reversed(systems.items()))
@@ -213,6 +226,9 @@ def run_case(case: Case, args: argparse.Namespace, directory: str) -> dict:
         "pass": None if case.target is None else r >= case.target,
         "ms_per_step": {n: 1e3 * statistics.median(t["wall"]) for n, t in times.items()},
         "cpu_ms_per_step": {n: 1e3 * statistics.median(t["cpu"]) for n, t in times.items()},
+        # Mean wall ms of each phase a step, over the measured blocks: where the time goes.
+        "phase_ms_per_step": {n: {k: 1e3 * v / max(1, t.steps_timed) for k, v in t.phase_seconds.items()}
+                              for n, t in systems.items()},
     }
     for trainer in systems.values():
         for module, _ in trainer.kernels:
@@ -228,7 +244,10 @@ def report(r: dict) -> str:
     verdict = "" if r["target"] is None else f"  target >= {r['target']}x  [{'PASS' if r['pass'] else 'MISS'}]"
     times = ", ".join(f"{n} {r['ms_per_step'][n]:.2f} ms ({r['cpu_ms_per_step'][n]:.2f} ms CPU)"
                       for n in r["ms_per_step"])
-    return f"{r['case']:<20} {r['ours']} / {r['baseline']} steps/s = {r['ratio']:.2f}x{verdict}\n    per step: {times}"
+    phases = "; ".join(f"{n} " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items())
+                       for n, ph in r["phase_ms_per_step"].items())
+    return (f"{r['case']:<20} {r['ours']} / {r['baseline']} steps/s = {r['ratio']:.2f}x{verdict}\n"
+            f"    per step: {times}\n    phases (ms a step): {phases}")
 
 
 def main(argv: "list[str] | None" = None) -> int:
