@@ -275,3 +275,36 @@ def test_set_learning_rate_survives_the_tbe_growing(tmp_path: Path) -> None:
         assert ker.learning_rate == model.learning_rate
     finally:
         ker.close()
+
+
+@pytest.mark.parametrize("tiers, threads, cpus, want", [
+    ((Tier.DRAM,), 2, 2, False),  # torch's threads fill the rank's CPUs: inline
+    ((Tier.DRAM, Tier.SCM), 1, 4, True),  # CPUs to spare
+    ((Tier.DRAM, Tier.SSD), 2, 2, True),  # an SSD table's moves wait on the device
+])
+def test_stage_threads_where_they_pay(monkeypatch, tmp_path: Path, tiers, threads, cpus, want) -> None:
+    """prefetch_pipeline=None (sharded tables' setting) picks stage threads by the rule of
+    kernels/stage_threads.py; True (TieredEmbeddingBags' default) and False force it."""
+    from torchrec_mtrains.kernels import stage_threads
+
+    monkeypatch.setattr(stage_threads, "cpus_per_rank", lambda: cpus)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert DEFAULTS.prefetch_pipeline is True and TieredConfig(prefetch_pipeline=None).prefetch_pipeline is None
+    specs = [(100, 8)] * len(tiers)
+    for setting, expected in ((None, want), (True, True), (False, False)):
+        ker = TieredEmbeddingBags(specs, tier=tiers, cache_rows=16, storage_dir=str(tmp_path / str(setting)),
+                                  prefetch_pipeline=setting)
+        assert ker.stage_threads is expected, setting
+        ker(torch.arange(8) % 100, torch.arange(0, 9, 4 if len(tiers) == 2 else 8)).sum().backward()
+        ker.close()
+
+
+def test_cpus_per_rank_shares_the_node(monkeypatch) -> None:
+    from torchrec_mtrains.kernels.stage_threads import cpus_per_rank
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    alone = cpus_per_rank()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(alone * 2))
+    assert cpus_per_rank() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert cpus_per_rank() == alone

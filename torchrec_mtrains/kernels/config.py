@@ -63,7 +63,7 @@ class TieredConfig:
     eps: float = 1.0e-8
     pooling_mode: PoolingMode = PoolingMode.SUM
     cache_algorithm: str = "lru"
-    prefetch_pipeline: Optional[bool] = None
+    prefetch_pipeline: Optional[bool] = True
     weights_precision: SparseType = SparseType.FP32
     cache_ways: int = 32
     init_range: Optional[Union[InitRange, Tuple[InitRange, ...]]] = None

@@ -89,10 +89,11 @@ class TieredEmbeddingBags(torch.nn.Module):
             PoolingMode.NONE (sequences, TorchRec's EmbeddingCollection: one output row per
             id, ``[len(indices), dim]``; every table of one dim).
         cache_algorithm: "lru", "lfu" or "tinylfu" (LFU behind a TinyLFU admission filter).
-        prefetch_pipeline: run each step's plan and moves on the kernel's own threads (True)
-            or inline in ``prefetch()`` (False); None (default): threads where they pay
+        prefetch_pipeline: run each step's plan and moves on the kernel's own threads (True,
+            the default) or inline in ``prefetch()`` (False); None: threads where they pay
             (``stage_threads.py``: with an SSD table, or with CPUs to spare beside torch's
-            threads), else inline. ``stage_threads`` says which the kernel runs.
+            threads), else inline -- what sharded tables use. ``stage_threads`` says which
+            the kernel runs.
         weights_precision: SparseType.FP32 or SparseType.FP16.
         cache_ways: ways per cache set (default 32, at most 1024).
         init_range: initial weights are uniform(lo, hi), one pair for all tables or one
