@@ -119,6 +119,7 @@ Status VirtualIds::ResolveMisses(size_t table, int64_t step, int64_t oldest_live
 }
 
 void VirtualIds::RecordStep(State& s, int64_t step, const int64_t* rows, size_t n) {
+  if (!s.spec.evicts()) return;  // no pass ever runs: nothing to protect
   std::vector<int64_t> v;
   if (!s.spare.empty()) {
     v = std::move(s.spare.back());

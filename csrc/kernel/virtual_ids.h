@@ -104,7 +104,8 @@ class VirtualIds : public MissResolver {
     uint64_t cache_found = 0, index_lookups = 0;
     uint32_t now = 0;          // this step's
     int64_t given_now = 0;     // SetNow's
-    // Rows of the steps planned and not yet done, oldest first: never evicted.
+    // Rows of the steps planned and not yet done, oldest first: never evicted (kept only
+    // where the policy evicts).
     std::deque<std::pair<int64_t, std::vector<int64_t>>> step_rows;
     std::vector<std::vector<int64_t>> spare;  // step_rows' vectors, for reuse
     std::vector<int64_t> created;
