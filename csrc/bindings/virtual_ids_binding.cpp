@@ -57,11 +57,6 @@ class VirtualIdsHandle : public torch::CustomClassHolder {
     Checked([&] { v = int64_t(ids_->NextPassAt(size_t(table))); });
     return v;
   }
-  int64_t passes(int64_t table) {
-    int64_t v = 0;
-    Checked([&] { v = int64_t(ids_->Passes(size_t(table))); });
-    return v;
-  }
   // (ids found by the cache, ids looked up in the index)
   std::tuple<int64_t, int64_t> lookups(int64_t table) {
     std::pair<uint64_t, uint64_t> v;
@@ -112,7 +107,6 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
            "adds a virtual table, before the first step.")
       .def("set_now", &VirtualIdsHandle::set_now, "(table, seconds): the next steps' now (no wall clock).")
       .def("next_pass_at", &VirtualIdsHandle::next_pass_at, "(table) -> live ids of its next eviction pass.")
-      .def("passes", &VirtualIdsHandle::passes, "(table) -> eviction passes run.")
       .def("lookups", &VirtualIdsHandle::lookups,
            "(table) -> (ids the cache found, ids looked up in the id index), since the start.")
       .def("restored", &VirtualIdsHandle::restored,

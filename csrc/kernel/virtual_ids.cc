@@ -149,7 +149,6 @@ Status VirtualIds::EvictPass(State& s, int64_t step) {
     // Their rows now belong to no id: dropped from the cache unwritten.
     if (!evicted_ids_.empty()) cache_->cache(s.spec.table).Forget(evicted_ids_.data(), evicted_ids_.size());
   }
-  ++s.passes;
   PassDone(s);
   return Status::Ok();
 }
@@ -178,11 +177,6 @@ void VirtualIds::MarkCreated(size_t table, uint8_t* flags) const {
 uint64_t VirtualIds::NextPassAt(size_t table) const {
   MutexLock lock(&mu_);
   return StateOf(table).next_pass_at;
-}
-
-uint64_t VirtualIds::Passes(size_t table) const {
-  MutexLock lock(&mu_);
-  return StateOf(table).passes;
 }
 
 std::pair<uint64_t, uint64_t> VirtualIds::Lookups(size_t table) const {

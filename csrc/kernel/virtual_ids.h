@@ -88,7 +88,6 @@ class VirtualIds : public MissResolver {
 
   // The live ids at which table `table`'s next pass may run.
   uint64_t NextPassAt(size_t table) const EXCLUDES(mu_);
-  uint64_t Passes(size_t table) const EXCLUDES(mu_);
   // Table `table`'s ids found by the cache (no id lookup) and ids looked up in its index.
   std::pair<uint64_t, uint64_t> Lookups(size_t table) const EXCLUDES(mu_);
   // The planned steps after `last_live_step` were dropped: their rows are no longer kept.
@@ -100,7 +99,7 @@ class VirtualIds : public MissResolver {
  private:
   struct State {
     VirtualTable spec;
-    uint64_t next_pass_at = 0, passes = 0, replay = 0;
+    uint64_t next_pass_at = 0, replay = 0;
     uint64_t cache_found = 0, index_lookups = 0;
     uint32_t now = 0;          // this step's
     int64_t given_now = 0;     // SetNow's

@@ -178,10 +178,6 @@ class VirtualRows:
         """Each table's bound on ids: a virtual table's id space, a dense table's rows."""
         return [self.tables[t].spec.id_space if t in self.tables else n for t, n in enumerate(num_rows)]
 
-    def keyed(self, num_tables: int) -> List[bool]:
-        """Per kernel table, whether its cache is keyed by id (the virtual tables')."""
-        return [t in self.tables for t in range(num_tables)]
-
     def attach(self, mover: torch.ScriptObject, t: int, seed: int, init_range: Tuple[float, float], dim: int,
                state_dim: int, dtype: torch.dtype) -> None:
         """Makes table t's tier in ``mover`` a virtual one (after each attach of a store)."""
@@ -266,10 +262,6 @@ class VirtualRows:
     def next_pass_at(self, t: int) -> int:
         """Table t's live ids at which its next eviction pass may run."""
         return self.ids.next_pass_at(t)
-
-    def passes(self, t: int) -> int:
-        """Table t's eviction passes so far."""
-        return self.ids.passes(t)
 
     def restore(self, t: int, ids: torch.Tensor, counts: torch.Tensor, times: torch.Tensor, replay: int,
                 next_pass_at: Optional[int]) -> torch.Tensor:
