@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <ctime>
+#include <limits>
 #include <stdexcept>
 
 namespace mtrains {
 namespace {
 
 uint32_t ClampSeconds(int64_t s) { return uint32_t(std::clamp<int64_t>(s, 0, int64_t(UINT32_MAX))); }
+
+// IdIndex::Map's refusal of ids that would not fit the free rows.
+bool OutOfRows(const Status& st) { return st.code() == StatusCode::kIoError && st.sys_errno() == ENOSPC; }
 
 }  // namespace
 
@@ -84,7 +88,7 @@ Status VirtualIds::ResolveMisses(size_t table, int64_t step, int64_t oldest_live
   }
   created_at_.clear();
   Status st = index.Map(miss_ids_.data(), num_misses, true, s.now, miss_rows_.data(), &created_at_);
-  if (st.code() == StatusCode::kIoError && st.sys_errno() == ENOSPC) {
+  if (OutOfRows(st)) {
     if (!s.spec.evicts()) return FullError(s, miss_ids_.data(), num_misses);
     // The rows run out: a pass first, keeping this step's rows (its hits', its found ids').
     ProtectedRows(s, oldest_live_step);
@@ -97,8 +101,7 @@ Status VirtualIds::ResolveMisses(size_t table, int64_t step, int64_t oldest_live
     if (!st.ok()) return st;
     created_at_.clear();
     st = index.Map(miss_ids_.data(), num_misses, true, s.now, miss_rows_.data(), &created_at_);
-    if (st.code() == StatusCode::kIoError && st.sys_errno() == ENOSPC)
-      return FullError(s, miss_ids_.data(), num_misses);
+    if (OutOfRows(st)) return FullError(s, miss_ids_.data(), num_misses);
   }
   if (!st.ok()) return st;
   for (size_t k = 0; k < num_misses; ++k) tier_row_of[misses[k]] = miss_rows_[k];
@@ -187,11 +190,13 @@ std::pair<uint64_t, uint64_t> VirtualIds::Lookups(size_t table) const {
 
 void VirtualIds::Dropped(int64_t last_live_step) {
   MutexLock lock(&mu_);
-  for (State& s : states_) {
-    while (!s.step_rows.empty() && s.step_rows.back().first > last_live_step) {
-      s.spare.push_back(std::move(s.step_rows.back().second));
-      s.step_rows.pop_back();
-    }
+  for (State& s : states_) ForgetStepsAfter(s, last_live_step);
+}
+
+void VirtualIds::ForgetStepsAfter(State& s, int64_t step) {
+  while (!s.step_rows.empty() && s.step_rows.back().first > step) {
+    s.spare.push_back(std::move(s.step_rows.back().second));
+    s.step_rows.pop_back();
   }
 }
 
@@ -199,10 +204,7 @@ void VirtualIds::Restored(size_t table, uint64_t replay, int64_t next_pass_at) {
   MutexLock lock(&mu_);
   State& s = StateOf(table);
   s.replay = replay;
-  while (!s.step_rows.empty()) {
-    s.spare.push_back(std::move(s.step_rows.front().second));
-    s.step_rows.pop_front();
-  }
+  ForgetStepsAfter(s, std::numeric_limits<int64_t>::min());
   if (next_pass_at < 0)
     PassDone(s);
   else

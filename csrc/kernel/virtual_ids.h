@@ -119,6 +119,8 @@ class VirtualIds : public MissResolver {
   void PassDone(State& s) REQUIRES(mu_);
   Status FullError(const State& s, const int64_t* ids, size_t n) const;
   void RecordStep(State& s, int64_t step, const int64_t* rows, size_t n) REQUIRES(mu_);
+  // Forgets the rows kept for table `s`'s steps after `step` (their vectors kept for reuse).
+  void ForgetStepsAfter(State& s, int64_t step) REQUIRES(mu_);
 
   KernelCacheIndex* const cache_;
   const NormEviction norm_;

@@ -54,7 +54,6 @@ class StepPath:
         self._num_features = len(cache.specs) if feature_table_map is None else len(feature_table_map)
         self._first_error: Optional[BaseException] = None
         self._written_back_seen = 0.0
-        self._clocks = any(t.given_clock for t in cache.virtual.tables.values())  # a test's: read per step
 
     @property
     def pending(self) -> int:
@@ -69,8 +68,7 @@ class StepPath:
             ValueError, IndexError: a bad batch (nothing is queued).
         """
         indices, offsets, feature_batch = self._checked(indices, offsets, batch_sizes)
-        if self._clocks:
-            self.cache.virtual.read_clocks()
+        self.cache.virtual.read_clocks()
         raise_batch_problem(self.engine.submit(indices, offsets, feature_batch, train), indices, self.cache)
 
     def take(self, indices: torch.Tensor, offsets: torch.Tensor, train: bool,
@@ -85,8 +83,7 @@ class StepPath:
         """
         indices, offsets, feature_batch = self._checked(indices, offsets, batch_sizes)
         cache = self.cache
-        if self._clocks:
-            cache.virtual.read_clocks()
+        cache.virtual.read_clocks()
         slots, _, mismatch, problem, outcome = self.engine.take(indices, offsets, feature_batch, train)
         if mismatch:
             raise ValueError(
