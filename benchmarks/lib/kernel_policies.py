@@ -55,11 +55,12 @@ class PolicyTrace:
 
 
 def replay_hits(steps: Sequence[np.ndarray], capacity: int, ways: int, policy: str,
-                count_from_step: int = 0) -> OptResult:
+                count_from_step: int = 0, lookahead: int = 0) -> OptResult:
     """Hit rate of ``SetAssociativeCache(capacity, ways, policy)`` on ``steps``.
 
     Each step is planned with the previous one still live (the prefetch pipeline), in eval
-    mode (no write-backs: they do not change which rows are cached).
+    mode (no write-backs: they do not change which rows are cached), with the next
+    ``lookahead`` steps announced (``reserve``: the kernel's look-ahead window).
 
     Returns:
         Hits and distinct rows of the steps from ``count_from_step`` on.
@@ -70,11 +71,16 @@ def replay_hits(steps: Sequence[np.ndarray], capacity: int, ways: int, policy: s
 
     load_extension()
     cache = torch.classes.mtrains.SetAssociativeCache(int(capacity), int(ways), policy)
+    tensors = [torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)) for ids in steps]
+    for ahead in range(min(lookahead, len(steps) - 1) + 1 if lookahead else 0):
+        cache.reserve(tensors[ahead], ahead)
     before = None
-    for step, ids in enumerate(steps):
+    for step, ids in enumerate(tensors):
         if step == count_from_step:
             before = dict(cache.counters())
-        cache.plan(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), step, max(0, step - 1), False)
+        cache.plan(ids, step, max(0, step - 1), False)
+        if lookahead and step + lookahead + 1 < len(tensors):
+            cache.reserve(tensors[step + lookahead + 1], step + lookahead + 1)
     after = dict(cache.counters())
     if before is None:
         before = after

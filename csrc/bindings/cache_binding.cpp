@@ -39,6 +39,17 @@ class CacheHandle : public torch::CustomClassHolder {
             ToTensor(plan.evict_rows), ToTensor(plan.evict_slots)};
   }
 
+  void reserve(const at::Tensor& indices, int64_t step) {
+    TORCH_CHECK_VALUE(indices.device().is_cpu() && indices.scalar_type() == at::kLong &&
+                          indices.dim() == 1 && indices.is_contiguous(),
+                      "indices must be a contiguous 1-D int64 CPU tensor");
+    try {
+      cache_->Reserve(indices.data_ptr<int64_t>(), indices.numel(), step);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+  }
+
   void mark_dirty(const at::Tensor& slots) {
     TORCH_CHECK_VALUE(slots.device().is_cpu() && slots.scalar_type() == at::kLong && slots.dim() == 1,
                       "slots must be a 1-D int64 CPU tensor");
@@ -84,6 +95,8 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
       .def("plan", &CacheHandle::plan,
            "(indices, step, oldest_live_step, train) -> (slot per index, load_rows, "
            "load_slots, evict_rows, evict_slots): assigns and locks slots for one step.")
+      .def("reserve", &CacheHandle::reserve,
+           "(indices, step): announces a look-ahead window step's rows; none is evicted until that step is past.")
       .def("mark_dirty", &CacheHandle::mark_dirty,
            "(slots): marks occupied slots dirty (their rows will be updated).")
       .def("take_dirty", &CacheHandle::take_dirty,

@@ -164,6 +164,12 @@ class StepEngineHandle : public torch::CustomClassHolder {
   bool on_stage_thread() { return engine_->OnStageThread(); }
   int64_t last_taken_step() { return engine_->last_taken_step(); }
 
+  void set_lookahead(int64_t steps) {
+    TORCH_CHECK_VALUE(steps >= 0, "lookahead=", steps, " must be >= 0");
+    Run([&] { engine_->SetLookahead(size_t(steps)); });
+  }
+  int64_t lookahead() { return int64_t(engine_->lookahead()); }
+
   // Each table's TBE weights and optimizer state (an empty tensor: none).
   void set_slots(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& states) {
     TORCH_CHECK_VALUE(weights.size() == engine_->num_tables() && states.size() == weights.size(),
@@ -306,6 +312,9 @@ TORCH_LIBRARY_FRAGMENT(mtrains, m) {
       .def("wait_for_moves", &StepEngineHandle::wait_for_moves, "Returns once no step is moving.")
       .def("on_stage_thread", &StepEngineHandle::on_stage_thread, "Whether the caller is a stage thread.")
       .def("last_taken_step", &StepEngineHandle::last_taken_step, "The last step taken (-1: none).")
+      .def("set_lookahead", &StepEngineHandle::set_lookahead,
+           "(steps): the look-ahead window; only with no step pending (ValueError otherwise).")
+      .def("lookahead", &StepEngineHandle::lookahead, "The look-ahead window (steps).")
       .def("set_slots", &StepEngineHandle::set_slots, "(weights, states): each table's TBE slots.")
       .def("set_dirty_bitmaps", &StepEngineHandle::set_dirty_bitmaps, "(bitmaps): each table's trained rows.")
       .def("set_write_guard", &StepEngineHandle::set_write_guard,

@@ -55,16 +55,27 @@ void KernelCacheIndex::ReleaseAfter(int64_t last_live_step) {
   for (auto& cache : caches_) cache->ReleaseAfter(last_live_step);
 }
 
-size_t KernelCacheIndex::PlanStep(const int64_t* indices, const std::vector<int64_t>& bounds, int64_t step,
-                                  int64_t oldest_live_step, bool train, int64_t* slot_of_index,
-                                  std::vector<TableMoves>* moves, MissResolver* resolver, int64_t* tier_row_of_index,
-                                  Status* status) {
+void KernelCacheIndex::Reserve(const int64_t* indices, const std::vector<int64_t>& bounds, int64_t step) {
+  CheckBounds(bounds);
+  MutexLock lock(&plan_mu_);
+  for (size_t t = 0; t < caches_.size(); ++t)
+    caches_[t]->Reserve(indices + bounds[t], size_t(bounds[t + 1] - bounds[t]), step);
+}
+
+void KernelCacheIndex::CheckBounds(const std::vector<int64_t>& bounds) const {
   if (bounds.size() != caches_.size() + 1)
     throw std::invalid_argument("bounds has " + std::to_string(bounds.size()) + " entries for " +
                                 std::to_string(caches_.size()) + " tables; expected tables + 1");
   for (size_t t = 0; t < caches_.size(); ++t)
     if (bounds[t] < 0 || bounds[t + 1] < bounds[t])
       throw std::invalid_argument("bounds must be non-negative and non-decreasing");
+}
+
+size_t KernelCacheIndex::PlanStep(const int64_t* indices, const std::vector<int64_t>& bounds, int64_t step,
+                                  int64_t oldest_live_step, bool train, int64_t* slot_of_index,
+                                  std::vector<TableMoves>* moves, MissResolver* resolver, int64_t* tier_row_of_index,
+                                  Status* status) {
+  CheckBounds(bounds);
   CheckKeyedArgs(resolver, tier_row_of_index, status);
   if (status != nullptr) *status = Status::Ok();
   MutexLock lock(&plan_mu_);

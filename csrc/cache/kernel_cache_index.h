@@ -78,6 +78,9 @@ class KernelCacheIndex {
   // Replaces table `table`'s cache by an empty one of the same spec, map included (its rows
   // were replaced underneath).
   void Reset(size_t table);
+  // Announces step `step` of the look-ahead window to every table's cache
+  // (SetAssociativeCache::Reserve), its indices table-major as PlanStep takes them.
+  void Reserve(const int64_t* indices, const std::vector<int64_t>& bounds, int64_t step) EXCLUDES(plan_mu_);
   // Every table's SetAssociativeCache::ReleaseAfter (no PlanStep may run meanwhile).
   void ReleaseAfter(int64_t last_live_step) EXCLUDES(plan_mu_);
 
@@ -103,6 +106,8 @@ class KernelCacheIndex {
  private:
   const uint32_t ways_;
   const CachePolicy policy_;
+  // Throws std::invalid_argument unless `bounds` has num_tables() + 1 entries, ascending from >= 0.
+  void CheckBounds(const std::vector<int64_t>& bounds) const;
   // Throws std::invalid_argument naming the first keyed table when an argument it needs is null.
   void CheckKeyedArgs(const MissResolver* resolver, const int64_t* tier_row_of_index, const Status* status) const;
   // Passes 1 and 2 of every keyed table (LockHits), each followed by its resolver call;

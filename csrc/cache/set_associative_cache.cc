@@ -135,10 +135,12 @@ inline void SetAssociativeCache::LockHit(SlotMeta* meta, uint32_t* freq, int64_t
       m.step = step;
       if (train) m.set_dirty(true);
       if (policy_ == CachePolicy::kLfu) {
-        CountAccess(row);
-        if (freq[slot] < std::numeric_limits<uint32_t>::max()) ++freq[slot];
+        if (!counted_ahead_) {
+          CountAccess(row);
+          if (freq[slot] < std::numeric_limits<uint32_t>::max()) ++freq[slot];
+        }
       } else {
-        freq[slot] = TouchTinyLfu(row);
+        freq[slot] = counted_ahead_ ? tiny_sketch_->Estimate(static_cast<uint64_t>(row)) : TouchTinyLfu(row);
       }
     }
   } else {  // the same without a branch (first sights and repeats interleave unpredictably)
@@ -297,7 +299,7 @@ int64_t SetAssociativeCache::PickVictim(uint64_t first, uint64_t count,
   int64_t best = kEmpty;
   for (uint64_t s = first; s < first + count; ++s) {
     const SlotMeta& m = meta_[s];
-    if (m.step >= oldest_live_step) continue;  // locked by a live step
+    if (Locked(s, oldest_live_step)) continue;
     if (slot_row_[s] == kEmpty) return static_cast<int64_t>(s);
     if (best == kEmpty) {
       best = static_cast<int64_t>(s);
@@ -327,7 +329,7 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
   for (uint64_t s = first; s < first + ways_; ++s) {
     const SlotMeta& m = meta_[s];
     window += m.window();
-    if (m.step >= oldest_live_step) continue;  // locked by a live step
+    if (Locked(s, oldest_live_step)) continue;
     if (slot_row_[s] == kEmpty) {
       if (empty == kEmpty) empty = static_cast<int64_t>(s);
       continue;
@@ -378,7 +380,7 @@ int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
   const uint64_t pool = slot_row_.size() - first;
   for (uint64_t k = 0; k < pool; ++k) {
     const uint64_t s = first + (overflow_cursor_ + k) % pool;
-    if (meta_[s].step < oldest_live_step) {
+    if (!Locked(s, oldest_live_step)) {
       overflow_cursor_ = (s - first + 1) % pool;
       return static_cast<int64_t>(s);
     }
@@ -391,6 +393,7 @@ int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
   if (keyed_) tier_row_.push_back(kEmpty);
   meta_.push_back(SlotMeta{kNeverLocked, 0});
   if (!freq_.empty()) freq_.push_back(0);
+  if (!reserved_.empty()) reserved_.push_back(kNeverLocked);
   return static_cast<int64_t>(slot_row_.size() - 1);
 }
 
@@ -423,6 +426,7 @@ void SetAssociativeCache::Place(int64_t key, int64_t tier_row, int64_t slot, int
     overflow_map_[key] = slot;
     ++counters_.overflow_assignments;
   }
+  if (!reserved_.empty()) ReserveFromWindow(key, slot, step);
   plan->load_rows.push_back(tier_row);
   plan->load_slots.push_back(slot);
 }
@@ -457,6 +461,8 @@ size_t SetAssociativeCache::LockHitsLocked(const int64_t* keys, size_t n, int64_
   // loaded in one step).
   miss_scratch_.clear();
   planned_n_ = n;
+  last_planned_ = std::max(last_planned_, step);
+  window_.SetPlannedThrough(last_planned_);
   const bool counted = policy_ != CachePolicy::kLru;
   if (map_rows_ > 0) {
     if (counted)
@@ -530,14 +536,56 @@ void SetAssociativeCache::PlaceMissesLocked(const int64_t* keys, const int64_t* 
     } else {
       ++counters_.unique_rows;
       ++counters_.misses;
-      if (lfu) CountAccess(key);
-      if (tiny) TouchTinyLfu(key);
+      if (lfu && !counted_ahead_) CountAccess(key);
+      if (tiny && !counted_ahead_) TouchTinyLfu(key);
       slot = tiny ? AdmitSlot(first, oldest_live_step) : PickVictim(first, ways_, oldest_live_step);
       if (slot == kEmpty) slot = TakeOverflowSlot(oldest_live_step);
       Place<kKeyed>(key, kKeyed ? tier_row_of[i] : key, slot, step, train, plan);
     }
     slot_of[i] = slot;
   }
+}
+
+void SetAssociativeCache::Reserve(const int64_t* keys, size_t n, int64_t step) {
+  MutexLock lock(&mu_);
+  if (step <= last_reserved_ || step <= last_planned_)
+    throw std::invalid_argument("Reserve of step " + std::to_string(step) + ": window steps come after step " +
+                                std::to_string(std::max(last_reserved_, last_planned_)) +
+                                " (the last one planned or announced)");
+  if (reserved_.empty()) reserved_.assign(slot_row_.size(), kNeverLocked);
+  last_reserved_ = step;
+  counted_ahead_ = true;
+  // Tags prefetched a few keys ahead, as the plan's first pass does.
+  const bool by_map = map_rows_ > 0;
+  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i)
+    if (!by_map) PrefetchSet(SetOf(keys[i]) * ways_);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) {
+      const int64_t ahead = keys[i + kPrefetchAhead];
+      if (by_map && Mapped(ahead))
+        __builtin_prefetch(slot_of_row_.data() + ahead);
+      else
+        PrefetchSet(SetOf(ahead) * ways_);
+    }
+    if (keyed_ && keys[i] == kEmpty) continue;  // refused by the plan, never a cached key
+    const bool first_sight = window_.Note(keys[i], step);
+    const int64_t slot = FindSlot(keys[i]);
+    if (slot != kEmpty) reserved_[slot] = step;  // steps ascend: the latest is the largest
+    if (!first_sight) continue;
+    // The policy counts the access now, a window ahead of the plan (which then counts none).
+    if (policy_ == CachePolicy::kLfu) {
+      CountAccess(keys[i]);
+      if (slot != kEmpty && freq_[slot] < std::numeric_limits<uint32_t>::max()) ++freq_[slot];
+    } else if (policy_ == CachePolicy::kTinyLfu) {
+      const uint32_t estimate = TouchTinyLfu(keys[i]);
+      if (slot != kEmpty) freq_[slot] = estimate;
+    }
+  }
+}
+
+void SetAssociativeCache::ReserveFromWindow(int64_t key, int64_t slot, int64_t step) {
+  const int64_t until = window_.Find(key, step);
+  reserved_[slot] = until == WindowSteps::kNone ? kNeverLocked : until;
 }
 
 void SetAssociativeCache::MarkDirty(const int64_t* slots, size_t n) {
@@ -574,6 +622,7 @@ uint64_t SetAssociativeCache::Forget(const int64_t* keys, size_t n) {
     MapRow(keys[i], kEmpty);
     slot_row_[slot] = kEmpty;
     if (keyed_) tier_row_[slot] = kEmpty;
+    if (!reserved_.empty()) reserved_[slot] = kNeverLocked;
     meta_[slot].set_dirty(false);
     ++dropped;
   }
@@ -589,6 +638,10 @@ uint64_t SetAssociativeCache::ReleaseAfter(int64_t last_live_step) {
     m.step = to;
     ++released;
   }
+  // The window's steps were dropped too: their keys are no longer kept.
+  for (int64_t& r : reserved_)
+    if (r > last_live_step) r = kNeverLocked;
+  window_.Clear();
   return released;
 }
 

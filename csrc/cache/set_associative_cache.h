@@ -37,6 +37,12 @@
 // Keys are any int64 but -1, the empty slots' tag. A keyed cache has no dense map and costs
 // 8 more bytes a slot. Its caller keeps tier rows distinct among the cached keys (it
 // Forgets a key before giving its row to another).
+// Look-ahead window (Reserve): the caller may announce the keys of steps it has not planned
+// yet, in step order. A cached key a window step uses is locked for that step as a live
+// step's is (never a victim until that step is past), and so is a missed key placed while a
+// later window step uses it; among the rest the policy picks. Which keys stay cached
+// changes, never a step's slots' contents. Costs 8 bytes a slot, and one map of the
+// window's keys, from the first Reserve on.
 // Thread-safe: every method but num_slots(), map_rows(), keyed() and misses() takes one mutex.
 // TieredEmbeddingBags plans on its prefetch thread while the training thread calls MarkDirty,
 // capacity() and counters() (the binding releases the GIL), so the index must not rely on its
@@ -51,6 +57,7 @@
 #include <vector>
 
 #include "cache/frequency_sketch.h"
+#include "cache/window_steps.h"
 
 #include "common/huge_page_allocator.h"
 #include "common/mutex.h"
@@ -137,6 +144,11 @@ class SetAssociativeCache {
   void PlaceMisses(const int64_t* keys, size_t n, const int64_t* tier_row_of, int64_t step,
                    int64_t oldest_live_step, bool train, int64_t* slot_of, StepPlan* plan) EXCLUDES(mu_);
 
+  // Announces step `step`'s keys (rows unless keyed), a step after every one planned so far
+  // and every one announced so far: until `step` is past, none of them is evicted (above).
+  // Throws std::invalid_argument for a step not after the last planned or announced one.
+  void Reserve(const int64_t* keys, size_t n, int64_t step) EXCLUDES(mu_);
+
   // Marks `slots` dirty (a step planned in eval mode that trains after all).
   void MarkDirty(const int64_t* slots, size_t n) EXCLUDES(mu_);
   // Slots whose rows are dirty, with their (tier) rows (flush). Marks them clean, except slots
@@ -192,6 +204,12 @@ class SetAssociativeCache {
   };
 
   uint64_t SetOf(int64_t row) const;
+  // Whether slot `s` is locked: by a live step (>= oldest_live_step) or for a window step.
+  bool Locked(uint64_t s, int64_t oldest_live_step) const REQUIRES(mu_) {
+    return meta_[s].step >= oldest_live_step || (!reserved_.empty() && reserved_[s] >= oldest_live_step);
+  }
+  // A key placed in `slot` at step `step`: locked for the last window step using it, if any.
+  void ReserveFromWindow(int64_t key, int64_t slot, int64_t step) REQUIRES(mu_);
   void PrefetchSet(uint64_t first) const REQUIRES(mu_);
   // PrefetchSet and the set's slot state and frequencies (what a victim scan reads).
   void PrefetchVictimSet(uint64_t first) const REQUIRES(mu_);
@@ -273,6 +291,15 @@ class SetAssociativeCache {
   static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
   std::vector<uint32_t, HugePageAllocator<uint32_t>> slot_of_row_ GUARDED_BY(mu_);
   uint64_t clock_ GUARDED_BY(mu_) = 0;
+  // Look-ahead window (empty until the first Reserve): per slot, the last window step it is
+  // locked for (kNeverLocked: none); the window's keys and their last steps; the last
+  // step announced and the last planned.
+  std::vector<int64_t, HugePageAllocator<int64_t>> reserved_ GUARDED_BY(mu_);
+  WindowSteps window_ GUARDED_BY(mu_);
+  int64_t last_reserved_ GUARDED_BY(mu_) = -1, last_planned_ GUARDED_BY(mu_) = -1;
+  // From the first Reserve on, LFU and TinyLFU count a step's accesses when it is announced
+  // (so a row's frequency includes the window's uses), and its plan counts none.
+  bool counted_ahead_ GUARDED_BY(mu_) = false;
   // Count-min sketch for LFU: 4 rows of `sketch_width_` 16-bit counters, one count per
   // distinct row per step, halved periodically (aging).
   std::vector<uint16_t> sketch_ GUARDED_BY(mu_);

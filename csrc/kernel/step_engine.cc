@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -63,6 +64,7 @@ StepEngine::Job* StepEngine::NewJob() {
   job->failed_table = -1;
   job->num_moves = 0;
   job->overflow.clear();
+  job->announced = false;
   return job;
 }
 
@@ -97,6 +99,7 @@ BatchProblem StepEngine::Submit(const StepInput& in) {
   job->remapped = in.remapped;
   job->train = in.train;
   if (virtual_ != nullptr) virtual_->Now(&job->now);
+  bool hold = false;
   {
     MutexLock lock(&mu_);
     job->step = next_step_++;
@@ -109,15 +112,69 @@ BatchProblem StepEngine::Submit(const StepInput& in) {
       work_.NotifyAll();
       return problem;
     }
+    // No stage threads: a window holds the steps back.
+    hold = lookahead_ > 0 && !stopping_;
+    if (hold) held_.push_back(job);
+  }
+  if (hold) {
+    Announce(job);  // before the steps it releases are planned
+    RunHeldThrough(job->step - int64_t(lookahead_));
+    return problem;
+  }
+  RunHeldThrough(std::numeric_limits<int64_t>::max());  // steps a window held before a Shutdown
+  {
     // Inline after a Shutdown whose threads may still run earlier steps: those first, so
     // steps still plan and move in order (a cancelled step does neither: it need not wait).
+    MutexLock lock(&mu_);
     while (in_flight_ > 1 && !cancelled_) done_.Wait(&mu_);
   }
   RunInline(job);
   return problem;
 }
 
+void StepEngine::RunHeldThrough(int64_t through) {
+  for (;;) {
+    Job* job;
+    {
+      MutexLock lock(&mu_);
+      if (held_.empty() || held_.front()->step > through) return;
+      job = held_.front();
+      held_.pop_front();
+    }
+    RunInline(job);
+  }
+}
+
+void StepEngine::Announce(Job* job) {
+  if (job->announced) return;
+  job->announced = true;
+  try {
+    index_->Reserve(job->indices, job->bounds, job->step);
+  } catch (const std::exception& e) {
+    job->failure = StepFailure::kPlan;
+    job->status = Status::InvalidArgument(std::string("the look-ahead window refused the step: ") + e.what());
+  }
+}
+
+bool StepEngine::MayPlan(const Job& front) const {
+  return plan_queue_.size() > lookahead_ || front.step <= force_through_ || stopping_;
+}
+
+void StepEngine::SetLookahead(size_t steps) {
+  MutexLock lock(&mu_);
+  if (!pending_.empty() || in_flight_ > 0)
+    throw std::invalid_argument("the look-ahead window changes only with no step pending (" +
+                                std::to_string(pending_.size()) + " pending)");
+  lookahead_ = steps;
+}
+
+size_t StepEngine::lookahead() const {
+  MutexLock lock(&mu_);
+  return lookahead_;
+}
+
 void StepEngine::RunInline(Job* job) {
+  if (lookahead() > 0) Announce(job);  // a step run inline after a Shutdown is still counted
   {
     MutexLock lock(&mu_);
     if (!MayRun(job, true)) {
@@ -169,8 +226,12 @@ void StepEngine::Take(const StepInput& in, bool train, TakenStep* out, bool* mis
     if (problem->kind != BatchProblemKind::kOk) return;
   }
   out->prefetched = job != nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (job == nullptr) job = pending_.back();
+  }
+  RunHeldThrough(job->step);  // without stage threads, a window may hold it back
   MutexLock lock(&mu_);
-  if (job == nullptr) job = pending_.back();
   pending_.pop_front();
   const auto t0 = std::chrono::steady_clock::now();
   WaitDone(job);
@@ -180,6 +241,10 @@ void StepEngine::Take(const StepInput& in, bool train, TakenStep* out, bool* mis
 }
 
 void StepEngine::WaitDone(Job* job) {
+  if (job->stage == Stage::kPlanning && job->step > force_through_) {
+    force_through_ = job->step;  // waited for: planned without the rest of its window
+    work_.NotifyAll();
+  }
   while (job->stage != Stage::kDone) done_.Wait(&mu_);
   // A later step may have finished before the failure (nothing to move, say): it fails too.
   if (job->failure == StepFailure::kNone && failed_ && job->step > failed_step_) {
@@ -226,6 +291,7 @@ void StepEngine::MarkRows(const Job& job, bool created_only) {
 }
 
 void StepEngine::Drain(TakenStep* out) {
+  RunHeldThrough(std::numeric_limits<int64_t>::max());
   MutexLock lock(&mu_);
   for (Job* job : pending_) {
     WaitDone(job);
@@ -242,6 +308,7 @@ void StepEngine::Drain(TakenStep* out) {
 }
 
 size_t StepEngine::DropPending() {
+  RunHeldThrough(std::numeric_limits<int64_t>::max());
   MutexLock lock(&mu_);
   const size_t dropped = pending_.size();
   for (Job* job : pending_) {
@@ -260,6 +327,7 @@ size_t StepEngine::DropPending() {
 }
 
 void StepEngine::MarkPendingCreated() {
+  RunHeldThrough(std::numeric_limits<int64_t>::max());
   MutexLock lock(&mu_);
   for (Job* job : pending_) {
     WaitDone(job);
@@ -366,17 +434,37 @@ void StepEngine::Finish(Job* job) {
 
 void StepEngine::PlanLoop() {
   for (;;) {
-    Job* job;
+    Job* job = nullptr;
+    Job* announce = nullptr;
     {
       MutexLock lock(&mu_);
-      while (plan_queue_.empty() && !stopping_) work_.Wait(&mu_);
-      if (plan_queue_.empty()) break;
-      job = plan_queue_.front();
-      plan_queue_.pop_front();
-      if (!MayRun(job, true)) {
+      for (;;) {
+        // Each submitted step is announced to the window first, then the oldest planned
+        // once its window is in (or it is waited for).
+        if (lookahead_ > 0 && announced_ < plan_queue_.size()) {
+          announce = plan_queue_[announced_];
+          break;
+        }
+        if (!plan_queue_.empty() && MayPlan(*plan_queue_.front())) {
+          job = plan_queue_.front();
+          plan_queue_.pop_front();
+          if (announced_ > 0) --announced_;
+          break;
+        }
+        if (plan_queue_.empty() && stopping_) break;
+        work_.Wait(&mu_);
+      }
+      if (announce == nullptr && job == nullptr) break;
+      if (job != nullptr && !MayRun(job, true)) {
         Finish(job);
         continue;
       }
+    }
+    if (announce != nullptr) {
+      Announce(announce);
+      MutexLock lock(&mu_);
+      ++announced_;
+      continue;
     }
     RunPlan(job);
     MutexLock lock(&mu_);
@@ -421,6 +509,7 @@ void StepEngine::RunPlan(Job* job) {
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t cpu0 = ThreadCpuNs();
   job->num_moves = 0;
+  if (job->failure != StepFailure::kNone) return;  // its announcement failed
   if (hooks_.fault != nullptr && hooks_.fault(hooks_.context, job->step, 0) != 0) {
     job->failure = StepFailure::kHook;
     job->status = Status::InvalidArgument("the fault point before the plan failed");

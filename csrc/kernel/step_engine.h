@@ -10,6 +10,10 @@
 //   move  -- every moved table's write-backs and loads through the step mover
 //            (kernel/step_mover.h), tier I/O of all tables in one pass.
 // The plan of step i+2 overlaps the moves of step i+1, which overlap the compute of step i.
+// Look-ahead window (SetLookahead(k), k > 0): every submitted step is announced to the cache
+// index at once (KernelCacheIndex::Reserve), and step i is planned only once steps
+// i+1..i+k are submitted (or when it is waited for: Take, Drain, or a shutdown), so its plan
+// evicts none of the rows those steps use.
 // Take() waits for the step the caller computes next and marks its rows trained; the slot
 // of every index is written straight into the caller's buffer (StepInput::remapped).
 // Nothing on this path allocates once the per-step buffers have grown to the batch size,
@@ -145,6 +149,10 @@ class StepEngine {
   void Drain(TakenStep* out) EXCLUDES(mu_);
   // Forgets the pending steps (after Drain), unlocking their slots and rows; returns how many.
   size_t DropPending() EXCLUDES(mu_);
+  // The look-ahead window: how many submitted steps after step i its plan waits for (0: none,
+  // plans start at once). Only with nothing pending; throws std::invalid_argument otherwise.
+  void SetLookahead(size_t steps) EXCLUDES(mu_);
+  size_t lookahead() const EXCLUDES(mu_);
   // Marks the rows pending steps gave to new ids in the dirty bitmaps (after Drain).
   void MarkPendingCreated() EXCLUDES(mu_);
   size_t pending() const EXCLUDES(mu_);
@@ -196,6 +204,7 @@ class StepEngine {
     Status status;
     int64_t failed_table = -1;
     Stage stage = Stage::kFree;
+    bool announced = false;  // given to the cache index's look-ahead window
   };
 
   Job* NewJob() REQUIRES(mu_);
@@ -203,6 +212,12 @@ class StepEngine {
   void MoveLoop() EXCLUDES(mu_);
   // Both stages of a step in the calling thread (no stage threads, or after Shutdown).
   void RunInline(Job* job) EXCLUDES(mu_);
+  // Without stage threads: runs the steps the window holds back, up to step `through`.
+  void RunHeldThrough(int64_t through) EXCLUDES(mu_);
+  // Announces the job's step to the look-ahead window (a failure fails the step).
+  void Announce(Job* job) EXCLUDES(mu_);
+  // Whether the plan stage may plan the job at the front of plan_queue_.
+  bool MayPlan(const Job& front) const REQUIRES(mu_);
   // A stage's work, outside the lock (only the stage's thread touches the job meanwhile).
   void RunPlan(Job* job) EXCLUDES(mu_);
   void RunMoves(Job* job) EXCLUDES(mu_);
@@ -232,6 +247,13 @@ class StepEngine {
   std::vector<std::unique_ptr<Job>> jobs_ GUARDED_BY(mu_);  // every job ever made
   std::vector<Job*> free_ GUARDED_BY(mu_);
   std::deque<Job*> plan_queue_ GUARDED_BY(mu_), move_queue_ GUARDED_BY(mu_);
+  // Look-ahead window: its size; plan_queue_'s first `announced_` jobs are announced; without
+  // stage threads, the submitted steps not yet run; plans of steps up to `force_through_`
+  // wait for no window (they are waited for).
+  size_t lookahead_ GUARDED_BY(mu_) = 0;
+  size_t announced_ GUARDED_BY(mu_) = 0;
+  std::deque<Job*> held_ GUARDED_BY(mu_);
+  int64_t force_through_ GUARDED_BY(mu_) = -1;
   std::deque<Job*> pending_ GUARDED_BY(mu_);  // submitted, not taken, in order
   size_t in_flight_ GUARDED_BY(mu_) = 0;      // submitted, stages not all run
   size_t moving_ GUARDED_BY(mu_) = 0;         // handed to the move stage, not done

@@ -428,6 +428,98 @@ void TestReleaseAfter(CachePolicy policy) {
                                     << cache.capacity();
 }
 
+// The look-ahead window on one set of four ways: a row a window step uses is no victim, in
+// either way it came to be kept (cached when the step was announced, or loaded after it);
+// the row the policy would pick is kept instead; keyed or not, a dropped window keeps none,
+// the map of window keys outlives its rebuilds, and steps must be announced in order.
+void TestLookaheadWindow(CachePolicy policy, bool keyed) {
+  auto plan = [&](SetAssociativeCache& c, std::vector<int64_t> ids, int64_t step) {
+    StepPlan p;
+    std::vector<int64_t> tiers(ids.size()), slots(ids.size());
+    if (!keyed) {
+      c.Plan(ids.data(), ids.size(), step, step, false, &p);
+      return p.load_rows;
+    }
+    c.LockHits(ids.data(), ids.size(), step, false, slots.data(), tiers.data());
+    for (size_t i : c.misses()) tiers[i] = ids[i] + 1000;
+    c.PlaceMisses(ids.data(), ids.size(), tiers.data(), step, step, false, slots.data(), &p);
+    for (int64_t& r : p.load_rows) r -= 1000;
+    return p.load_rows;
+  };
+  auto cached = [&](SetAssociativeCache& c) {
+    std::vector<int64_t> rows, slots;
+    c.Occupied(&rows, &slots);
+    if (keyed)
+      for (int64_t& r : rows) r -= 1000;
+    return std::set<int64_t>(rows.begin(), rows.end());
+  };
+  {
+    // Without a window the fifth row evicts row 1 (least recent, least frequent); with step 3
+    // using row 1 announced, it evicts row 2 instead.
+    for (bool window : {false, true}) {
+      SetAssociativeCache c(4, 4, policy, 0, keyed);
+      int64_t step = 0;
+      for (int64_t r : {1, 2, 3, 4}) plan(c, {r}, step++);  // steps 0-3
+      plan(c, {2, 3, 4}, step++);                            // step 4: rows 2-4 used again
+      if (window) {
+        const std::vector<int64_t> later = {1, 9};
+        c.Reserve(later.data(), later.size(), 7);
+      }
+      CHECK(plan(c, {5}, step++) == std::vector<int64_t>{5});  // step 5
+      const std::set<int64_t> now = cached(c);
+      CHECK(now.count(1) == (window ? 1u : 0u)) << CachePolicyName(policy) << " window " << window;
+      // A row loaded while a window step uses it is kept for that step: row 9 (step 7's).
+      if (!window) continue;
+      CHECK(plan(c, {9}, step++) == std::vector<int64_t>{9});  // step 6
+      CHECK(plan(c, {6}, step) == std::vector<int64_t>{6});   // step 7 is not planned yet
+      const std::set<int64_t> kept = cached(c);
+      CHECK(kept.count(1) && kept.count(9)) << "a window row was evicted";
+      // Dropped: the window's steps never run, none of their rows is kept any more; four new
+      // rows in one step then fit the four ways (a kept row would send one to overflow).
+      const std::vector<int64_t> dropped = {1, 9, 6, 5};
+      c.Reserve(dropped.data(), dropped.size(), step + 1);
+      c.ReleaseAfter(step);
+      step += 2;
+      plan(c, {20, 21, 22, 23}, step);
+      CHECK(cached(c) == (std::set<int64_t>{20, 21, 22, 23}) && c.capacity() == 4) << "a dropped window keeps rows";
+      bool threw = false;
+      try {
+        const std::vector<int64_t> late = {1};
+        c.Reserve(late.data(), 1, step);  // not after the last planned step
+      } catch (const std::invalid_argument&) {
+        threw = true;
+      }
+      CHECK(threw) << "a window step announced out of order was accepted";
+    }
+  }
+  {
+    // Many window steps over many keys: the map of window keys is rebuilt many times and keeps
+    // every live step's rows (every row of the 3 announced steps stays cached).
+    SetAssociativeCache c(512, 8, policy, 0, keyed);
+    std::mt19937_64 rng(5);
+    std::vector<std::vector<int64_t>> steps;
+    for (int s = 0; s < 200; ++s) {
+      std::vector<int64_t> ids;
+      for (int i = 0; i < 300; ++i) ids.push_back(int64_t(rng() % 20000));
+      steps.push_back(ids);
+    }
+    const int k = 3;
+    for (int a = 0; a <= k; ++a) c.Reserve(steps[a].data(), steps[a].size(), a);
+    for (int s = 0; s < 200; ++s) {
+      plan(c, steps[s], s);
+      if (s + k + 1 < 200) c.Reserve(steps[s + k + 1].data(), steps[s + k + 1].size(), s + k + 1);
+      // A row used by a planned step s2 and by a window step after s is still cached.
+      const std::set<int64_t> now = cached(c);
+      for (int s2 = std::max(0, s - k + 1); s2 <= s; ++s2)
+        for (int a = s + 1; a <= std::min(s2 + k, 199); ++a)
+          for (int64_t r : steps[a])
+            if (std::count(steps[s2].begin(), steps[s2].end(), r)) {
+              CHECK(now.count(r)) << "row " << r << " of steps " << s2 << " and " << a << " evicted by step " << s;
+            }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mtrains
 
@@ -444,6 +536,11 @@ int main() {
   Run("sketch: aging halves the counts", TestSketchAgingHalves);
   Run("cache: tinylfu keeps frequent rows through a scan", TestTinyLfuAdmission);
   Run("cache: policy names", TestParsePolicy);
+  for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kTinyLfu})
+    for (bool keyed : {false, true})
+      Run((std::string("cache: the look-ahead window keeps its rows (") + CachePolicyName(p) + (keyed ? ", keyed)" : ")"))
+              .c_str(),
+          [p, keyed] { TestLookaheadWindow(p, keyed); });
   for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kTinyLfu})
     Run("cache: dropped steps release their slots", [p] { TestReleaseAfter(p); });
   for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kTinyLfu}) {

@@ -775,6 +775,93 @@ void TestDropPending() {
   k.Destroy();
 }
 
+// The look-ahead window: with steps submitted k + 1 ahead, a row that one of the k steps
+// before uses is never missed (no plan between them evicts it; the cache's own test shows
+// the window is what keeps them).
+// Results stay the reference's, and background and inline engines plan the same slots.
+// A step waited for before its window is in is planned anyway; Drain and DropPending run the
+// steps an inline window holds back; the window changes only with nothing pending.
+
+// Distinct rows of each step whose table's previous k steps do not use them: the most misses
+// a window of k allows, summed over the steps and tables.
+uint64_t MissBound(const std::vector<Batch>& batches, int k) {
+  uint64_t bound = 0;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    std::set<std::pair<size_t, int64_t>> recent, seen;
+    for (size_t a = b >= size_t(k) ? b - size_t(k) : 0; a < b; ++a)
+      for (size_t i = 0; i < batches[a].indices.size(); ++i) recent.insert({batches[a].table[i], batches[a].indices[i]});
+    for (size_t i = 0; i < batches[b].indices.size(); ++i) {
+      const std::pair<size_t, int64_t> row{batches[b].table[i], batches[b].indices[i]};
+      if (seen.insert(row).second && !recent.count(row)) ++bound;
+    }
+  }
+  return bound;
+}
+
+uint64_t Misses(Kernel* k) {
+  uint64_t misses = 0;
+  for (size_t t = 0; t < kTables; ++t) misses += k->index().cache(t).counters().misses;
+  return misses;
+}
+
+void TestLookahead() {
+  std::mt19937_64 rng(21);
+  const std::vector<Batch> batches = RandomBatches(rng, 0, 60);
+  for (int window : {1, 3}) {
+    std::vector<std::vector<int64_t>> slots[2];
+    for (bool bg : {true, false}) {
+      KernelOptions o;
+      o.background = bg;
+      Kernel k(o);
+      k.engine().SetLookahead(size_t(window));
+      CHECK(k.engine().lookahead() == size_t(window));
+      std::vector<Batch> run = batches;
+      Counts ref = ZeroCounts();
+      Drive(&k, &run, window + 1, &ref);
+      CHECK(Misses(&k) <= MissBound(batches, window)) << "window " << window << ": " << Misses(&k) << " misses, at most "
+                                                      << MissBound(batches, window);
+      for (const Batch& b : run) slots[bg].push_back(b.remapped);
+      k.Flush();
+      k.CheckTiers(ref);
+    }
+    CHECK(slots[0] == slots[1]) << "window " << window << ": background and inline engines gave other slots";
+  }
+  for (bool bg : {true, false}) {
+    KernelOptions o;
+    o.background = bg;
+    Kernel k(o);
+    StepEngine& e = k.engine();
+    e.SetLookahead(4);
+    std::vector<Batch> run = RandomBatches(rng, 0, 3);
+    Counts ref = ZeroCounts();
+    Submit(&k, &run[0]);
+    Submit(&k, &run[1]);
+    bool threw = false;
+    try {
+      e.SetLookahead(1);
+    } catch (const std::invalid_argument&) {
+      threw = true;
+    }
+    CHECK(threw && e.lookahead() == 4) << "the window changed with steps pending";
+    Taken t = TakeOk(&k, &run[0], 0);  // its window holds one step of four: planned anyway
+    k.Settle(&t.step);
+    k.CheckRows(run[0], ref);
+    k.Train(run[0], &ref);
+    Submit(&k, &run[2]);
+    TakenStep drained;
+    e.Drain(&drained);
+    CHECK(drained.failure == StepFailure::kNone);
+    k.Settle(&drained);
+    CHECK(e.InFlight() == 0 && e.pending() == 2);
+    CHECK(e.DropPending() == 2 && e.pending() == 0);
+    e.SetLookahead(0);
+    std::vector<Batch> more = RandomBatches(rng, 3, 5);
+    Drive(&k, &more, 1, &ref, 3);
+    k.Flush();
+    k.CheckTiers(ref);
+  }
+}
+
 // A virtual table (table 0): its cache keyed by id, its rows given by an IdIndex. The ids a
 // step's cache misses are looked up, those it holds are not; new ids' rows are marked in the
 // dirty bitmap even by an eval step; a step that brings more ids than the rows fails its
@@ -908,6 +995,7 @@ int main() {
         [bg] { TestVirtualTable(bg); });
   }
   Run("DropPending, then more steps; the destructor with steps queued", TestDropPending);
+  Run("the look-ahead window: no row the window uses is evicted; forced plans; held steps", TestLookahead);
   Run("the constructor's checks", TestConstructorChecks);
   Run("a step done before an earlier step failed fails too", TestFailureAfterLaterStepDone);
   Run("Shutdown(true) while a plan is held", TestShutdownCancelWhileHeld);

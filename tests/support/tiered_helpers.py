@@ -219,7 +219,7 @@ def assert_tables_match(ker: TieredEmbeddingBags, traj: Trajectory, model: Model
 # first); "overlap": forward(b[s]), prefetch(b[s+1]), backward(b[s]) -- the plan of the next
 # step runs while the backward and optimizer update the current one; "ahead2":
 # prefetch(b[s+2]) before forward(b[s]).
-SCHEDULES = ("inline", "ahead", "overlap", "ahead2")
+SCHEDULES = ("inline", "ahead", "overlap", "ahead2", "ahead4")
 
 
 def drive(
@@ -233,7 +233,7 @@ def drive(
     """Runs ``steps`` through ``ker`` (backward with each step's gradient when ``train``),
     calling ``check(step_number, output)`` on every output."""
     assert schedule in SCHEDULES, schedule
-    depth = {"inline": 0, "ahead": 1, "overlap": 0, "ahead2": 2}[schedule]
+    depth = {"inline": 0, "ahead": 1, "overlap": 0, "ahead2": 2, "ahead4": 4}[schedule]
     n = len(steps)
     for s in range(min(depth, n)):
         ker.prefetch(steps[s].indices, steps[s].offsets)

@@ -36,6 +36,10 @@ _MAX_CACHE_WAYS = 1024  # the C++ cache's limit
 InitRange = Tuple[float, float]
 
 
+MAX_LOOKAHEAD = 256
+"""The most batches a kernel's look-ahead window holds (each costs its ids' memory)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TieredConfig:
     """The settings of a ``TieredEmbeddingBags`` (see its docstring for each one).
@@ -74,6 +78,7 @@ class TieredConfig:
     virtual_tables: Optional[Tuple[Optional[VirtualTableSpec], ...]] = None
     tbe_settings: Union[Mapping[str, Any], Tuple[Tuple[str, Any], ...]] = ()
     dense_slot_map: Optional[bool] = None
+    lookahead: int = 0
 
     def __post_init__(self) -> None:
         check_optimizer_supported(self.optimizer, OPTIMIZERS)
@@ -85,6 +90,7 @@ class TieredConfig:
             self._replace(name, _number(name, getattr(self, name), lo=0.0))
         _check_int("cache_ways", self.cache_ways, 1, _MAX_CACHE_WAYS)
         _check_int("seed", self.seed, 0)
+        _check_int("lookahead", self.lookahead, 0, MAX_LOOKAHEAD)
         if self.prefetch_pipeline is not None:
             self._replace("prefetch_pipeline", bool(self.prefetch_pipeline))
         if self.dense_slot_map is not None and not isinstance(self.dense_slot_map, bool):

@@ -164,6 +164,7 @@ class RowCache:
                 "cache_capacity_rows": float(capacities[t]),
                 "prefetch_wait_seconds": run["wait_seconds"],
                 "steps_prefetched": run["steps_prefetched"],
+                "lookahead": float(self.engine.lookahead()),
                 # CPU ns per moved row of each stage of the step's row path (thread CPU time
                 # of the thread that ran it; loads and write-backs counted apart).
                 "plan_cpu_ns_per_row": plan_ns_per_row,

@@ -116,6 +116,11 @@ class TieredEmbeddingBags(torch.nn.Module):
             (default) keeps one where the rule of ``torchrec_mtrains/slot_map.py`` finds it
             pays (its bytes at most an eighth of the cache slots' row bytes), True or False
             for every table.
+        lookahead: the look-ahead window, in batches (default 0: none). With k, the plan of
+            a batch waits until the k batches after it are prefetched (or until ``forward``
+            needs it), and evicts no row those batches use: keep ``k + 1`` batches prefetched
+            ahead of ``forward`` (``TieredTrainPipeline(lookahead=k)`` does). Changes which
+            rows stay cached, never a result. See docs/kernels.md.
         config: every setting above at once; the arguments for them must then keep their
             defaults.
 
@@ -156,6 +161,7 @@ class TieredEmbeddingBags(torch.nn.Module):
         virtual_tables: Optional[Sequence[Optional[VirtualTableSpec]]] = DEFAULTS.virtual_tables,
         tbe_settings: Optional[Mapping[str, Any]] = DEFAULTS.tbe_settings,
         dense_slot_map: Optional[bool] = DEFAULTS.dense_slot_map,
+        lookahead: int = DEFAULTS.lookahead,
         config: Optional[TieredConfig] = None,
     ) -> None:
         # The settings' arguments by name, taken before any other local exists.
@@ -208,6 +214,7 @@ class TieredEmbeddingBags(torch.nn.Module):
                                                   self.feature_table_map or [], self.stage_threads,
                                                   hooks.addresses(), virtual.ids if virtual else None)
         engine.set_slots(slots.weights, slots.move_states)
+        engine.set_lookahead(config.lookahead)
         engine.set_dirty_bitmaps(self._cache.dirty_bits)
         self._cache.engine = engine
         # Stops the engine's threads and closes the stores at close(), collection or exit.
