@@ -157,7 +157,11 @@ void StepEngine::Announce(Job* job) {
 }
 
 bool StepEngine::MayPlan(const Job& front) const {
-  return plan_queue_.size() > lookahead_ || front.step <= force_through_ || stopping_;
+  // Its window is in; or it is the next step to compute (the one before it was taken), so
+  // its plan and moves must run now to overlap that step, with the window submitted so far;
+  // or it is waited for.
+  return plan_queue_.size() > lookahead_ || (last_taken_ >= 0 && front.step <= last_taken_ + 1) ||
+         front.step <= force_through_ || stopping_;
 }
 
 void StepEngine::SetLookahead(size_t steps) {
@@ -271,6 +275,7 @@ void StepEngine::Consume(Job* job, bool train, TakenStep* out) {
     }
     last_taken_ = job->step;
     ++counters_.steps;
+    if (lookahead_ > 0) work_.NotifyAll();  // the next step may be planned now (MayPlan)
   }
   job->stage = Stage::kFree;
   free_.push_back(job);
@@ -439,9 +444,10 @@ void StepEngine::PlanLoop() {
     {
       MutexLock lock(&mu_);
       for (;;) {
-        // Each submitted step is announced to the window first, then the oldest planned
-        // once its window is in (or it is waited for).
-        if (lookahead_ > 0 && announced_ < plan_queue_.size()) {
+        // The steps of the next plan's window are announced first (no later one: the plan
+        // sees the window it would see inline), then the oldest planned once MayPlan.
+        if (lookahead_ > 0 && announced_ < plan_queue_.size() &&
+            plan_queue_[announced_]->step <= plan_queue_.front()->step + int64_t(lookahead_)) {
           announce = plan_queue_[announced_];
           break;
         }

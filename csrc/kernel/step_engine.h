@@ -11,9 +11,10 @@
 //            (kernel/step_mover.h), tier I/O of all tables in one pass.
 // The plan of step i+2 overlaps the moves of step i+1, which overlap the compute of step i.
 // Look-ahead window (SetLookahead(k), k > 0): every submitted step is announced to the cache
-// index at once (KernelCacheIndex::Reserve), and step i is planned only once steps
-// i+1..i+k are submitted (or when it is waited for: Take, Drain, or a shutdown), so its plan
-// evicts none of the rows those steps use.
+// index at once (KernelCacheIndex::Reserve), and step i is planned once steps i+1..i+k are
+// submitted, so its plan evicts none of the rows those steps use; or sooner, with the steps
+// submitted so far, once step i-1 is taken (its plan and moves then still overlap step i-1's
+// compute), or when it is waited for (Take, Drain, a shutdown).
 // Take() waits for the step the caller computes next and marks its rows trained; the slot
 // of every index is written straight into the caller's buffer (StepInput::remapped).
 // Nothing on this path allocates once the per-step buffers have grown to the batch size,

@@ -775,9 +775,10 @@ void TestDropPending() {
   k.Destroy();
 }
 
-// The look-ahead window: with steps submitted k + 1 ahead, a row that one of the k steps
-// before uses is never missed (no plan between them evicts it; the cache's own test shows
-// the window is what keeps them).
+// The look-ahead window: with steps submitted k + 2 ahead of the one taken (Drive submits
+// after its take, and a step is planned once the one before it is taken), a row that one of
+// the k steps before uses is never missed (no plan between them evicts it; the cache's own
+// test shows the window is what keeps them).
 // Results stay the reference's, and background and inline engines plan the same slots.
 // A step waited for before its window is in is planned anyway; Drain and DropPending run the
 // steps an inline window holds back; the window changes only with nothing pending.
@@ -817,7 +818,7 @@ void TestLookahead() {
       CHECK(k.engine().lookahead() == size_t(window));
       std::vector<Batch> run = batches;
       Counts ref = ZeroCounts();
-      Drive(&k, &run, window + 1, &ref);
+      Drive(&k, &run, window + 2, &ref);
       CHECK(Misses(&k) <= MissBound(batches, window)) << "window " << window << ": " << Misses(&k) << " misses, at most "
                                                       << MissBound(batches, window);
       for (const Batch& b : run) slots[bg].push_back(b.remapped);
