@@ -82,6 +82,24 @@ def test_tiered_tables_train_like_fused(runs, world_size: int, sharding_type: st
         assert kernels == [[["SCM", "SSD"]]], kernels
 
 
+def test_lookahead_window_trains_like_fused_and_resumes(runs, workdir: Path) -> None:
+    """Tiered tables with a look-ahead window of 3 behind TieredTrainPipeline(lookahead=3):
+    row-wise on two ranks they train as all-FUSED, every batch prefetched; a run killed after
+    a checkpoint taken with the window's batches prefetched resumes as if uninterrupted."""
+    common = dict(world_size=2, steps=30, init_file=runs.init, sharding_type="row_wise")
+    fused = runs("fused_2_row_wise", tiers=ALL_FUSED, **common)
+    windowed = runs("tiered_2_row_wise_la3", tiers=TIERED, lookahead=3, **common)
+    _compare(fused, windowed)
+    counts = harness.read_prefetch_counts(windowed, 2)
+    assert counts and all(c == 30 for c in counts), counts
+    assert harness.read_lookaheads(windowed, 2) == [3.0] * len(counts)
+    ck = str(workdir / "ck15_la3")
+    runs("crash_la3", tiers=TIERED, lookahead=3, save_at=15, save_dir=ck, kill_after_save=True, **common)
+    resumed = runs("resume_2_la3", world_size=2, steps=30, tiers=TIERED, lookahead=3, restore_from=ck,
+                   start_step=15, sharding_type="row_wise")
+    _compare(windowed, resumed, first_step_of_b=15)
+
+
 def _crashed_at_15(runs, workdir_ck: str) -> None:
     runs("crash", world_size=2, steps=30, tiers=TIERED, init_file=runs.init,
          save_at=15, save_dir=workdir_ck, kill_after_save=True)

@@ -45,6 +45,7 @@ class RunSpec:
     sharding_type: str = "table_wise"
     table_sharding: Dict[str, str] = dataclasses.field(default_factory=dict)  # table -> its own sharding_type
     cache_load_factor: float = 0.05
+    lookahead: int = 0  # the tiered tables' look-ahead window, and the pipeline's
     restore_from: Optional[str] = None  # DCP checkpoint to start from
     start_step: int = 0
     save_at: Optional[int] = None  # save a DCP checkpoint after this many steps
@@ -175,7 +176,8 @@ def _hand_plan(spec: RunSpec, model: TinyModel):
 
     tables = {
         t: None if tier is None else TieredParams(Tier(tier), cache_load_factor=spec.cache_load_factor,
-                                                  storage_dir=spec.storage_dir, state_dict_ram_mb=0.01)
+                                                  storage_dir=spec.storage_dir, state_dict_ram_mb=0.01,
+                                                  lookahead=spec.lookahead)
         for t, tier in spec.tiers.items()
     }
     plan = tiered_sharding_plan(model.ebc, tables, spec.world_size, sharding_type=spec.sharding_type)
@@ -332,7 +334,7 @@ def _run(spec: RunSpec, rank: int) -> None:
         raise ValueError("restore_diff and diff_every need diff_dir")
     ckpt = _checkpointer(spec) if spec.diff_dir else None
     start, history = _restore_diff(spec, ckpt, dmp) if spec.restore_diff else (spec.start_step, [])
-    pipeline = TieredTrainPipeline(dmp, opt, torch.device("cpu"))
+    pipeline = TieredTrainPipeline(dmp, opt, torch.device("cpu"), lookahead=spec.lookahead)
     batches = iter([local_batch(s, rank, spec.world_size) for s in range(start, spec.steps)])
     losses = []
     step = start
@@ -395,6 +397,14 @@ def _write_prefetch_counts(dmp, path: str) -> None:
     ]
     with open(path.replace("prefetched_", "kernel_tiers_"), "w") as f:
         json.dump(tiers, f)
+    # Per tiered kernel on this rank: its look-ahead window.
+    windows = [
+        next(iter(kernel.emb_module.cache_stats().values()))["lookahead"]
+        for m in dmp.modules() if isinstance(m, ShardedTieredEmbeddingBagCollection)
+        for kernel in m.tiered_kernels()
+    ]
+    with open(path.replace("prefetched_", "lookahead_"), "w") as f:
+        json.dump(windows, f)
 
 
 def read_kernel_tiers(out_dir: str, world_size: int) -> List[List[List[str]]]:
@@ -404,6 +414,15 @@ def read_kernel_tiers(out_dir: str, world_size: int) -> List[List[List[str]]]:
         with open(os.path.join(out_dir, f"kernel_tiers_rank{r}.json")) as f:
             out.append(json.load(f))
     return out
+
+
+def read_lookaheads(out_dir: str, world_size: int) -> List[float]:
+    """Every rank's tiered kernels' look-ahead windows."""
+    windows: List[float] = []
+    for r in range(world_size):
+        with open(os.path.join(out_dir, f"lookahead_rank{r}.json")) as f:
+            windows += json.load(f)
+    return windows
 
 
 def read_prefetch_counts(out_dir: str, world_size: int) -> List[float]:

@@ -192,6 +192,7 @@ def _kernel_config(params: List[TieredParams], config: GroupedEmbeddingConfig,
         ssd_dram_cache_mb=params[0].ssd_dram_cache_mb / max(1, ssd_shards),  # the kernel's, per store
         virtual_tables=virtual,
         prefetch_pipeline=None,  # stage threads where they pay (kernels/stage_threads.py)
+        lookahead=max(p.lookahead for p in params),
         # Optimizer, learning rate, eps (FBGEMM's defaults where silent), seed, FBGEMM's TBE settings.
         **kernel_settings(dict(config.fused_params or {}), params[0].cache_algorithm),
     )

@@ -36,7 +36,7 @@ _PREFIX = "mtrains_"
 FUSED_PARAM_KEYS = tuple(
     _PREFIX + k
     for k in ("tier", "cache_rows", "cache_load_factor", "cache_algorithm", "storage_dir", "state_dict_ram_mb",
-              "rows_written", "ssd_dram_cache_mb", "virtual_rows")
+              "rows_written", "ssd_dram_cache_mb", "virtual_rows", "lookahead")
 )
 TABLE_TIERS_KEY = _PREFIX + "table_tiers"
 """fused_params key: ``((table name, tier value, rows_written), ...)`` of every tiered table."""
@@ -71,6 +71,12 @@ class TieredParams:
             ids the whole table holds (each shard its share); None: room for the eviction
             policy's trigger, else ``DEFAULT_VIRTUAL_ROWS`` per shard
             (``virtual_tables.virtual_shard_rows``). Ignored for other tables.
+        lookahead: the look-ahead window of the table's kernel, in batches (0: none; the
+            ``StorageAwarePlanner`` picks one for SSD tables): its plans keep every row the
+            next ``lookahead`` batches use. ``TieredTrainPipeline(lookahead=...)`` prefetches
+            that far ahead (a plain TorchRec pipeline prefetches one batch: the window then
+            holds none). TorchRec groups tables into kernels by their fused_params, so tables
+            of different windows get kernels of their own.
     """
 
     tier: Tier
@@ -82,6 +88,7 @@ class TieredParams:
     rows_written: Optional[int] = None
     ssd_dram_cache_mb: float = 0.0
     virtual_rows: Optional[int] = None
+    lookahead: int = 0
 
     def __post_init__(self) -> None:
         for name in ("rows_written", "virtual_rows"):
@@ -96,7 +103,7 @@ class TieredParams:
             raise ValueError(f"TieredParams: cache_rows={rows!r} must be a positive int")  # the whole table's
         try:
             self.kernel_config(cache_rows=rows, cache_load_factor=self.cache_load_factor, storage_dir=self.storage_dir,
-                               ssd_dram_cache_mb=self.ssd_dram_cache_mb)
+                               ssd_dram_cache_mb=self.ssd_dram_cache_mb, lookahead=self.lookahead)
         except ValueError as e:
             raise ValueError(f"TieredParams: {e}") from None
         if self.tier in (Tier.SCM, Tier.SSD) and not self.storage_dir:
@@ -118,7 +125,7 @@ class TieredParams:
         """The settings as ``fused_params`` entries (hashable values, for TorchRec's grouping)."""
         values = (self.tier.value, self.cache_rows, self.cache_load_factor, self.cache_algorithm,
                   None if self.storage_dir is None else os.fspath(self.storage_dir), float(self.state_dict_ram_mb),
-                  self.rows_written, float(self.ssd_dram_cache_mb), self.virtual_rows)
+                  self.rows_written, float(self.ssd_dram_cache_mb), self.virtual_rows, self.lookahead)
         return dict(zip(FUSED_PARAM_KEYS, values))
 
     @staticmethod
@@ -134,14 +141,15 @@ class TieredParams:
                 "a CUSTOMIZED_KERNEL table has no tier settings: build its plan entry with "
                 "tiered_sharding_plan() or the StorageAwarePlanner (a TieredParameterSharding)"
             )
-        tier, rows, lf, algo, storage_dir, ram_mb, written, dram_mb, virtual_rows = (
+        tier, rows, lf, algo, storage_dir, ram_mb, written, dram_mb, virtual_rows, lookahead = (
             fused_params.get(k) for k in FUSED_PARAM_KEYS)
         try:
             tier = Tier(tier)
         except ValueError:
             raise ValueError(f"fused_params[{FUSED_PARAM_KEYS[0]!r}]={tier!r} is not a tier") from None
         return TieredParams(tier, rows, lf, algo or DEFAULTS.cache_algorithm, storage_dir,
-                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb, written, dram_mb or 0.0, virtual_rows)
+                            _STATE_DICT_RAM_MB if ram_mb is None else ram_mb, written, dram_mb or 0.0, virtual_rows,
+                            lookahead or 0)
 
     def load_factor(self, num_embeddings: int) -> float:
         """The cache size as a fraction of the table's rows."""
