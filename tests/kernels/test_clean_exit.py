@@ -48,13 +48,18 @@ def _sha256_of_store(tier: str, path: str) -> str:
     return hashlib.sha256(rows.numpy().tobytes()).hexdigest()
 
 
-@pytest.mark.parametrize("tier", ["SSD", "SCM"])
-@pytest.mark.parametrize("end", list(EXPECTED_CODE))
-def test_ending_with_prefetches_in_flight_exits_cleanly(tmp_path: Path, tier: str, end: str) -> None:
+_WINDOW_CASES = [("SSD", "normal", 4), ("SSD", "sigterm", 4), ("SCM", "exit", 2)]
+
+
+@pytest.mark.parametrize("tier, end, lookahead",
+                         [(t, e, 0) for t in ("SSD", "SCM") for e in EXPECTED_CODE] + _WINDOW_CASES,
+                         ids=lambda v: str(v))
+def test_ending_with_prefetches_in_flight_exits_cleanly(tmp_path: Path, tier: str, end: str, lookahead: int) -> None:
+    """With a look-ahead window, the last prefetches' plans are still held back at the end."""
     report, trace = tmp_path / "report.json", tmp_path / "fault.trace"
     env = dict(os.environ, MTRAINS_FAULT_TRACE=str(trace), OMP_NUM_THREADS="1")
     env.pop("MTRAINS_FAULT", None)
-    proc = run([*WORKER, tier, str(tmp_path / "storage"), end, str(report)], env,
+    proc = run([*WORKER, tier, str(tmp_path / "storage"), end, str(report), str(lookahead)], env,
                timeout=HANG_GUARD_S)
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == EXPECTED_CODE[end], proc.stderr[-3000:]

@@ -52,9 +52,10 @@ def batch(rng: torch.Generator, low: int) -> tuple:
 
 
 def main() -> None:
-    tier, storage_dir, end, report = sys.argv[1:]
+    tier, storage_dir, end, report, *rest = sys.argv[1:]
+    lookahead = int(rest[0]) if rest else 0  # the window holds back the last prefetches' plans
     emb = TieredEmbeddingBags([(ROWS, DIM)], tier=Tier[tier], cache_rows=ROWS,
-                              storage_dir=storage_dir, table_names=["t"])
+                              storage_dir=storage_dir, table_names=["t"], lookahead=lookahead)
     rng = torch.Generator().manual_seed(0)
     written = torch.rand((ROWS, DIM), generator=rng)
     emb.set_rows(0, torch.arange(ROWS), written)
