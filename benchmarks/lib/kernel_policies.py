@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.lib.belady import OptResult, belady_hits, static_hits
+from benchmarks.lib.lookahead import replay_window
 from benchmarks.lib.types import CACHE_POLICIES, KernelBenchConfig, PhaseResult
 from torchrec_mtrains.kernels.config import DEFAULTS
 
@@ -60,32 +61,13 @@ def replay_hits(steps: Sequence[np.ndarray], capacity: int, ways: int, policy: s
 
     Each step is planned with the previous one still live (the prefetch pipeline), in eval
     mode (no write-backs: they do not change which rows are cached), with the next
-    ``lookahead`` steps announced (``reserve``: the kernel's look-ahead window).
+    ``lookahead`` steps announced (the kernel's look-ahead window: lookahead.replay_window).
 
     Returns:
         Hits and distinct rows of the steps from ``count_from_step`` on.
     """
-    import torch
-
-    from torchrec_mtrains._ops import load_extension
-
-    load_extension()
-    cache = torch.classes.mtrains.SetAssociativeCache(int(capacity), int(ways), policy)
-    tensors = [torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)) for ids in steps]
-    for ahead in range(min(lookahead, len(steps) - 1) + 1 if lookahead else 0):
-        cache.reserve(tensors[ahead], ahead)
-    before = None
-    for step, ids in enumerate(tensors):
-        if step == count_from_step:
-            before = dict(cache.counters())
-        cache.plan(ids, step, max(0, step - 1), False)
-        if lookahead and step + lookahead + 1 < len(tensors):
-            cache.reserve(tensors[step + lookahead + 1], step + lookahead + 1)
-    after = dict(cache.counters())
-    if before is None:
-        before = after
-    return OptResult(after["hits"] - before["hits"], after["unique_rows"] - before["unique_rows"],
-                     int(capacity), count_from_step)
+    r = replay_window(steps, capacity, ways, policy, count_from_step, lookahead)
+    return OptResult(r.hits, r.accesses, int(capacity), count_from_step)
 
 
 def drift_trace(cfg: KernelBenchConfig, seed: int) -> PolicyTrace:
