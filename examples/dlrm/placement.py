@@ -100,12 +100,14 @@ def make_planner(
     ranks_per_node: Optional[int] = None,
     input_s_per_sample: float = 0.0,
     row_wise: Sequence[str] = (),
+    lookahead: Optional[int] = None,
 ) -> StorageAwarePlanner:
     """The example's planner: the embeddings within ``dram_budget_bytes`` of DRAM per rank
     and, when given, ``scm_budget_bytes`` of SCM per rank (the rest goes to SSD), on nodes
     of ``ranks_per_node`` ranks (``node_of``; default: the profile's); the input pipeline
     costs ``input_s_per_sample`` of a rank's CPU per sample; the tables ``row_wise`` names
-    are sharded row-wise (TorchRec's ParameterConstraints)."""
+    are sharded row-wise (TorchRec's ParameterConstraints); ``lookahead``: the tiered tables'
+    look-ahead window (None: the plan picks it)."""
     if dram_budget_bytes <= 0:
         raise ValueError(f"--dram-budget must be > 0 bytes, got {dram_budget_bytes}")
     if scm_budget_bytes is not None and scm_budget_bytes < 0:
@@ -125,6 +127,7 @@ def make_planner(
         storage_dir=storage_dir,
         input_s_per_sample=input_s_per_sample,
         constraints={name: ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value]) for name in row_wise},
+        lookahead=lookahead,
     )
 
 

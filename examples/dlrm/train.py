@@ -118,6 +118,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--virtual-tables", action="store_true",
                    help=f"the tables of >= {VIRTUAL_MIN_ROWS:,} rows become virtual tables (use_virtual_table) fed "
                         f"raw ids from [0, 2^{RAW_ID_BITS}): each id its own row, none hashed together")
+    p.add_argument("--lookahead", type=int, default=None,
+                   help="the tiered tables' look-ahead window in batches (their plans keep every row the next "
+                        "LOOKAHEAD batches use; the pipeline prefetches that far ahead); default: the planner's")
     p.add_argument("--row-wise", default="",
                    help="comma-separated tables the planner must shard row-wise (TorchRec's ParameterConstraints "
                         "sharding_types); the others it shards as it predicts best")
@@ -409,12 +412,13 @@ def evaluate(dmp, batches, rank: int) -> float:
 class Trainer:
     """The training loop: pipeline, losses, AUC windows, progress bar, checkpoints."""
 
-    def __init__(self, args, dmp, dense_opt, optimizer, placement: Dict[str, str], rank: int, world: int) -> None:
+    def __init__(self, args, dmp, dense_opt, optimizer, placement: Dict[str, str], rank: int, world: int,
+                 lookahead: int = 0) -> None:
         from torchrec_mtrains.sharding import TieredTrainPipeline
 
         self.args, self.dmp, self.dense_opt, self.rank, self.world = args, dmp, dense_opt, rank, world
         self.placement = placement
-        self.pipeline = TieredTrainPipeline(dmp, optimizer, torch.device("cpu"))
+        self.pipeline = TieredTrainPipeline(dmp, optimizer, torch.device("cpu"), lookahead=lookahead)
         self.checkpointer = checkpointer_of(args) if args.checkpoint_dir else None
         self.checkpoints: List[Dict] = []  # this run's saves, for metrics.json
         self.state: Dict = {"losses": [], "auc_curve": [], "seed": args.seed}
@@ -495,7 +499,7 @@ def prepare(args) -> Tuple[List[TableInfo], Optional[List[str]], object]:
     try:
         hardware = load_hardware(args.hardware)
         planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, "<storage-dir>",
-                               args.target_qps, args.scm_budget_bytes, local_world)
+                               args.target_qps, args.scm_budget_bytes, local_world, lookahead=args.lookahead)
         check_fits(planner, build_model(args, tables, [f"f_{t.name}" for t in tables]), args.dram_budget)
         _row_wise(args, tables)
     except ValueError as e:
@@ -607,12 +611,13 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
                   else data.batches(0, args.steps, rank, stream=2))  # a stream training never draws
         input_s = input_seconds_per_sample(sample, args.batch_size)
     planner = make_planner(hardware, tables, world, args.batch_size, args.dram_budget_bytes, root, args.target_qps,
-                           args.scm_budget_bytes, local_world, input_s, row_wise=_row_wise(args, tables))
+                           args.scm_budget_bytes, local_world, input_s, row_wise=_row_wise(args, tables),
+                           lookahead=args.lookahead)
     torch.manual_seed(args.seed)
     dmp, dense_opt, optimizer = shard(args, build_model(args, tables, features), planner)
     placement, rows = tier_of(planner), placement_rows(planner)
     tiered = {t: tier for t, tier in placement.items() if is_tiered(planner, t)}
-    trainer = Trainer(args, dmp, dense_opt, optimizer, tiered, rank, world)
+    trainer = Trainer(args, dmp, dense_opt, optimizer, tiered, rank, world, planner.last_lookahead)
     if trainer.checkpointer is not None:
         # Held until the job ends, as each rank's storage directory is (its tables lock it
         # when sharded): a second job on the same checkpoint directory stops here, before
@@ -635,7 +640,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
               f"{p.predicted_qps:,.0f} QPS, the input batches {input_s * args.batch_size * 1e3:.1f} ms per rank "
               f"and step of it; predicted step per rank: "
               + ", ".join(f"{r}: {s * 1e3:.1f} ms" for r, s in enumerate(planner.last_rank_step_s))
-              + "):\n" + format_table(rows), flush=True)
+              + f"; look-ahead window {planner.last_lookahead} batches):\n" + format_table(rows), flush=True)
     if prefixes:
         train_it, eval_it = criteo_iterators(args, tables, prefixes, rank, world, start)
     else:
@@ -661,6 +666,7 @@ def train(args, tables, prefixes, hardware, root: str, rank: int, world: int) ->
         "dram_budget_bytes_per_rank": args.dram_budget_bytes, "scm_budget_bytes_per_rank": args.scm_budget_bytes,
         "dcn": args.dcn,
         "predicted_qps": planner.last_placement.predicted_qps,
+        "lookahead": planner.last_lookahead,
         "input_seconds_per_sample": input_s,
         "predicted_hit_rate": {t: planner.last_placement.tables[t].hit_rate for t in tiered},
         "data": "criteo" if prefixes else "synthetic", "wall_seconds": time.perf_counter() - t0,

@@ -20,7 +20,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, PlannerErro
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import DataType
 
-from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR
+from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR, MAX_LOOKAHEAD
 from torchrec_mtrains.planner.adapters.enumerator import TieredEnumerator
 from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
 from torchrec_mtrains.planner.adapters.proposer import TieredProposer
@@ -28,6 +28,7 @@ from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimat
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
 from torchrec_mtrains.planner.constraints import constrained_table, is_key_value, key_value_entry
 from torchrec_mtrains.planner.model.estimator import dense_step_seconds, kernel_step_seconds
+from torchrec_mtrains.planner.model.lookahead import choose_lookahead
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, load_table_trace, parse_model_spec
 from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
@@ -74,6 +75,10 @@ class StorageAwarePlanner(ShardingPlanner):
         input_s_per_sample: CPU seconds the job's input pipeline spends per sample on the
             rank's cores (reading, decoding or generating batches); it lengthens the step
             like the dense part (0: free, or run elsewhere).
+        lookahead: the tiered tables' look-ahead window in batches (``TieredParams.lookahead``);
+            None (default): the plan picks it from the SSD tables' caches
+            (planner/model/lookahead.py) and says so in ``last_lookahead``. Train with
+            ``TieredTrainPipeline(lookahead=planner.last_lookahead)``.
 
     ``plan`` predicts the step of the slowest rank of its partition (``last_rank_step_s``,
     ``last_placement.predicted_qps``); ``place`` alone spreads the tables' cost evenly.
@@ -94,7 +99,12 @@ class StorageAwarePlanner(ShardingPlanner):
         optimizer: Optional[str] = None,
         constraints: Optional[Mapping[str, ParameterConstraints]] = None,
         input_s_per_sample: float = 0.0,
+        lookahead: Optional[int] = None,
     ) -> None:
+        if lookahead is not None and (isinstance(lookahead, bool) or not isinstance(lookahead, int)
+                                      or not 0 <= lookahead <= MAX_LOOKAHEAD):
+            raise ValueError(f"lookahead={lookahead!r} must be None (the plan picks it) or an integer in "
+                             f"[0, {MAX_LOOKAHEAD}]")
         if (isinstance(input_s_per_sample, bool) or not isinstance(input_s_per_sample, (int, float))
                 or not 0 <= input_s_per_sample < float("inf")):
             raise ValueError(f"input_s_per_sample={input_s_per_sample!r} must be a finite number of seconds >= 0")
@@ -117,12 +127,14 @@ class StorageAwarePlanner(ShardingPlanner):
         self.optimizer = optimizer
         self.constraints = dict(constraints or {})
         self.input_s_per_sample = float(input_s_per_sample)
+        self.lookahead = lookahead
         self._trained_optimizer: Optional[str] = None  # what plan()'s sharders train with
         # What the last plan() decided, for reports.
         self.last_model: Optional[ModelSpec] = None
         self.last_placement: Optional[Placement] = None
         self.last_assignment: Dict[str, RankAssignment] = {}
         self.last_rank_step_s: List[float] = []
+        self.last_lookahead = 0  # the window the last plan gave its tiered tables
 
     # ------------------------------------------------------------------ planning ----
     def model_spec(self, module: nn.Module) -> ModelSpec:
@@ -269,6 +281,9 @@ class StorageAwarePlanner(ShardingPlanner):
         # The planner's policy as FBGEMM's CacheAlgorithm, for key_value tables naming none
         # (None for "tinylfu", which FBGEMM has no word for: such tables run LRU).
         algorithm = {name: algo for algo, name in CACHE_ALGORITHMS.items()}.get(self.cache_algorithm)
+        self.last_lookahead = self.lookahead if self.lookahead is not None else choose_lookahead(
+            (o.placement.tier, o.placement.cache_rows, o.table.locality.unique_rows_per_step)
+            for o in options if o.is_tiered)
         for option in options:
             if not option.is_tiered:
                 continue
@@ -292,6 +307,7 @@ class StorageAwarePlanner(ShardingPlanner):
                     storage_dir=self.storage_dir,
                     rows_written=None if option.table.virtual else option.table.rows_written,
                     virtual_rows=option.table.num_embeddings if option.table.virtual else None,
+                    lookahead=self.last_lookahead,
                 ),
             )
         return plan
