@@ -100,6 +100,7 @@ BatchProblem StepEngine::Submit(const StepInput& in) {
   job->train = in.train;
   if (virtual_ != nullptr) virtual_->Now(&job->now);
   bool hold = false;
+  int64_t release_through = 0;  // held steps up to this one run now
   {
     MutexLock lock(&mu_);
     job->step = next_step_++;
@@ -115,10 +116,11 @@ BatchProblem StepEngine::Submit(const StepInput& in) {
     // No stage threads: a window holds the steps back.
     hold = lookahead_ > 0 && !stopping_;
     if (hold) held_.push_back(job);
+    release_through = job->step - int64_t(lookahead_);
   }
   if (hold) {
     Announce(job);  // before the steps it releases are planned
-    RunHeldThrough(job->step - int64_t(lookahead_));
+    RunHeldThrough(release_through);
     return problem;
   }
   RunHeldThrough(std::numeric_limits<int64_t>::max());  // steps a window held before a Shutdown
