@@ -1,32 +1,49 @@
 """The look-ahead window a plan gives its tiered tables (planner/model/lookahead.py): the
-largest choice whose locked rows fit half of every SSD table's cache, none without an SSD
-table, the user's when given; every tiered table's plan entry carries it."""
+largest choice whose window rows fit every SSD table's cache, none without an SSD table,
+the user's when given; every tiered table's plan entry carries it."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
 from tests.support.planner_nodes import CPU_NODE
 from torchrec_mtrains import Tier
-from torchrec_mtrains.planner.model.lookahead import LOCKED_SHARE, choose_lookahead
+from torchrec_mtrains.planner.model.locality import zipf_locality
+from torchrec_mtrains.planner.model.lookahead import LOOKAHEAD_CHOICES, choose_lookahead, window_rows
 from torchrec_mtrains.planner.planner import StorageAwarePlanner
 from torchrec_mtrains.sharding import TieredEmbeddingBagCollectionSharder, TieredParameterSharding
 
 
-def test_choice_fits_the_locked_rows_in_every_ssd_cache() -> None:
+def test_window_rows_follow_the_trace() -> None:
+    """The distinct rows of m steps the curve predicts are those of a Zipf trace drawn alike."""
+    rows, lookups, alpha = 200_000, 20_000, 1.05
+    curve = zipf_locality(rows, lookups, alpha)
+    rng = np.random.default_rng(0)
+    p = np.arange(1, rows + 1, dtype=np.float64) ** -alpha
+    steps = [rng.choice(rows, size=lookups, p=p / p.sum()) for _ in range(9)]
+    for m in (1, 3, 9):
+        measured = len(np.unique(np.concatenate(steps[:m])))
+        assert window_rows(curve, m) == pytest.approx(measured, rel=0.03), m
+
+
+def test_choice_fits_the_window_rows_in_every_ssd_cache() -> None:
+    curve = zipf_locality(4_000_000, 163_840, 1.05)  # the kernel benchmark's Zipf workload
     assert choose_lookahead([]) == 0
-    assert choose_lookahead([(Tier.DRAM, 1000.0, 10.0), (Tier.SCM, 1000.0, 10.0)]) == 0  # no SSD table
-    assert choose_lookahead([(Tier.SSD, 1e6, 10.0)]) == 8  # room for the largest
-    # (k + 2) x 1,000 distinct rows within half of 9,000 slots: k = 2 (4,000), not 4 (6,000).
-    assert choose_lookahead([(Tier.SSD, 9000.0, 1000.0)]) == 2
-    assert choose_lookahead([(Tier.SSD, 1e6, 10.0), (Tier.SSD, 9000.0, 1000.0)]) == 2  # the tightest sets it
-    assert choose_lookahead([(Tier.SSD, 1000.0, 1000.0)]) == 0  # not even the live steps fit half
-    assert LOCKED_SHARE == 0.5
+    assert choose_lookahead([(Tier.DRAM, 400_000, curve), (Tier.SCM, 400_000, curve)]) == 0  # no SSD table
+    k = choose_lookahead([(Tier.SSD, 400_000, curve)])
+    assert k in LOOKAHEAD_CHOICES and k > 0
+    assert window_rows(curve, k + 2) <= 400_000
+    bigger = LOOKAHEAD_CHOICES[LOOKAHEAD_CHOICES.index(k) + 1]
+    assert window_rows(curve, bigger + 2) > 400_000  # the largest that fits
+    small = choose_lookahead([(Tier.SSD, 400_000, curve), (Tier.SSD, 150_000, curve)])
+    assert small < k  # the tightest SSD cache sets it
+    assert choose_lookahead([(Tier.SSD, 60_000, curve)]) == 0  # not even two steps' rows fit
 
 
 def _ebc() -> EmbeddingBagCollection:
@@ -51,8 +68,8 @@ def test_plan_gives_its_ssd_tables_a_window(tmp_path: Path) -> None:
     plan = planner.plan(_ebc(), [TieredEmbeddingBagCollectionSharder()])
     big = planner.last_placement.tables["big"]
     assert big.tier is Tier.SSD, big
-    unique = planner.last_model.tables[[t.name for t in planner.last_model.tables].index("big")].locality
-    assert planner.last_lookahead == choose_lookahead([(Tier.SSD, big.cache_rows, unique.unique_rows_per_step)])
+    curve = planner.last_model.tables[[t.name for t in planner.last_model.tables].index("big")].locality
+    assert planner.last_lookahead == choose_lookahead([(Tier.SSD, big.cache_rows, curve)])
     assert planner.last_lookahead > 0
     windows = _windows(plan)
     assert windows and set(windows.values()) == {planner.last_lookahead}

@@ -282,8 +282,7 @@ class StorageAwarePlanner(ShardingPlanner):
         # (None for "tinylfu", which FBGEMM has no word for: such tables run LRU).
         algorithm = {name: algo for algo, name in CACHE_ALGORITHMS.items()}.get(self.cache_algorithm)
         self.last_lookahead = self.lookahead if self.lookahead is not None else choose_lookahead(
-            (o.placement.tier, o.placement.cache_rows, o.table.locality.unique_rows_per_step)
-            for o in options if o.is_tiered)
+            (o.placement.tier, o.placement.cache_rows, o.table.locality) for o in options if o.is_tiered)
         for option in options:
             if not option.is_tiered:
                 continue
