@@ -91,6 +91,7 @@ def _report(results: List[Dict]) -> List[str]:
                 gain = "" if not k or r["gain_points"] is None else f" {r['gain_points']:+.1f}"
                 cells.append(f"{r['hit_rate']:.1%}{gain}".rjust(16))
             lines.append(f"  {p:8s}  " + "".join(cells))
+        lines.append("  (a run whose overflow pool grew is a larger cache than Belady's and the others')")
         lines.append("  overflow slots (DRAM past the cache for the window's locked rows): "
                      + "; ".join(f"{p} " + ", ".join(
                          f"k={r['lookahead']}: {r['overflow_slots']:,}" for r in t["runs"] if r["policy"] == p)
@@ -104,7 +105,9 @@ def _report(results: List[Dict]) -> List[str]:
             lines.append(f"  [{verdict}] hit rate with look-ahead >= best static cache ({refs['best_static']:.1%}): "
                          f"best {best['hit_rate']:.1%} ({best['policy']}, k={best['lookahead']}), without a window "
                          f"{no_window:.1%}"
-                         + (f"; first reached at k={first['lookahead']} ({first['policy']})" if first else "")
+                         + (f"; first reached at k={first['lookahead']} ({first['policy']}, "
+                            f"{first['overflow_slots']:,} overflow slots = "
+                            f"{first['overflow_slots'] / t['capacity']:.1%} of the cache)" if first else "")
                          + f"; Belady {refs['belady']:.1%}")
     return lines
 

@@ -195,6 +195,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--sweep", default=None, metavar="RATIOS",
                    help="after the run, train the tiered job again in a memory cgroup at each ratio of rows "
                         "written (the first run's) to memory limit, e.g. 0.5,1,2,4,8")
+    p.add_argument("--lookahead", type=int, default=None,
+                   help="the tiered runs' look-ahead window (train.py --lookahead; default: the planner's)")
     p.add_argument("--report-only", action="store_true",
                    help="no runs: recompute the figures and summary from the results already in --out")
     return p.parse_args(argv)
@@ -246,6 +248,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     given = ["--dram-budget", args.dram_budget] if args.dram_budget else []
     budget = given or (["--dram-budget", str(budget_within(limit, args.nproc))] if limit else [])
     steps = ["--steps", str(args.steps)] if args.steps else []
+    window = ["--lookahead", str(args.lookahead)] if args.lookahead is not None else []
     try:
         limits = fio_limits(work, args.fio_seconds) if args.fio_seconds > 0 else {}
         store = work / "store"
@@ -255,7 +258,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # last one starts a chain.
         saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", str(args.checkpoint_every),
                   "--keep-chains", "2"]
-        common = [*steps, *scale, *budget, "--storage-dir", str(store), "--hardware", str(hardware)]
+        common = [*steps, *scale, *budget, *window, "--storage-dir", str(store), "--hardware", str(hardware)]
         tiered, samples, peaks = train(args.nproc, out / "tiered", work,
                                        [*common, *(saving if args.checkpoint_every else [])],
                                        args.interval, args.timeout, limit)

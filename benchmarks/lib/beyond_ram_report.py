@@ -99,10 +99,12 @@ def figures(tiered: Dict, samples: List[Sample], peaks: Dict[str, int], ram: int
         "ssd": {**ssd,
                 "rows_read_per_s": ssd["store_disk_rows_read"] / span,
                 "reads_per_s": ssd["store_device_reads"] / span,
+                "reads_per_step": ssd["store_device_reads"] / max(1, steps),
                 "writes_per_s": ssd["store_device_writes"] / span,
                 "read_mb_per_s": ssd["store_device_bytes_read"] / span / 1e6,
                 "write_mb_per_s": ssd["store_device_bytes_written"] / span / 1e6},
         "device": device_rates(samples), "fio": limits,
+        "lookahead": tiered.get("lookahead"),
         "predicted_step_seconds": tiered["predicted_step_seconds"],
         "perf_model_error": tiered["predicted_step_seconds"] / step_s - 1.0,
         "dram_bytes_per_ssd_row": peaks["rss"] / max(1.0, ssd["store_live_rows"]),
@@ -163,7 +165,8 @@ def summary(f: Dict) -> str:
     lines.append(
         f"SSD (stores' counters over the run): {s['rows_read_per_s']:,.0f} rows read/s, {s['reads_per_s']:,.0f} "
         f"reads/s, {s['read_mb_per_s']:.1f} MB/s read; {s['writes_per_s']:,.0f} writes/s, "
-        f"{s['write_mb_per_s']:.1f} MB/s written")
+        f"{s['write_mb_per_s']:.1f} MB/s written; {s.get('reads_per_step', float('nan')):,.0f} reads per step "
+        f"(look-ahead window {f.get('lookahead', '?')} batches)")
     lines.append(
         f"device (diskstats, median / max of 2 s windows): reads/s {d['reads_per_s_median']:,.0f} / "
         f"{d['reads_per_s_max']:,.0f}, read MB/s {d['read_mb_per_s_median']:.0f} / {d['read_mb_per_s_max']:.0f}, "
