@@ -40,6 +40,8 @@ from typing import Dict, List, Optional
 from torchrec_mtrains.planner.hardware.probe import meminfo_bytes
 
 from benchmarks.lib.beyond_ram_report import RSS_LIMIT_SHARE, figures, summary
+from benchmarks.lib.beyond_ram_roofline import (belady_reads_by_rank, fio_cpu_seconds_per_read, roofline_figures,
+                                                ssd_trace)
 from benchmarks.lib.beyond_ram_sweep import parse_ratios, plot_sweep, sweep_lines, sweep_point
 from benchmarks.lib.memory_cgroup import MemoryCgroup, MemoryCgroupUnavailable
 from benchmarks.lib.process_monitor import Sample, run_monitored
@@ -60,7 +62,9 @@ def fio_limits(directory: Path, seconds: float) -> Dict[str, float]:
     except FioUnavailable as e:
         print(f"bench_beyond_ram: fio unavailable ({e}): no device limits", file=sys.stderr)
         return {}
-    return {"randread_iops": res["randread"].iops, "randread_bytes_per_s": res["randread"].bytes_per_s,
+    r = res["randread"]
+    return {"randread_iops": r.iops, "randread_bytes_per_s": r.bytes_per_s,
+            "randread_cpu_s_per_read": fio_cpu_seconds_per_read(r.usr_cpu_pct, r.sys_cpu_pct, r.seconds, r.ios),
             "write_bytes_per_s": res["write"].bytes_per_s}
 
 
@@ -197,6 +201,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                         "written (the first run's) to memory limit, e.g. 0.5,1,2,4,8")
     p.add_argument("--lookahead", type=int, default=None,
                    help="the tiered runs' look-ahead window (train.py --lookahead; default: the planner's)")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="skip the ceiling (Belady's reads over the run's own trace, regenerated: minutes at full scale)")
     p.add_argument("--report-only", action="store_true",
                    help="no runs: recompute the figures and summary from the results already in --out")
     return p.parse_args(argv)
@@ -243,6 +249,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             f["sweep"] = saved_sweep
         if not any(s.disk.reads for s in samples):  # saved without the device's counters: keep its rates
             f["device"] = json.loads((out / "beyond_ram.json").read_text())["device"]
+        if baseline is not None and limits.get("randread_cpu_s_per_read"):
+            steps = ["--steps", str(len(tiered["step_times"]))]
+            scale = ["--table-scale", str(args.table_scale)] if args.table_scale != 1.0 else []
+            trace = None if args.no_ceiling else _run_trace(tiered, [*steps, *scale], args.nproc)
+            f["cpu_roofline"] = _roofline(tiered, baseline, limits, args.nproc, trace)
         return _report(out, f, samples, ram, summary)
     scale = ["--table-scale", str(args.table_scale)] if args.table_scale != 1.0 else []
     given = ["--dram-budget", args.dram_budget] if args.dram_budget else []
@@ -287,9 +298,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
     f = figures(tiered, samples, peaks, ram, limits, baseline)
+    trace = None if args.no_ceiling else _run_trace(tiered, [*steps, *scale], args.nproc)
+    if baseline is not None and limits:
+        f["cpu_roofline"] = _roofline(tiered, baseline, limits, args.nproc, trace)
     if runs:
         f["sweep"] = [sweep_point(r, lim, m, err, limits, baseline) for r, lim, m, err in runs]
+        for point, (_, _, m, _) in zip(f["sweep"], runs):
+            if m is not None and baseline is not None and limits:
+                point["cpu_roofline"] = _roofline(m, baseline, limits, args.nproc, trace)
     return _report(out, f, samples, ram, summary)
+
+
+def _run_trace(tiered: Dict, train_flags: List[str], nproc: int):
+    """The run's SSD tables' ids, regenerated (beyond_ram_roofline.ssd_trace)."""
+    ssd = sorted({n.split(".r", 1)[0] for n, s in tiered["tiers"]["shards"].items() if s["tier"] == "SSD"})
+    if not ssd:
+        return None
+    print(f"bench_beyond_ram: regenerating the run's trace of {', '.join(ssd)} for Belady's reads ...", flush=True)
+    return ssd_trace(["--preset", "beyond-ram", *train_flags], ssd, len(tiered["step_times"]), nproc)
+
+
+def _roofline(metrics: Dict, baseline: Dict, limits: Dict[str, float], nproc: int, trace) -> Dict[str, object]:
+    """The run's CPU roofline and ceiling (beyond_ram_roofline.py), the baseline's step as its compute."""
+    from benchmarks.lib.beyond_ram_report import steady_step_seconds
+
+    belady = belady_reads_by_rank(metrics, trace) if trace is not None else None
+    return roofline_figures(metrics, steady_step_seconds(baseline), limits["randread_cpu_s_per_read"],
+                            (os.cpu_count() or 1) / nproc, belady)
 
 
 RANK_BASE_BYTES = 5 << 28

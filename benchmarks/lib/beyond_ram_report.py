@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List, Optional
 
+from benchmarks.lib.beyond_ram_roofline import roofline_line
 from benchmarks.lib.process_monitor import Sample
 
 __all__ = ["MATERIALISED_GOAL", "RSS_LIMIT_SHARE", "device_rates", "device_seconds_per_step", "figures",
@@ -192,6 +193,8 @@ def summary(f: Dict) -> str:
                      f"{f.get('device_seconds_per_step', float('nan')) * 1e3:.0f} ms) = "
                      f"{f['roofline_step_seconds'] * 1e3:.0f} ms; step / roofline {f['step_x_roofline']:.2f}x "
                      f"[{_verdict(f['step_x_roofline'] <= 1.25)}] goal <= 1.25x")
+    if "cpu_roofline" in f:
+        lines.append(roofline_line(f["cpu_roofline"]))
     lines += _checkpoint_lines(f)
     return "\n".join(lines)
 

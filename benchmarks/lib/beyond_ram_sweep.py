@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from benchmarks.lib.beyond_ram_report import device_seconds_per_step, steady_step_seconds
+from benchmarks.lib.beyond_ram_roofline import roofline_line
 
 __all__ = ["parse_ratios", "plot_sweep", "sweep_lines", "sweep_point"]
 
@@ -84,6 +85,8 @@ def sweep_lines(points: Sequence[Dict]) -> List[str]:
             + f"); peak {m.get('peak_bytes', 0) / gb:.2f} GB, page cache {m.get('cache_bytes', 0) / gb:.2f} GB at "
               f"the end; tier reads per rank {', '.join(f'{r:,.0f}' for r in p['rank_tier_rows_read'])}"
             + (f" (max / mean {p['reads_max_over_mean']:.2f})" if p["rank_tier_rows_read"] else ""))
+        if "cpu_roofline" in p:
+            lines.append("    " + roofline_line(p["cpu_roofline"]))
     return lines
 
 
@@ -98,6 +101,10 @@ def plot_sweep(points: Sequence[Dict], path: Path) -> None:
     stopped = [p for p in points if not p["finished"]]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot([p["ratio"] for p in done], [p["qps_ratio"] for p in done], "o-", label="tiered / all-DRAM baseline")
+    ceiling = [p for p in done if "ceiling_qps_ratio" in p.get("cpu_roofline", {})]
+    if ceiling:
+        ax.plot([p["ratio"] for p in ceiling], [p["cpu_roofline"]["ceiling_qps_ratio"] for p in ceiling], "s--",
+                label="ceiling: CPU roofline with Belady's reads")
     if stopped:
         ax.plot([p["ratio"] for p in stopped], [0.0] * len(stopped), "rx", label="did not finish (memory)")
     ax.axhline(1.0, color="k", ls=":")

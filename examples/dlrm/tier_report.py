@@ -71,7 +71,7 @@ def _rank_summary(shards: Dict[str, Dict[str, float]], step_times: Optional[Sequ
 
 def tier_counters(dmp, step_times: Optional[Sequence[float]] = None) -> Dict[str, object]:
     """Every rank's shards' counters and memory (a collective); on every rank:
-    ``{"shards": {shard: counters}, "memory": [per rank], "materialised_bytes": {tier: bytes},
+    ``{"shards": {shard: counters and its "rank"}, "memory": [per rank], "materialised_bytes": {tier: bytes},
     "ranks": [per rank: median step seconds of ``step_times`` (its clock at each step), rows
     and device reads of its tiers]}``."""
     local = _local_counters(dmp)
@@ -79,8 +79,8 @@ def tier_counters(dmp, step_times: Optional[Sequence[float]] = None) -> Dict[str
     gathered: List[Dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(gathered, mine)
     shards: Dict[str, Dict[str, float]] = {}
-    for g in gathered:
-        shards.update(g["shards"])
+    for rank, g in enumerate(gathered):
+        shards.update({name: {**c, "rank": rank} for name, c in g["shards"].items()})
     by_tier: Dict[str, float] = {}
     for s in shards.values():
         by_tier[s["tier"]] = by_tier.get(s["tier"], 0.0) + s["materialised_bytes"]

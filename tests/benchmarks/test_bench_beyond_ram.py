@@ -80,7 +80,7 @@ def test_bench_beyond_ram_reports_side_by_side(tmp_path):
         capped = []
     out = tmp_path / "bench"
     cmd = [sys.executable, str(BENCHMARKS / "bench_beyond_ram.py"), "--steps", "8",
-           "--table-scale", "0.0005", "--baseline-steps", "6", "--baseline-rows", "1000", "--fio-seconds", "0",
+           "--table-scale", "0.0005", "--baseline-steps", "6", "--baseline-rows", "1000", "--fio-seconds", "1",
            "--interval", "0.5", "--out", str(out), "--dir", str(tmp_path / "work"), *capped]
     proc = run_watched(cmd, stall_s=300, env=_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -105,6 +105,15 @@ def test_bench_beyond_ram_reports_side_by_side(tmp_path):
     assert figures["peak_rss_bytes"] > 0 and figures["samples"]
     assert (out / "memory_disk.png").stat().st_size > 0
     assert "QPS ratio tiered / baseline" in (out / "summary.txt").read_text()
+    # The CPU roofline and its ceiling (Belady's reads over the run's own trace, regenerated).
+    roof = figures["cpu_roofline"]
+    assert roof["cpu_seconds_per_read"] > 0 and len(roof["reads_per_step_by_rank"]) == 2
+    assert roof["cpu_roofline_step_seconds"] >= roof["compute_step_seconds"] > 0
+    assert roof["ceiling_step_seconds"] <= roof["cpu_roofline_step_seconds"] * 1.0001
+    assert len(roof["belady_reads_per_step_by_rank"]) == 2
+    assert "CPU roofline" in (out / "summary.txt").read_text()
+    if capped:
+        assert "ceiling_qps_ratio" in roomy["cpu_roofline"]
 
 
 def test_disk_use_counts_a_linked_file_once(tmp_path):
