@@ -298,13 +298,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
     f = figures(tiered, samples, peaks, ram, limits, baseline)
-    trace = None if args.no_ceiling else _run_trace(tiered, [*steps, *scale], args.nproc)
-    if baseline is not None and limits:
+    with_roofline = baseline is not None and bool(limits.get("randread_cpu_s_per_read"))
+    trace = _run_trace(tiered, [*steps, *scale], args.nproc) if with_roofline and not args.no_ceiling else None
+    if with_roofline:
         f["cpu_roofline"] = _roofline(tiered, baseline, limits, args.nproc, trace)
     if runs:
         f["sweep"] = [sweep_point(r, lim, m, err, limits, baseline) for r, lim, m, err in runs]
         for point, (_, _, m, _) in zip(f["sweep"], runs):
-            if m is not None and baseline is not None and limits:
+            if m is not None and with_roofline:
                 point["cpu_roofline"] = _roofline(m, baseline, limits, args.nproc, trace)
     return _report(out, f, samples, ram, summary)
 
