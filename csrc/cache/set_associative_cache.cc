@@ -586,6 +586,9 @@ void SetAssociativeCache::Reserve(const int64_t* keys, size_t n, int64_t step) {
 void SetAssociativeCache::ReserveFromWindow(int64_t key, int64_t slot, int64_t step) {
   const int64_t until = window_.Find(key, step);
   reserved_[slot] = until == WindowSteps::kNone ? kNeverLocked : until;
+  // Admission: a row no window step uses enters as its set's least recent, so that it, not a
+  // row in use, is the next victim once its step is past.
+  if (until == WindowSteps::kNone) meta_[slot].set_stamp(0);
 }
 
 void SetAssociativeCache::MarkDirty(const int64_t* slots, size_t n) {

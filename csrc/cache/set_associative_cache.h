@@ -40,7 +40,9 @@
 // Look-ahead window (Reserve): the caller may announce the keys of steps it has not planned
 // yet, in step order. A cached key a window step uses is locked for that step as a live
 // step's is (never a victim until that step is past), and so is a missed key placed while a
-// later window step uses it; among the rest the policy picks. Which keys stay cached
+// later window step uses it; among the rest the policy picks. Admission: a missed key no
+// window step uses enters as its set's least recent (LRU's next victim, LFU's on a tie), so
+// a row read once does not displace one in use. Which keys stay cached
 // changes, never a step's slots' contents. Costs 8 bytes a slot, and one map of the
 // window's keys, from the first Reserve on.
 // Thread-safe: every method but num_slots(), map_rows(), keyed() and misses() takes one mutex.
@@ -208,7 +210,8 @@ class SetAssociativeCache {
   bool Locked(uint64_t s, int64_t oldest_live_step) const REQUIRES(mu_) {
     return meta_[s].step >= oldest_live_step || (!reserved_.empty() && reserved_[s] >= oldest_live_step);
   }
-  // A key placed in `slot` at step `step`: locked for the last window step using it, if any.
+  // A key placed in `slot` at step `step`: locked for the last window step using it, if any;
+  // else made its set's least recent (the window's admission).
   void ReserveFromWindow(int64_t key, int64_t slot, int64_t step) REQUIRES(mu_);
   void PrefetchSet(uint64_t first) const REQUIRES(mu_);
   // PrefetchSet and the set's slot state and frequencies (what a victim scan reads).

@@ -493,6 +493,18 @@ void TestLookaheadWindow(CachePolicy policy, bool keyed) {
     }
   }
   {
+    // Admission: with a window, a missed row no window step uses enters as the set's least
+    // recent, so the next miss displaces it, not the rows in use (LRU would take row 2).
+    SetAssociativeCache c(4, 4, policy, 0, keyed);
+    for (int64_t r : {1, 2, 3, 4}) plan(c, {r}, r - 1);  // steps 0-3
+    const std::vector<int64_t> later = {99};
+    c.Reserve(later.data(), later.size(), 20);
+    plan(c, {5}, 4);
+    plan(c, {6}, 5);
+    if (policy == CachePolicy::kLru)
+      CHECK(cached(c) == (std::set<int64_t>{2, 3, 4, 6})) << "a row no window step uses displaced one in use";
+  }
+  {
     // Many window steps over many keys: the map of window keys is rebuilt many times and keeps
     // every live step's rows (every row of the 3 announced steps stays cached).
     SetAssociativeCache c(512, 8, policy, 0, keyed);
