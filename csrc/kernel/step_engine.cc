@@ -65,6 +65,7 @@ StepEngine::Job* StepEngine::NewJob() {
   job->num_moves = 0;
   job->overflow.clear();
   job->announced = false;
+  job->plan_started = false;
   return job;
 }
 
@@ -107,6 +108,9 @@ BatchProblem StepEngine::Submit(const StepInput& in) {
     // The step in its backward and every step after it keep their slots.
     job->oldest_live = std::max<int64_t>(0, last_taken_);
     pending_.push_back(job);
+    // This step completes the window of the one `lookahead_` before it: that one's plan keeps
+    // the steps from the one in its backward now (not those already done when it was submitted).
+    if (lookahead_ > 0 && pending_.size() > lookahead_) Unlock(pending_[pending_.size() - 1 - lookahead_]);
     ++in_flight_;
     if (plan_thread_.joinable() && !stopping_) {
       plan_queue_.push_back(job);
@@ -142,6 +146,7 @@ void StepEngine::RunHeldThrough(int64_t through) {
       if (held_.empty() || held_.front()->step > through) return;
       job = held_.front();
       held_.pop_front();
+      job->plan_started = true;
     }
     RunInline(job);
   }
@@ -156,6 +161,10 @@ void StepEngine::Announce(Job* job) {
     job->failure = StepFailure::kPlan;
     job->status = Status::InvalidArgument(std::string("the look-ahead window refused the step: ") + e.what());
   }
+}
+
+void StepEngine::Unlock(Job* job) {
+  if (!job->plan_started) job->oldest_live = std::max<int64_t>(job->oldest_live, last_taken_);
 }
 
 bool StepEngine::MayPlan(const Job& front) const {
@@ -277,7 +286,13 @@ void StepEngine::Consume(Job* job, bool train, TakenStep* out) {
     }
     last_taken_ = job->step;
     ++counters_.steps;
-    if (lookahead_ > 0) work_.NotifyAll();  // the next step may be planned now (MayPlan)
+    // The next step, its window not complete, may be planned now (MayPlan), keeping the steps
+    // from this one on. (One whose window is complete may be planning already: left alone, so
+    // that threads and inline plan alike.)
+    if (lookahead_ > 0 && !pending_.empty() && pending_.size() - 1 < lookahead_) {
+      Unlock(pending_.front());
+      work_.NotifyAll();
+    }
   }
   job->stage = Stage::kFree;
   free_.push_back(job);
@@ -456,6 +471,7 @@ void StepEngine::PlanLoop() {
         if (!plan_queue_.empty() && MayPlan(*plan_queue_.front())) {
           job = plan_queue_.front();
           plan_queue_.pop_front();
+          job->plan_started = true;
           if (announced_ > 0) --announced_;
           break;
         }

@@ -21,7 +21,8 @@
 // and nothing calls into Python unless a hook applies.
 //
 // Slot locking: the rows of the step still in its backward and of every step planned after
-// it are never displaced (the plan's oldest live step is the last step taken).
+// it are never displaced (the plan's oldest live step is the last step taken when it was
+// submitted; with a window, when its window filled or the step before it was taken).
 // Failures: the first failed stage fails its step and every later one; Take reports it.
 //
 // Thread-safety: Submit, Take, Drain, DropPending and the setters are for one caller thread
@@ -206,6 +207,7 @@ class StepEngine {
     int64_t failed_table = -1;
     Stage stage = Stage::kFree;
     bool announced = false;  // given to the cache index's look-ahead window
+    bool plan_started = false;  // taken off its queue by the stage planning it (under mu_)
   };
 
   Job* NewJob() REQUIRES(mu_);
@@ -217,6 +219,9 @@ class StepEngine {
   void RunHeldThrough(int64_t through) EXCLUDES(mu_);
   // Announces the job's step to the look-ahead window (a failure fails the step).
   void Announce(Job* job) EXCLUDES(mu_);
+  // A window's step not yet planning keeps only the steps from the one in its backward now
+  // (its oldest_live, set at submit, would keep the k steps done since).
+  void Unlock(Job* job) REQUIRES(mu_);
   // Whether the plan stage may plan the job at the front of plan_queue_.
   bool MayPlan(const Job& front) const REQUIRES(mu_);
   // A stage's work, outside the lock (only the stage's thread touches the job meanwhile).
