@@ -113,6 +113,10 @@ void SetAssociativeCache::PrefetchVictimSet(uint64_t first) const {
     const char* freq = reinterpret_cast<const char*>(freq_.data() + first);
     for (size_t b = 0; b < ways_ * sizeof(uint32_t); b += 64) __builtin_prefetch(freq + b);
   }
+  if (!reserved_.empty()) {  // the window's locks, which the scan reads beside the slot states
+    const char* reserved = reinterpret_cast<const char*>(reserved_.data() + first);
+    for (size_t b = 0; b < ways_ * sizeof(int64_t); b += 64) __builtin_prefetch(reserved + b);
+  }
 }
 
 int64_t SetAssociativeCache::FindSlot(int64_t row) const {
