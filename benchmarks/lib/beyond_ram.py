@@ -324,8 +324,8 @@ def _roofline(metrics: Dict, baseline: Dict, limits: Dict[str, float], nproc: in
     from benchmarks.lib.beyond_ram_report import steady_step_seconds
 
     belady = belady_reads_by_rank(metrics, trace) if trace is not None else None
-    return roofline_figures(metrics, steady_step_seconds(baseline), limits["randread_cpu_s_per_read"],
-                            (os.cpu_count() or 1) / nproc, belady)
+    return roofline_figures(metrics, steady_step_seconds(metrics), steady_step_seconds(baseline),
+                            limits["randread_cpu_s_per_read"], (os.cpu_count() or 1) / nproc, belady)
 
 
 RANK_BASE_BYTES = 5 << 28

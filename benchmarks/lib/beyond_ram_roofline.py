@@ -115,13 +115,11 @@ def belady_reads_by_rank(metrics: Dict, trace: SsdTrace) -> Optional[List[float]
     return reads
 
 
-def roofline_figures(metrics: Dict, compute_step_s: float, cpu_s_per_read: float, cores_per_rank: float,
-                     belady_reads: Optional[Sequence[float]]) -> Dict[str, object]:
-    """The run's CPU roofline and, given Belady's reads per rank, its ceiling (see the module
-    docstring): the figures the report prints beside the QPS ratio."""
-    from benchmarks.lib.beyond_ram_report import steady_step_seconds
-
-    step = steady_step_seconds(metrics)
+def roofline_figures(metrics: Dict, step: float, compute_step_s: float, cpu_s_per_read: float,
+                     cores_per_rank: float, belady_reads: Optional[Sequence[float]]) -> Dict[str, object]:
+    """The CPU roofline of a run whose steady step is ``step`` seconds and, given Belady's
+    reads per rank, its ceiling (see the module docstring): the figures the report prints
+    beside the QPS ratio."""
     reads = reads_per_step_by_rank(metrics)
     roof = cpu_roofline(compute_step_s, reads, cpu_s_per_read, cores_per_rank)
     out: Dict[str, object] = {

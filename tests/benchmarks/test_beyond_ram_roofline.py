@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.lib.belady import belady_hits
 from benchmarks.lib.beyond_ram_roofline import (SsdTrace, belady_reads_by_rank, cpu_roofline,
-                                                fio_cpu_seconds_per_read, roofline_figures)
+                                                fio_cpu_seconds_per_read, roofline_figures, ssd_trace)
 
 
 def test_cpu_per_read_and_roofline() -> None:
@@ -50,11 +50,34 @@ def test_belady_reads_go_to_each_shards_rank() -> None:
 
 def test_figures_put_the_run_between_roofline_and_ceiling() -> None:
     m = _metrics(10)
-    r = roofline_figures(m, 0.1, 5e-6, 1.0, [1_000.0, 2_000.0])
+    r = roofline_figures(m, 0.2, 0.1, 5e-6, 1.0, [1_000.0, 2_000.0])
     assert r["reads_per_step_by_rank"] == [4.0, 8.0]
     assert r["cpu_roofline_step_seconds"] == pytest.approx(0.1 + 8.0 * 5e-6)
     assert r["step_over_cpu_roofline"] == pytest.approx(0.2 / r["cpu_roofline_step_seconds"])
     assert r["ceiling_step_seconds"] == pytest.approx(0.1 + 2_000.0 * 5e-6)
     assert r["ceiling_qps_ratio"] == pytest.approx(0.1 / 0.11)
     assert r["qps_ratio_over_ceiling"] == pytest.approx((0.1 / 0.2) / (0.1 / 0.11))
-    assert "ceiling_step_seconds" not in roofline_figures(m, 0.1, 5e-6, 1.0, None)
+    assert "ceiling_step_seconds" not in roofline_figures(m, 0.2, 0.1, 5e-6, 1.0, None)
+
+
+def test_the_runs_trace_is_regenerated_from_its_flags() -> None:
+    """ssd_trace gives each step's ids of the named tables from every rank's batch, as the
+    example's data makes them: within the table, both ranks' lookups, the same every time."""
+    import sys
+
+    from tests.support.paths import EXAMPLE_DLRM
+
+    flags = ["--preset", "beyond-ram", "--table-scale", "0.0005", "--batch-size", "16"]
+    trace = ssd_trace(flags, ["z0_400m"], 3, 2)
+    again = ssd_trace(flags, ["z0_400m"], 3, 2)
+    sys.path.insert(0, str(EXAMPLE_DLRM))
+    import train
+    from data import SyntheticData, scaled_tables
+
+    args = train.parse_args(flags)
+    data = SyntheticData(scaled_tables(args.table_scale, args.tables), args.batch_size, args.seed, args.drift)
+    for step, ids in enumerate(trace.tables["z0_400m"]):
+        want = np.concatenate([data.batch(step, r).sparse_features.to_dict()["f_z0_400m"].values().numpy()
+                               for r in (0, 1)])
+        assert np.array_equal(ids, want) and np.array_equal(ids, again.tables["z0_400m"][step])
+        assert ids.size > 0 and ids.min() >= 0 and ids.max() < 200_000

@@ -39,7 +39,7 @@ CACHE_STAT_KEYS = {
     "hit_rate", "rows_loaded", "rows_written_back", "bytes_read_from_tier",
     "bytes_written_to_tier", "plan_seconds", "tier_seconds", "cache_capacity_rows",
     "prefetch_wait_seconds", "steps_prefetched", "plan_cpu_ns_per_row", "write_back_cpu_ns_per_row",
-    "read_cpu_ns_per_row", "verify_cpu_ns_per_row", "copy_cpu_ns_per_row", "cpu_ns_per_miss",
+    "read_cpu_ns_per_row", "verify_cpu_ns_per_row", "copy_cpu_ns_per_row", "cpu_ns_per_miss", "lookahead",
 }
 
 
