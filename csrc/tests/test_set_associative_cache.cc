@@ -501,8 +501,9 @@ void TestLookaheadWindow(CachePolicy policy, bool keyed) {
     c.Reserve(later.data(), later.size(), 20);
     plan(c, {5}, 4);
     plan(c, {6}, 5);
-    if (policy == CachePolicy::kLru)
+    if (policy == CachePolicy::kLru) {
       CHECK(cached(c) == (std::set<int64_t>{2, 3, 4, 6})) << "a row no window step uses displaced one in use";
+    }
   }
   {
     // Many window steps over many keys: the map of window keys is rebuilt many times and keeps
