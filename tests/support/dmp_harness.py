@@ -416,21 +416,22 @@ def read_kernel_tiers(out_dir: str, world_size: int) -> List[List[List[str]]]:
     return out
 
 
+def _per_kernel(out_dir: str, world_size: int, name: str) -> List[float]:
+    """Every rank's list ``<name>_rank<r>.json``, concatenated in rank order."""
+    values: List[float] = []
+    for r in range(world_size):
+        with open(os.path.join(out_dir, f"{name}_rank{r}.json")) as f:
+            values += json.load(f)
+    return values
+
+
 def read_lookaheads(out_dir: str, world_size: int) -> List[float]:
     """Every rank's tiered kernels' look-ahead windows."""
-    windows: List[float] = []
-    for r in range(world_size):
-        with open(os.path.join(out_dir, f"lookahead_rank{r}.json")) as f:
-            windows += json.load(f)
-    return windows
+    return _per_kernel(out_dir, world_size, "lookahead")
 
 
 def read_prefetch_counts(out_dir: str, world_size: int) -> List[float]:
-    counts: List[float] = []
-    for r in range(world_size):
-        with open(os.path.join(out_dir, f"prefetched_rank{r}.json")) as f:
-            counts += json.load(f)
-    return counts
+    return _per_kernel(out_dir, world_size, "prefetched")
 
 
 def launch(spec: RunSpec, timeout: float = 300.0) -> List[int]:
