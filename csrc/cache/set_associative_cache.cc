@@ -382,12 +382,17 @@ int64_t SetAssociativeCache::AdmitSlot(uint64_t first, int64_t oldest_live_step)
 int64_t SetAssociativeCache::TakeOverflowSlot(int64_t oldest_live_step) {
   const uint64_t first = num_sets_ * ways_;
   const uint64_t pool = slot_row_.size() - first;
-  for (uint64_t k = 0; k < pool; ++k) {
-    const uint64_t s = first + (overflow_cursor_ + k) % pool;
-    if (!Locked(s, oldest_live_step)) {
-      overflow_cursor_ = (s - first + 1) % pool;
-      return static_cast<int64_t>(s);
+  // A pool found all locked stays so until the oldest live step moves (or a release): the
+  // misses after the first of a step then grow it without scanning it again.
+  if (oldest_live_step != overflow_locked_for_) {
+    for (uint64_t k = 0; k < pool; ++k) {
+      const uint64_t s = first + (overflow_cursor_ + k) % pool;
+      if (!Locked(s, oldest_live_step)) {
+        overflow_cursor_ = (s - first + 1) % pool;
+        return static_cast<int64_t>(s);
+      }
     }
+    overflow_locked_for_ = oldest_live_step;
   }
   // Every overflow slot is locked: grow the pool (the caller grows the storage behind it).
   if (map_rows_ > 0 && slot_row_.size() >= kMaxMapSlots)
@@ -621,6 +626,7 @@ void SetAssociativeCache::TakeDirty(int64_t live_step, std::vector<int64_t>* row
 
 uint64_t SetAssociativeCache::Forget(const int64_t* keys, size_t n) {
   MutexLock lock(&mu_);
+  overflow_locked_for_ = kNeverLocked;
   uint64_t dropped = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t slot = FindSlot(keys[i]);
@@ -638,6 +644,7 @@ uint64_t SetAssociativeCache::Forget(const int64_t* keys, size_t n) {
 
 uint64_t SetAssociativeCache::ReleaseAfter(int64_t last_live_step) {
   MutexLock lock(&mu_);
+  overflow_locked_for_ = kNeverLocked;
   const int64_t to = last_live_step < 0 ? kNeverLocked : last_live_step;
   uint64_t released = 0;
   for (SlotMeta& m : meta_) {

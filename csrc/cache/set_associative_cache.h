@@ -289,6 +289,8 @@ class SetAssociativeCache {
   // in it: an LRU hit touches no frequency).
   std::vector<uint32_t, HugePageAllocator<uint32_t>> freq_ GUARDED_BY(mu_);
   uint64_t overflow_cursor_ GUARDED_BY(mu_) = 0;  // CLOCK hand over the overflow slots
+  // The oldest live step for which the overflow pool was found all locked (INT64_MIN: none).
+  int64_t overflow_locked_for_ GUARDED_BY(mu_) = INT64_MIN;
   std::unordered_map<int64_t, int64_t> overflow_map_ GUARDED_BY(mu_);  // key -> overflow slot
   // The dense map: slot of each row in [0, map_rows_), kNoSlot if none (empty without a map).
   static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
