@@ -393,12 +393,16 @@ class TieredEmbeddingBags(torch.nn.Module):
         return self._rows.read_rows(table, start, stop)
 
     def virtual_ids(self, table: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(ids, rows) of every live id of virtual table ``table``, by row.
+        """(ids, rows) of every live id of virtual table ``table``, by row, with the ids of
+        the steps prefetched so far mapped (their plans, which map new ids and run eviction
+        passes, are waited for: two calls between steps see the same ids).
 
         Raises:
             ValueError: ``table`` is not a virtual table.
         """
-        return self._virtual(table).entries(table)
+        virtual = self._virtual(table)
+        self._steps.drain()
+        return virtual.entries(table)
 
     def virtual_state(self, table: int) -> Dict[str, Any]:
         """What a checkpoint saves of virtual table ``table`` besides its rows, between
