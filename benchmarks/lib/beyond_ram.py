@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 
 from torchrec_mtrains.planner.hardware.probe import meminfo_bytes
 
-from benchmarks.lib.beyond_ram_report import RSS_LIMIT_SHARE, figures, summary
+from benchmarks.lib.beyond_ram_report import RSS_LIMIT_SHARE, figures, steady_step_seconds, summary
 from benchmarks.lib.beyond_ram_roofline import (belady_reads_by_rank, fio_cpu_seconds_per_read, roofline_figures,
                                                 ssd_trace)
 from benchmarks.lib.beyond_ram_sweep import parse_ratios, plot_sweep, sweep_lines, sweep_point
@@ -321,8 +321,6 @@ def _run_trace(tiered: Dict, train_flags: List[str], nproc: int):
 
 def _roofline(metrics: Dict, baseline: Dict, limits: Dict[str, float], nproc: int, trace) -> Dict[str, object]:
     """The run's CPU roofline and ceiling (beyond_ram_roofline.py), the baseline's step as its compute."""
-    from benchmarks.lib.beyond_ram_report import steady_step_seconds
-
     belady = belady_reads_by_rank(metrics, trace) if trace is not None else None
     return roofline_figures(metrics, steady_step_seconds(metrics), steady_step_seconds(baseline),
                             limits["randread_cpu_s_per_read"], (os.cpu_count() or 1) / nproc, belady)

@@ -564,18 +564,17 @@ void SetAssociativeCache::Reserve(const int64_t* keys, size_t n, int64_t step) {
   if (reserved_.empty()) reserved_.assign(slot_row_.size(), kNeverLocked);
   last_reserved_ = step;
   counted_ahead_ = true;
-  // Tags prefetched a few keys ahead, as the plan's first pass does.
-  const bool by_map = map_rows_ > 0;
-  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i)
-    if (!by_map) PrefetchSet(SetOf(keys[i]) * ways_);
+  // Where FindSlot will look (the map entry, else the set's tags), prefetched a few keys
+  // ahead, as the plan's first pass does.
+  auto prefetch = [this](int64_t key) REQUIRES(mu_) {
+    if (Mapped(key))
+      __builtin_prefetch(slot_of_row_.data() + key);
+    else
+      PrefetchSet(SetOf(key) * ways_);
+  };
+  for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) prefetch(keys[i]);
   for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) {
-      const int64_t ahead = keys[i + kPrefetchAhead];
-      if (by_map && Mapped(ahead))
-        __builtin_prefetch(slot_of_row_.data() + ahead);
-      else
-        PrefetchSet(SetOf(ahead) * ways_);
-    }
+    if (i + kPrefetchAhead < n) prefetch(keys[i + kPrefetchAhead]);
     if (keyed_ && keys[i] == kEmpty) continue;  // refused by the plan, never a cached key
     const bool first_sight = window_.Note(keys[i], step);
     const int64_t slot = FindSlot(keys[i]);

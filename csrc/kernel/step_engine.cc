@@ -167,6 +167,16 @@ void StepEngine::Unlock(Job* job) {
   if (!job->plan_started) job->oldest_live = std::max<int64_t>(job->oldest_live, last_taken_);
 }
 
+StepEngine::Job* StepEngine::NextToAnnounce() const {
+  if (lookahead_ == 0 || plan_queue_.empty()) return nullptr;
+  const int64_t last = plan_queue_.front()->step + int64_t(lookahead_);
+  for (Job* job : plan_queue_) {
+    if (job->step > last) break;
+    if (!job->announced) return job;
+  }
+  return nullptr;
+}
+
 bool StepEngine::MayPlan(const Job& front) const {
   // Its window is in; or it is the next step to compute (the one before it was taken), so
   // its plan and moves must run now to overlap that step, with the window submitted so far;
@@ -463,16 +473,12 @@ void StepEngine::PlanLoop() {
       for (;;) {
         // The steps of the next plan's window are announced first (no later one: the plan
         // sees the window it would see inline), then the oldest planned once MayPlan.
-        if (lookahead_ > 0 && announced_ < plan_queue_.size() &&
-            plan_queue_[announced_]->step <= plan_queue_.front()->step + int64_t(lookahead_)) {
-          announce = plan_queue_[announced_];
-          break;
-        }
+        announce = NextToAnnounce();
+        if (announce != nullptr) break;
         if (!plan_queue_.empty() && MayPlan(*plan_queue_.front())) {
           job = plan_queue_.front();
           plan_queue_.pop_front();
           job->plan_started = true;
-          if (announced_ > 0) --announced_;
           break;
         }
         if (plan_queue_.empty() && stopping_) break;
@@ -486,8 +492,6 @@ void StepEngine::PlanLoop() {
     }
     if (announce != nullptr) {
       Announce(announce);
-      MutexLock lock(&mu_);
-      ++announced_;
       continue;
     }
     RunPlan(job);

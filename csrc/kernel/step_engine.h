@@ -206,7 +206,9 @@ class StepEngine {
     Status status;
     int64_t failed_table = -1;
     Stage stage = Stage::kFree;
-    bool announced = false;  // given to the cache index's look-ahead window
+    // Given to the cache index's look-ahead window (set by the thread announcing it: the plan
+    // thread, or the caller without stage threads).
+    bool announced = false;
     bool plan_started = false;  // taken off its queue by the stage planning it (under mu_)
   };
 
@@ -222,6 +224,9 @@ class StepEngine {
   // A window's step not yet planning keeps only the steps from the one in its backward now
   // (its oldest_live, set at submit, would keep the k steps done since).
   void Unlock(Job* job) REQUIRES(mu_);
+  // The plan stage's next step to announce: the first of plan_queue_ not announced within the
+  // window of its front, or null.
+  Job* NextToAnnounce() const REQUIRES(mu_);
   // Whether the plan stage may plan the job at the front of plan_queue_.
   bool MayPlan(const Job& front) const REQUIRES(mu_);
   // A stage's work, outside the lock (only the stage's thread touches the job meanwhile).
@@ -253,11 +258,9 @@ class StepEngine {
   std::vector<std::unique_ptr<Job>> jobs_ GUARDED_BY(mu_);  // every job ever made
   std::vector<Job*> free_ GUARDED_BY(mu_);
   std::deque<Job*> plan_queue_ GUARDED_BY(mu_), move_queue_ GUARDED_BY(mu_);
-  // Look-ahead window: its size; plan_queue_'s first `announced_` jobs are announced; without
-  // stage threads, the submitted steps not yet run; plans of steps up to `force_through_`
-  // wait for no window (they are waited for).
+  // Look-ahead window: its size; without stage threads, the submitted steps not yet run;
+  // plans of steps up to `force_through_` wait for no window (they are waited for).
   size_t lookahead_ GUARDED_BY(mu_) = 0;
-  size_t announced_ GUARDED_BY(mu_) = 0;
   std::deque<Job*> held_ GUARDED_BY(mu_);
   int64_t force_through_ GUARDED_BY(mu_) = -1;
   std::deque<Job*> pending_ GUARDED_BY(mu_);  // submitted, not taken, in order
