@@ -23,6 +23,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from torchrec_mtrains.commands.worker_exit import exit_worker
+
 from tests.support.ports import file_init_method
 
 BATCH = 32  # global batch size
@@ -305,7 +307,7 @@ def run(rank: int, spec_json: str) -> None:
     _arm_faults(spec, rank)
     dist.init_process_group("gloo", init_method=spec.init_method, rank=rank, world_size=spec.world_size)
     _run(spec, rank)
-    dist.destroy_process_group()
+    exit_worker(0)
 
 
 def run_many(rank: int, specs_json: List[str], init_method: str) -> None:
@@ -315,7 +317,7 @@ def run_many(rank: int, specs_json: List[str], init_method: str) -> None:
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=specs[0].world_size)
     for spec in specs:
         _run(spec, rank)
-    dist.destroy_process_group()
+    exit_worker(0)
 
 
 def _run(spec: RunSpec, rank: int) -> None:

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchrec_mtrains.commands.worker_exit import exit_worker
+
 from tests.support.virtual_dmp import tiered_kernels
 
 BATCH = 16  # global batch
@@ -158,7 +160,7 @@ def run(rank: int, spec_json: str) -> None:
             json.dump({"losses": losses, "kernels": kernels}, f)
     for emb in tiered_kernels(dmp):
         emb.close()
-    dist.destroy_process_group()
+    exit_worker(0)
 
 
 def build(spec: SequenceRun, pg):

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchrec_mtrains.commands.worker_exit import exit_worker
+
 BATCH = 64  # global batch
 DIM = 8
 VIRTUAL_IDS = 2**40
@@ -170,7 +172,7 @@ def run(rank: int, spec_json: str) -> None:
                    "sharding": plan_entry.sharding_type}, f)
     for emb in tiered_kernels(dmp):
         emb.close()
-    dist.destroy_process_group()
+    exit_worker(0)
 
 
 def build(spec: VirtualRun, pg, pipelined: bool = False):

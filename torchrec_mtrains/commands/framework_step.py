@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 
+from torchrec_mtrains.commands.worker_exit import exit_worker
 from torchrec_mtrains.planner.hardware.probe_framework import DENSE_IN, DENSE_MLP, DIM, OVER_MLP, ROWS
 
 __all__ = ["measure"]
@@ -73,32 +74,9 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
         pipe.progress(it)
         if i:
             times.append(clock() - t0)
-    if world > 1:
-        _all_past_their_collectives(rank, world)
-    else:
-        dist.destroy_process_group()
     return statistics.median(times)
-
-
-def _all_past_their_collectives(rank: int, world: int) -> None:
-    """Returns once every rank is past its last collective and every other rank is leaving,
-    by keys in the group's store (rank 0 serves it, so it leaves last). The worker then exits
-    without tearing its gloo group down: under load, a rank that destroyed the group while a
-    peer still finished the barrier's last message aborted in gloo's destructors
-    ("terminate called without an active exception")."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"framework_step/past/{rank}", "1")
-    store.wait([f"framework_step/past/{r}" for r in range(world)])
-    if rank:
-        store.set(f"framework_step/leaving/{rank}", "1")  # its last word: the store may go next
-    else:
-        store.wait([f"framework_step/leaving/{r}" for r in range(1, world)])
 
 
 if __name__ == "__main__":
     print(measure(*(int(a) for a in sys.argv[1:])), flush=True)
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter teardown of the (multi-rank) gloo group: see _all_past_their_collectives
+    exit_worker(0)
