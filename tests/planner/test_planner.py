@@ -394,6 +394,64 @@ def test_plan_goes_through_torchrec_planner_interfaces() -> None:
     assert proposer.propose() is None
 
 
+@pytest.mark.parametrize("dram_budget", [1.0, 1.2, 1.6])  # GB: the light cache fits a rank whole, not beside half the heavy one
+def test_a_split_that_leaves_a_table_without_room_splits_it_too(dram_budget: float) -> None:
+    """Table-wise, the table with the most tier I/O makes its rank the slowest. Split by rows,
+    its cache takes half its room on every rank (placed first, even when the other table's
+    cache is larger), and the other cached table no longer fits whole on either: the
+    proposer then splits that one too, rather than giving up on the split, and keeps the
+    plan whose slowest rank is fastest (both split, the ranks even)."""
+    from torchrec.distributed.planner.types import PlannerError
+
+    from torchrec_mtrains.planner.adapters.enumerator import TieredEnumerator
+    from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
+    from torchrec_mtrains.planner.adapters.proposer import TieredProposer
+    from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
+    from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
+
+    tables = [("heavy", 4_000_000, 64, 8), ("light", 4_000_000, 192, 1), ("small", 10_000, 16, 1)]
+    ebc = _meta_ebc([(n, r, d) for n, r, d, _ in tables])
+    spec = parse_model_spec({"batch_size": 1024, "target_qps": 1, "tables": [
+        {"name": n, "num_embeddings": r, "embedding_dim": d, "pooling_factor": pf, "zipf_alpha": 1.1}
+        for n, r, d, pf in tables]})
+    p = place(spec, CPU_NODE, 2, budget_bytes={Tier.DRAM: dram_budget * G})
+    capacity = dict(p.capacity_bytes)
+    topology = torchrec_topology(CPU_NODE, 2, capacity)
+    enumerator = TieredEnumerator(topology, 1024, estimator=[TieredStorageEstimator(topology),
+                                                             TieredPerfEstimator(topology)],
+                                  model=spec, placement=p, compute_tier=Tier.DRAM)
+    options = enumerator.enumerate(ebc, [TieredEmbeddingBagCollectionSharder()])
+    cache = {o.name: o.tier_bytes[Tier.DRAM] for o in options if o.sharding_type == "table_wise"}
+    # Each rank holds either cache whole, but not the light one beside half the heavy one;
+    # half of each fits.
+    room = 1.05 * max(cache["heavy"], cache["light"]) + cache["small"] + 1e6
+    assert cache["light"] + cache["small"] <= room < cache["light"] + cache["heavy"] / 2
+    assert (cache["heavy"] + cache["light"]) / 2 + cache["small"] <= room
+    capacity[Tier.DRAM] = 2 * room
+    topology = torchrec_topology(CPU_NODE, 2, capacity)
+    proposer, partitioner = TieredProposer(), TieredPartitioner(0.001, Tier.DRAM)
+    proposer.load(options, enumerator)
+    tried = []
+    while (proposal := proposer.propose()) is not None:
+        shardings = {o.name: o.sharding_type for o in proposal}
+        try:
+            done = partitioner.partition(proposal, topology)
+        except PlannerError:
+            tried.append((shardings, None))
+            proposer.feedback(partitionable=False, plan=proposal)
+            continue
+        tried.append((shardings, max(partitioner.rank_step_s)))
+        proposer.feedback(partitionable=True, plan=done, perf_rating=max(partitioner.rank_step_s))
+    table_wise = dict(heavy="table_wise", light="table_wise", small="table_wise")
+    assert tried[0][0] == table_wise and tried[0][1] is not None
+    assert tried[1] == (dict(table_wise, heavy="row_wise"), None)  # the light table left without room
+    best = {o.name: o.sharding_type for o in proposer.best()}
+    assert best == dict(table_wise, heavy="row_wise", light="row_wise")
+    assert proposer.best_rating() < 0.9 * tried[0][1]
+    partitioner.partition(proposer.best(), topology)
+    assert max(partitioner.rank_step_s) <= 1.05 * min(partitioner.rank_step_s)
+
+
 def test_placement_reports_what_does_not_fit() -> None:
     spec = parse_model_spec(MODEL)
     with pytest.raises(PlacementError, match=r"on 1 ranks of test-cpu: the tables do not fit \(no tier holds big"):

@@ -40,6 +40,9 @@ from torchrec_mtrains.types import Tier
 __all__ = ["StorageAwarePlanner"]
 
 _DEFAULT_LOCALITY = {"pooling_factor": 1.0, "zipf_alpha": 1.05}
+# The shares of the job's compute tier that caches are sized for, one search each: caches
+# sized for all of it may leave a table that only a split packs.
+COMPUTE_TIER_SHARES = (1.0, 0.9, 0.8, 0.65, 0.5)
 _DEFAULT_OPTIMIZER = "rowwise_adagrad"  # the tiered kernel's default (EXACT_ROWWISE_ADAGRAD)
 
 
@@ -202,44 +205,59 @@ class StorageAwarePlanner(ShardingPlanner):
     def _search(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]):
         """TorchRec's planning loop over our components: enumerate the options of a
         placement, propose, partition until a proposal fits. Placement is over the job's
-        pooled capacity; when no proposal packs into the ranks' shares, it is redone with
-        less of the compute tier. Returns (placement, partitioned options, topology,
-        per-rank predicted step seconds)."""
+        pooled capacity, and caches sized for all of it can leave a table no rank has room
+        for whole, which only a split packs; so the search is run again with caches sized
+        for less of the compute tier (``COMPUTE_TIER_SHARES``), and the result whose slowest
+        rank is predicted fastest wins (the larger share on a tie). Returns (placement,
+        partitioned options, topology, per-rank predicted step seconds)."""
         compute_tier = self.topology.cache_tier()
         pooled = self.budget_bytes.get(compute_tier, self.topology.tiers[compute_tier].capacity_bytes * self.world_size)
         error: Optional[Exception] = None
-        for share in (1.0, 0.9, 0.8, 0.65, 0.5):
+        best = None
+        for share in COMPUTE_TIER_SHARES:
             try:
                 placement = self.place(module, {**self.budget_bytes, compute_tier: pooled * share})
             except PlacementError as e:
                 error = error or e
                 continue
-            dense = dense_step_seconds(self.last_model, self.topology, self.world_size)
-            topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
-            estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
-            enumerator = TieredEnumerator(topology, self.batch_size, self.constraints, estimators, model=self.last_model,
-                                          placement=placement, compute_tier=compute_tier)
-            proposer = TieredProposer()
-            partitioner = TieredPartitioner(dense, compute_tier, kernel_step_seconds(self.topology, True),
-                                            self.topology.compute.row_wise_group_s)
-            proposer.load(enumerator.enumerate(module, sharders), enumerator)
-            last: Optional[PlannerError] = None  # the last proposal's (row-wise tried) is the telling one
-            while (proposal := proposer.propose()) is not None:
-                try:
-                    options = partitioner.partition(proposal, topology)
-                except PlannerError as e:
-                    last = e
-                    proposer.feedback(partitionable=False, plan=proposal, storage_constraint=topology)
-                    continue
-                # Rated by the slowest rank's predicted step: the job runs at its pace.
-                proposer.feedback(partitionable=True, plan=options, perf_rating=max(partitioner.rank_step_s),
-                                  storage_constraint=topology)
-            best = proposer.best()
-            if best is not None:  # partitioned again: later proposals moved the shards
-                return placement, partitioner.partition(best, topology), topology, partitioner.rank_step_s
-            error = error or PlacementError(f"{len(self.last_model.tables)} tables on {self.world_size} ranks of "
-                                            f"{self.topology.name}: {last}")
-        raise error
+            found, error = self._search_placement(module, sharders, placement, compute_tier, error)
+            if found is not None and (best is None or max(found[3]) < max(best[3])):
+                best = (*found, self.last_model)
+        if best is None:
+            raise error
+        self.last_placement, self.last_model = best[0], best[4]
+        return best[:4]
+
+    def _search_placement(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]], placement: Placement,
+                          compute_tier: Tier, error: Optional[Exception]):
+        """The proposals of one placement: ((placement, options, topology, rank steps) of
+        the best that partitions, or None; the first error seen)."""
+        dense = dense_step_seconds(self.last_model, self.topology, self.world_size)
+        topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
+        estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
+        enumerator = TieredEnumerator(topology, self.batch_size, self.constraints, estimators, model=self.last_model,
+                                      placement=placement, compute_tier=compute_tier)
+        proposer = TieredProposer()
+        partitioner = TieredPartitioner(dense, compute_tier, kernel_step_seconds(self.topology, True),
+                                        self.topology.compute.row_wise_group_s, self.topology.compute.row_wise_setup_s)
+        proposer.load(enumerator.enumerate(module, sharders), enumerator)
+        last: Optional[PlannerError] = None  # the last proposal's (row-wise tried) is the telling one
+        while (proposal := proposer.propose()) is not None:
+            try:
+                options = partitioner.partition(proposal, topology)
+            except PlannerError as e:
+                last = e
+                proposer.feedback(partitionable=False, plan=proposal, storage_constraint=topology)
+                continue
+            # Rated by the slowest rank's predicted step: the job runs at its pace.
+            proposer.feedback(partitionable=True, plan=options, perf_rating=max(partitioner.rank_step_s),
+                              storage_constraint=topology)
+        best = proposer.best()
+        if best is not None:  # partitioned again: later proposals moved the shards
+            options = partitioner.partition(best, topology)
+            return (placement, options, topology, list(partitioner.rank_step_s)), error
+        return None, error or PlacementError(f"{len(self.last_model.tables)} tables on {self.world_size} ranks of "
+                                             f"{self.topology.name}: {last}")
 
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         from torchrec_mtrains.sharding import (

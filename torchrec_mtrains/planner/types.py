@@ -89,6 +89,8 @@ class ComputeSpec:
         row_wise_group_s: seconds per step on every rank for each row-wise table: the
             collectives of the row-wise sharding group (the ids' all-to-all, the pooled
             embeddings' reduce-scatter and its gradient) grow with every table it holds.
+        row_wise_setup_s: seconds per step on every rank once any table is row-wise: what
+            the row-wise sharding group's collectives cost whatever tables it holds.
     """
 
     tbe_bytes_per_s: float
@@ -105,6 +107,7 @@ class ComputeSpec:
     framework_step_s: float = 0.0
     framework_table_s: float = 0.0
     row_wise_group_s: float = 0.0
+    row_wise_setup_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """TieredPartitioner: TorchRec's ``Partitioner`` for tiered tables, balancing each rank's
 predicted step.
 
-Options are placed largest compute-tier footprint first (bin packing), then heaviest load:
+Row-wise options are placed first (each needs room on every rank), then the others by
+largest compute-tier footprint (bin packing), then heaviest load:
 a table-wise one on the rank whose step grows least among those with room on every tier it
 uses (its rows on its tier, its cache in the compute tier); a row-wise one shard i on rank i.
 A rank's step is the perf model's: ``max(compute + dense, busiest tier)``, its compute with
@@ -66,15 +67,18 @@ class TieredPartitioner(Partitioner):
     ``compute_tier``: where caches and whole tables live (HBM or DRAM); ``kernel_s``: the
     tiered kernel's fixed cost per step, paid once by a rank with any tiered table;
     ``row_wise_group_s``: what a row-wise table's collectives cost every rank per step (its
-    ids' all-to-all and its pooled embeddings' reduce-scatter), paid per row-wise table."""
+    ids' all-to-all and its pooled embeddings' reduce-scatter), paid per row-wise table;
+    ``row_wise_setup_s``: what the row-wise sharding group costs every rank per step once
+    it holds any table."""
 
     def __init__(self, dense_s_per_rank: float, compute_tier: Tier, kernel_s: float = 0.0,
-                 row_wise_group_s: float = 0.0) -> None:
+                 row_wise_group_s: float = 0.0, row_wise_setup_s: float = 0.0) -> None:
         self._dense_alone = dense_s_per_rank
         self._dense = dense_s_per_rank
         self._compute_tier = compute_tier
         self._kernel = kernel_s
         self._row_wise_group = row_wise_group_s
+        self._row_wise_setup = row_wise_setup_s
         self.rank_step_s: List[float] = []  # of the last successful partition
 
     def partition(self, proposal: List[ShardingOption], storage_constraint: Topology) -> List[ShardingOption]:
@@ -84,7 +88,8 @@ class TieredPartitioner(Partitioner):
                                PlannerErrorType.PARTITION)
         ranks = [_Rank(free=TieredStorage.of_storage(d.storage)) for d in storage_constraint.devices]
         row_wise = sum(o.sharding_type == ShardingType.ROW_WISE.value for o in options)
-        self._dense = self._dense_alone + (self._row_wise_group * row_wise if len(ranks) > 1 else 0.0)
+        collectives = self._row_wise_setup + self._row_wise_group * row_wise if row_wise and len(ranks) > 1 else 0.0
+        self._dense = self._dense_alone + collectives
         for option in options:
             for shard in option.shards:
                 shard.rank = None
@@ -92,8 +97,13 @@ class TieredPartitioner(Partitioner):
         def load(o: TieredShardingOption) -> float:
             return max([o.cost.compute_s] + list(o.cost.io_s.values()))
 
+        def order(o: TieredShardingOption) -> Tuple[bool, float, float]:
+            # Row-wise options first: each needs room on every rank, which table-wise ones
+            # placed before them would have taken from some.
+            return (o.sharding_type == ShardingType.ROW_WISE.value, o.tier_bytes.get(self._compute_tier, 0.0), load(o))
+
         unplaced: List[str] = []
-        for option in sorted(options, key=lambda o: (o.tier_bytes.get(self._compute_tier, 0.0), load(o)), reverse=True):
+        for option in sorted(options, key=order, reverse=True):
             if option.sharding_type == ShardingType.TABLE_WISE.value:
                 shard = option.shards[0]
                 fits = [r for r, rank in enumerate(ranks) if shard.storage.fits_in(rank.free)]

@@ -12,8 +12,10 @@ each proposal as TorchRec's proposers are:
   slowest rank is proposed row-wise instead (its rows, cache and tier I/O spread over every
   rank); the change is kept when the slowest rank's step shrinks by more than
   ``min_gain``, and undone otherwise. The partitioner's rating counts what a row-wise
-  table costs every rank (its collectives, ``row_wise_group_s`` per row-wise table). One table per proposal, until no table-wise table of
-  the slowest rank is left untried or ``max_trials`` proposals were made.
+  table costs every rank (its sharding group's collectives, ``row_wise_group_s``). A split
+  that leaves other tables without room (its shards take some on every rank) is proposed
+  again with those tables split too, before it is judged. One table per trial, until no
+  table-wise table of the slowest rank is left untried or ``max_trials`` proposals were made.
 
 ``best()`` is the best partitionable proposal seen; the planner partitions it again for the
 final plan.
@@ -44,7 +46,7 @@ class TieredProposer(Proposer):
         self._choice: Dict[str, int] = {}
         self._done = True
         self._best: Optional[Tuple[float, Dict[str, int]]] = None  # (slowest rank's step, choice)
-        self._trial: Optional[Tuple[str, int]] = None  # (fqn, its choice before) in the current proposal
+        self._trial: Optional[Dict[str, int]] = None  # the choice before the current balancing trial
         self._tried: Set[str] = set()
         self._candidates: List[str] = []  # tables of the best proposal's slowest rank to try
         self._trials = 0
@@ -89,9 +91,14 @@ class TieredProposer(Proposer):
         if improved:
             self._best = (float(perf_rating), dict(self._choice))
             self._candidates = self._on_slowest_rank(plan)
-        elif self._trial is not None:  # no better, or it did not partition: undo it
-            fqn, before = self._trial
-            self._choice[fqn] = before
+        elif self._trial is not None:
+            if (not partitionable and plan is not None and self._trials < self._max_trials
+                    and self._next_options_for_unplaced(plan)):
+                # The split left other tables without room (its shards took some on every
+                # rank): the same trial again, those tables split too.
+                self._trials += 1
+                return
+            self._choice = self._trial  # no better, or it cannot partition: undo it
         self._trial = None
         self._done = not self._try_next()
 
@@ -149,7 +156,7 @@ class TieredProposer(Proposer):
                 continue
             self._tried.add(fqn)
             row_wise = next(k for k, o in enumerate(self._options[fqn]) if o.sharding_type == _ROW_WISE)
-            self._trial = (fqn, self._choice[fqn])
+            self._trial = dict(self._choice)
             self._choice[fqn] = row_wise
             self._trials += 1
             return True

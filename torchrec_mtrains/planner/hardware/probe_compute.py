@@ -203,9 +203,9 @@ def probe_compute(quick: bool, work: Path, ranks_per_node: int = 1) -> Tuple[Com
     dense, dense_notes = dense_costs(steps)
     framework, framework_notes = framework_costs(5 if quick else 30, _modeled_dlrm(tbe, tbe_update, dense),
                                                   ranks_per_node, repeats=1 if quick else 3)
-    group_s, group_note = row_wise_group_cost(5 if quick else 30, ranks_per_node, repeats=1 if quick else 3)
-    framework = {**framework, "row_wise_group_s": group_s}
-    framework_notes = {**framework_notes, "row_wise_group_cost": group_note}
+    group, group_notes = row_wise_group_cost(5 if quick else 30, ranks_per_node, repeats=1 if quick else 3)
+    framework = {**framework, **group}
+    framework_notes = {**framework_notes, **group_notes}
     spec = ComputeSpec(tbe_bytes_per_s=_r(tbe), tbe_row_update_bytes_per_s=_r(tbe_update),
                        **{k: _r(v) for k, v in {**tiered, **dense, **framework}.items()})
     return spec, {

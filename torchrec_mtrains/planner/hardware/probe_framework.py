@@ -14,10 +14,13 @@ make single jobs jittery (one job's median step of the same model moved 2x betwe
 back-to-back runs on an idle 2-core VM), so the two table counts alternate ``REPEATS``
 times and each count's median job is fitted.
 
-With more than one rank, ``row_wise_group_cost`` times the few-table job again with one of
-its tables row-wise (a sharding group of its own, whose collectives every rank joins each
-step), alternating with the table-wise job: the difference of the medians is what a
-row-wise group costs a step (``row_wise_group_s``).
+With more than one rank, ``row_wise_group_cost`` times the many-table job with none, a few
+and several of its tables row-wise (``ROW_WISE_COUNTS``: one sharding group, whose
+collectives every rank joins each step), alternating: the line through the medians of the
+two row-wise counts gives what each row-wise table adds (``row_wise_group_s``, its slope)
+and what the group costs once it exists (``row_wise_setup_s``, its excess over the
+table-wise job at none). A one-table probe cannot tell the two apart, and its difference of
+two noisy jobs spread 4.4x between probes.
 
 Each subprocess is ``WORKER`` (``python -m WORKER TABLES BATCH STEPS RANK WORLD PORT`` prints
 its median step seconds; the slowest rank's is the job's): it builds the model with the planner and the sharder, which sit above this
@@ -36,6 +39,7 @@ __all__ = ["framework_costs", "row_wise_group_cost"]
 
 WORKER = "torchrec_mtrains.commands.framework_step"
 TABLE_COUNTS = (2, 12)
+ROW_WISE_COUNTS = (0, 2, 6)  # of the TABLE_COUNTS[1] tables
 REPEATS = 3
 BATCH = 512
 ROWS = 1000
@@ -113,20 +117,30 @@ def framework_costs(steps: int, modeled: Callable[[int, int], float],
     }
 
 
-def row_wise_group_cost(steps: int, ranks: int, repeats: int = REPEATS) -> Tuple[float, str]:
-    """``row_wise_group_s`` and its note: the few-table job with one table row-wise less the
-    same job table-wise (medians of ``repeats`` alternating jobs each). 0 with one rank (a
-    row-wise table then has no peers to exchange with)."""
+def row_wise_group_cost(steps: int, ranks: int, repeats: int = REPEATS) -> Tuple[Dict[str, float], Dict[str, str]]:
+    """``row_wise_group_s`` and ``row_wise_setup_s`` and a note per YAML key: the
+    many-table job with ``ROW_WISE_COUNTS`` of its tables row-wise (medians of ``repeats``
+    alternating jobs each). Both 0 with one rank (a row-wise table then has no peers to
+    exchange with)."""
     if ranks < 2:
-        return 0.0, "one rank per node: no row-wise collectives to pay"
-    tables = TABLE_COUNTS[0]
-    runs: Dict[int, List[float]] = {0: [], 1: []}
+        note = "one rank per node: no row-wise collectives to pay"
+        return {"row_wise_group_s": 0.0, "row_wise_setup_s": 0.0}, {"row_wise_group_cost": note,
+                                                                    "row_wise_setup_cost": note}
+    tables = TABLE_COUNTS[1]
+    runs: Dict[int, List[float]] = {k: [] for k in ROW_WISE_COUNTS}
     for _ in range(max(1, repeats)):
-        for row_wise in (0, 1):
+        for row_wise in ROW_WISE_COUNTS:
             runs[row_wise].append(_run(tables, BATCH, steps, ranks, row_wise))
-    table_wise, one_row_wise = (statistics.median(runs[k]) for k in (0, 1))
-    seen = "; ".join(f"{'1 row-wise' if k else 'all table-wise'}: {statistics.median(v) * 1e3:.2f} ms (jobs: "
+    none, few, several = (statistics.median(runs[k]) for k in ROW_WISE_COUNTS)
+    k_few, k_several = ROW_WISE_COUNTS[1:]
+    per_table = max(0.0, (several - few) / (k_several - k_few))
+    setup = max(0.0, few - per_table * k_few - none)
+    seen = "; ".join(f"{k} row-wise: {statistics.median(v) * 1e3:.2f} ms (jobs: "
                      f"{', '.join(f'{x * 1e3:.1f}' for x in v)})" for k, v in runs.items())
-    return max(0.0, one_row_wise - table_wise), (
-        f"per step on every rank for each row-wise table; the framework_step_cost job with {tables} tables, "
-        f"{ranks} ranks, one table row-wise vs none: {seen}")
+    what = f"the framework_step_cost job with {tables} tables, {ranks} ranks, {seen}"
+    return {"row_wise_group_s": per_table, "row_wise_setup_s": setup}, {
+        "row_wise_group_cost": f"per step on every rank for each row-wise table: the slope between "
+                               f"{k_few} and {k_several} tables row-wise; {what}",
+        "row_wise_setup_cost": f"per step on every rank once any table is row-wise: the line's excess at none "
+                               f"over all table-wise; see row_wise_group_cost",
+    }

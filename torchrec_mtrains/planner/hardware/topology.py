@@ -17,8 +17,9 @@ A profile describes one node type, per rank::
       # optional, measured by probe-hw: lookup_cost, step_background_cpu,
       # lookup_background_cpu (the tiered kernel); dense_mac_cost, dense_activation_cost,
       # dense_layer_cost (a dense layer's cost from its shape); framework_step_cost,
-      # framework_table_cost (the training framework per step), row_wise_group_cost (a
-      # row-wise sharding group's collectives per step); see ComputeSpec
+      # framework_table_cost (the training framework per step), row_wise_group_cost and
+      # row_wise_setup_cost (a row-wise sharding group's collectives per step, per table
+      # and once); see ComputeSpec
     tiers:
       hbm: {capacity: 80GB, read_bandwidth: 2TB/s, write_bandwidth: 2TB/s}
       ssd:
@@ -98,6 +99,7 @@ _COMPUTE_FIELDS: Tuple[_Field, ...] = (
     _Field("framework_step_cost", "framework_step_s", "time", required=False, positive=False),
     _Field("framework_table_cost", "framework_table_s", "time", required=False, positive=False),
     _Field("row_wise_group_cost", "row_wise_group_s", "time", required=False, positive=False),
+    _Field("row_wise_setup_cost", "row_wise_setup_s", "time", required=False, positive=False),
 )
 _OPTIONAL_COMPUTE = frozenset(f.attr for f in _COMPUTE_FIELDS[5:])
 """Compute fields written only when non-zero or noted: profiles without them read back the same."""
