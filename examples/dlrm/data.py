@@ -135,6 +135,7 @@ def table_locality(spec: SyntheticTableSpec, global_batch: int, steps: Optional[
         }
     if steps is not None and spec.num_rows > LARGE_TABLE_ROWS:
         out["rows_written"] = _LargeTableSampler(spec, 0, drift).expected_rows(steps, global_batch)
+        out["run_steps"] = steps
     return out
 
 

@@ -81,6 +81,29 @@ def test_a_miss_costs_its_load_and_its_write_back_on_the_rank_cores() -> None:
     assert parse_topology(text) == topo
 
 
+def test_a_rows_first_miss_reads_nothing_from_the_ssd_tier() -> None:
+    """A table that gives rows_written over run_steps: each step's share of the run's first
+    touches is read from no device (the SSD tier initialises them in place) and costs no
+    load CPU; every miss is still written back. Without run_steps every miss is a read."""
+    ssd = TierSpec(64 * G, 1e9, 8e8, read_iops=50_000, write_iops=1e6, access_bytes=4096, miss_cpu_s=5e-6,
+                   write_back_cpu_s=2e-7)
+    node = dataclasses.replace(_node(2), tiers={**_node(2).tiers, Tier.SSD: ssd})
+    entry = {"name": "big", "num_embeddings": 50_000_000, "embedding_dim": 64, "pooling_factor": 10,
+             "zipf_alpha": 0.9, "rows_written": 3_000_000}
+    unknown = parse_model_spec({"batch_size": 4096, "target_qps": 1.0, "tables": [entry]}).tables[0]
+    run = parse_model_spec({"batch_size": 4096, "target_qps": 1.0,
+                            "tables": [{**entry, "run_steps": 1000}]}).tables[0]
+    assert run.first_touches_per_step(Tier.SSD) == 3000 and run.first_touches_per_step(Tier.SCM) == 0
+    before, after = (table_cost(t, Tier.SSD, 100_000, node, 4096) for t in (unknown, run))
+    misses = unknown.locality.unique_rows_per_step * (1 - before.hit_rate)
+    assert misses > 3000 and after.hit_rate == before.hit_rate
+    assert before.io_s[Tier.SSD] - after.io_s[Tier.SSD] == pytest.approx(3000 / 50_000)  # 3,000 fewer random reads
+    assert before.compute_s - after.compute_s == pytest.approx(3000 * 5e-6)  # their loads; 1 core per rank
+    with pytest.raises(ValueError, match=r"tables\[0\]\.run_steps needs rows_written"):
+        parse_model_spec({"batch_size": 4096, "target_qps": 1.0,
+                          "tables": [{**entry, "rows_written": None, "run_steps": 1000}]})
+
+
 def test_lookup_cost_is_on_the_critical_path_of_tiered_tables() -> None:
     table = _model().tables[0]
     base, more = _node(64), _node(64, lookup_s=1e-7)
@@ -143,11 +166,11 @@ def test_dense_spec_of_a_module_skips_the_embedding_tables() -> None:
 
 def test_profile_keys_of_the_new_figures_round_trip() -> None:
     topo = _node(16, lookup_s=9.6e-8, dense_mac_s=8.5e-11, dense_activation_s=3.3e-9, dense_layer_s=5.7e-4,
-                 framework_step_s=6.3e-3, framework_table_s=8.3e-4)
+                 framework_step_s=6.3e-3, framework_table_s=8.3e-4, row_wise_group_s=4e-4, row_wise_setup_s=1.2e-3)
     text = topology_to_yaml(topo)
     for key in ("cores_per_node: 16", "lookup_cost:", "step_background_cpu:", "lookup_background_cpu:",
                 "dense_mac_cost:", "dense_activation_cost:", "dense_layer_cost:", "framework_step_cost:",
-                "framework_table_cost:"):
+                "framework_table_cost:", "row_wise_group_cost: 400us", "row_wise_setup_cost: 1.2ms"):
         assert key in text
     assert parse_topology(text) == topo
     # Profiles without them read and write as before.

@@ -52,8 +52,11 @@ class TierSpec:
         write-back (every miss of a full cache displaces a row; a clean one is not
         written, so this is an upper bound there)."""
         load = self.row_cpu_s if self.miss_cpu_s is None else self.miss_cpu_s
-        write = self.row_cpu_s if self.write_back_cpu_s is None else self.write_back_cpu_s
-        return load + write
+        return load + self.write_back_cpu()
+
+    def write_back_cpu(self) -> float:
+        """Host CPU seconds one evicted row's write-back costs the row path."""
+        return self.row_cpu_s if self.write_back_cpu_s is None else self.write_back_cpu_s
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ __all__ = ["LAZY_TIERS", "DenseSpec", "ModelSpec", "ModelTable", "dense_spec_of"
 
 _TOP_KEYS = {"batch_size", "target_qps", "dtype", "optimizer", "tables", "dense_layers", "input_time_per_sample"}
 _TABLE_KEYS = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_alpha", "reuse_histogram",
-               "reuse_trace_steps", "trace", "trace_table", "count", "rows_written", "drift", "sequence"}
+               "reuse_trace_steps", "trace", "trace_table", "count", "rows_written", "run_steps", "drift", "sequence"}
 _LOCALITY_KEYS = ("zipf_alpha", "reuse_histogram", "trace")
 # Tiers whose stores take space only for rows written (the block store's sparse log); the
 # SCM store reserves its whole file at creation.
@@ -50,6 +50,9 @@ class ModelTable:
     # Distinct rows the job writes (None: all). A tier that initialises rows lazily (SSD)
     # holds only these; the others hold the whole table.
     rows_written: Optional[int] = None
+    # The steps of the run ``rows_written`` is for: its rows' first touches, which read
+    # nothing from a lazy tier, are spread over them (None: not known, every miss a read).
+    run_steps: Optional[int] = None
     # Set by a ParameterConstraints (the StorageAwarePlanner's): the tier placement must
     # keep the table on (its backing tier, or the compute tier for the table whole), and
     # its cache rows (None: placement sizes the cache).
@@ -72,6 +75,13 @@ class ModelTable:
         if tier in LAZY_TIERS and self.rows_written is not None:
             return float(min(self.rows_written, self.num_embeddings)) * self.row_bytes
         return self.bytes
+
+    def first_touches_per_step(self, tier: Tier) -> float:
+        """Rows a step touches for the first time in the run, on average: on a lazy tier
+        they are initialised in place, not read. 0 where the run is not known."""
+        if tier not in LAZY_TIERS or self.rows_written is None or not self.run_steps:
+            return 0.0
+        return min(self.rows_written, self.num_embeddings) / self.run_steps
 
     @property
     def lookups_per_sample(self) -> float:
@@ -227,12 +237,17 @@ def _table(where: str, entry: Any, batch_size: int, dtype: str, optimizer: str, 
     written = entry.get("rows_written")
     if written is not None:
         written = int(_number(f"{where}.rows_written", written, integer=True))
+    run_steps = entry.get("run_steps")
+    if run_steps is not None:
+        if written is None:
+            raise ValueError(f"{where}.run_steps needs rows_written (the rows the run of those steps writes)")
+        run_steps = int(_number(f"{where}.run_steps", run_steps, integer=True))
     sequence = entry.get("sequence", False)
     if not isinstance(sequence, bool):
         raise ValueError(f"{where}.sequence={sequence!r} must be true or false")
     rb = row_bytes(dim, dtype, optimizer)
     names = [name] if count == 1 else [f"{name}_{i}" for i in range(count)]
-    return [ModelTable(n, rows, dim, pooling, rb, curve, written, sequence=sequence) for n in names]
+    return [ModelTable(n, rows, dim, pooling, rb, curve, written, run_steps, sequence=sequence) for n in names]
 
 
 def parse_model_spec(doc: Any, base_dir: str = ".") -> ModelSpec:
