@@ -74,19 +74,21 @@ def test_a_miss_costs_its_load_and_its_write_back_on_the_rank_cores() -> None:
     assert only_load - base == pytest.approx(misses * 4e-6 / 2)
     # The profile keys round-trip.
     node = _node(4)
-    tiers = {**node.tiers, Tier.SCM: dataclasses.replace(node.tiers[Tier.SCM], miss_cpu_s=3e-6, write_back_cpu_s=1e-7)}
+    tiers = {**node.tiers, Tier.SCM: dataclasses.replace(node.tiers[Tier.SCM], miss_cpu_s=3e-6, write_back_cpu_s=1e-7,
+                                                         first_touch_cpu_s=6e-7)}
     topo = dataclasses.replace(node, tiers=tiers)
     text = topology_to_yaml(topo)
-    assert "miss_cpu_cost: 3us" in text and "write_back_cpu_cost: 100ns" in text
+    assert "miss_cpu_cost: 3us" in text and "write_back_cpu_cost: 100ns" in text and "first_touch_cpu_cost: 600ns" in text
     assert parse_topology(text) == topo
 
 
 def test_a_rows_first_miss_reads_nothing_from_the_ssd_tier() -> None:
     """A table that gives rows_written over run_steps: each step's share of the run's first
-    touches is read from no device (the SSD tier initialises them in place) and costs no
-    load CPU; every miss is still written back. Without run_steps every miss is a read."""
+    touches is read from no device (the SSD tier initialises them in place) and costs the
+    CPU of making a row instead of loading one; every miss is still written back. Without
+    run_steps every miss is a read."""
     ssd = TierSpec(64 * G, 1e9, 8e8, read_iops=50_000, write_iops=1e6, access_bytes=4096, miss_cpu_s=5e-6,
-                   write_back_cpu_s=2e-7)
+                   write_back_cpu_s=2e-7, first_touch_cpu_s=6e-7)
     node = dataclasses.replace(_node(2), tiers={**_node(2).tiers, Tier.SSD: ssd})
     entry = {"name": "big", "num_embeddings": 50_000_000, "embedding_dim": 64, "pooling_factor": 10,
              "zipf_alpha": 0.9, "rows_written": 3_000_000}
@@ -98,7 +100,10 @@ def test_a_rows_first_miss_reads_nothing_from_the_ssd_tier() -> None:
     misses = unknown.locality.unique_rows_per_step * (1 - before.hit_rate)
     assert misses > 3000 and after.hit_rate == before.hit_rate
     assert before.io_s[Tier.SSD] - after.io_s[Tier.SSD] == pytest.approx(3000 / 50_000)  # 3,000 fewer random reads
-    assert before.compute_s - after.compute_s == pytest.approx(3000 * 5e-6)  # their loads; 1 core per rank
+    assert before.compute_s - after.compute_s == pytest.approx(3000 * (5e-6 - 6e-7))  # made, not loaded; 1 core a rank
+    # A profile without first_touch_cpu_cost charges a first touch as a load.
+    unprobed = dataclasses.replace(node, tiers={**node.tiers, Tier.SSD: dataclasses.replace(ssd, first_touch_cpu_s=None)})
+    assert table_cost(run, Tier.SSD, 100_000, unprobed, 4096).compute_s == pytest.approx(before.compute_s)
     with pytest.raises(ValueError, match=r"tables\[0\]\.run_steps needs rows_written"):
         parse_model_spec({"batch_size": 4096, "target_qps": 1.0,
                           "tables": [{**entry, "rows_written": None, "run_steps": 1000}]})

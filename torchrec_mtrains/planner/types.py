@@ -35,6 +35,9 @@ class TierSpec:
             None: ``row_cpu_s``.
         write_back_cpu_s: host CPU seconds per evicted row the kernel writes back to the
             tier; None: ``row_cpu_s``.
+        first_touch_cpu_s: host CPU seconds per row a lazy tier (SSD) makes on its first
+            miss in a run (its slot planned, the row initialised in place, no read);
+            None: ``miss_cpu_s``'s load cost.
     """
 
     capacity_bytes: float
@@ -46,6 +49,7 @@ class TierSpec:
     row_cpu_s: float = 0.0
     miss_cpu_s: Optional[float] = None
     write_back_cpu_s: Optional[float] = None
+    first_touch_cpu_s: Optional[float] = None
 
     def cpu_per_miss(self) -> float:
         """Host CPU seconds one miss costs the row path: its load and its eviction's
@@ -53,6 +57,14 @@ class TierSpec:
         written, so this is an upper bound there)."""
         load = self.row_cpu_s if self.miss_cpu_s is None else self.miss_cpu_s
         return load + self.write_back_cpu()
+
+    def cpu_per_first_touch(self) -> float:
+        """Host CPU seconds a row's first miss costs the row path: made in place, and its
+        eviction's write-back."""
+        made = self.first_touch_cpu_s
+        if made is None:
+            made = self.row_cpu_s if self.miss_cpu_s is None else self.miss_cpu_s
+        return made + self.write_back_cpu()
 
     def write_back_cpu(self) -> float:
         """Host CPU seconds one evicted row's write-back costs the row path."""

@@ -43,7 +43,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from torchrec_mtrains.planner.hardware.fio import FioJob, FioUnavailable, run_fio
-from torchrec_mtrains.planner.hardware.probe_row_path import row_path_cpu
+from torchrec_mtrains.planner.hardware.probe_row_path import BATCH, POOLING, first_touch_cpu, row_path_cpu
 from torchrec_mtrains.planner.hardware.topology import topology_to_yaml
 from torchrec_mtrains.planner.hardware.units import format_quantity
 from torchrec_mtrains.planner.types import TieredTopology, TierSpec
@@ -260,7 +260,7 @@ def probe_scm(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
                     access_bytes=MEMORY_ACCESS_BYTES, row_cpu_s=_round(cpu_per_row),
                     miss_cpu_s=_round(miss_cpu), write_back_cpu_s=_round(write_back_cpu)), {
         "row_cpu_cost": "process CPU time per row read or written in the measurements above",
-        "miss_cpu_cost": f"the kernel's CPU per row loaded (read, checksum, into its slot); {how}",
+        "miss_cpu_cost": f"the kernel's CPU per row loaded (its slot planned, read, checksum, into its slot); {how}",
         "write_back_cpu_cost": "the kernel's CPU per evicted row written back; same run",
         "capacity": f"{cfg.storage_fraction:g} x free space of {work.parent} / {cfg.ranks_per_node} ranks (shared with ssd)",
         "read_bandwidth": f"{_rows(reads)} rows/s; {what} (page cache: no PMem/CXL here)",
@@ -299,12 +299,15 @@ def probe_ssd(cfg: ProbeConfig, work: Path) -> tuple[TierSpec, Dict[str, str]]:
     }
     notes["read_iops"] += "; " + _fio_note(cfg, work)
     miss_cpu, write_back_cpu, how = row_path_cpu(Tier.SSD, work, rows, cfg.seconds)
-    notes["miss_cpu_cost"] = f"the kernel's CPU per row loaded (block read submitted and completed, checked, into its slot); {how}"
+    notes["miss_cpu_cost"] = (f"the kernel's CPU per row loaded (its slot planned, block read submitted and "
+                              f"completed, checked, into its slot); {how}")
     notes["write_back_cpu_cost"] = "the kernel's CPU per evicted row written back (packed, appended to the log); same run"
+    first_touch, how = first_touch_cpu(Tier.SSD, work, max(rows, 16 * BATCH * POOLING), cfg.seconds)
+    notes["first_touch_cpu_cost"] = f"the kernel's CPU per row made on its first miss (no read); {how}"
     spec = TierSpec(_free_bytes(cfg), _round(reads * BLOCK_BYTES), _round(writes * ROW_BYTES),
                     read_iops=_round(reads), write_iops=_round(writes), access_bytes=BLOCK_BYTES,
                     row_cpu_s=_round(cpu_per_row), miss_cpu_s=_round(miss_cpu),
-                    write_back_cpu_s=_round(write_back_cpu))
+                    write_back_cpu_s=_round(write_back_cpu), first_touch_cpu_s=_round(first_touch))
     return spec, notes
 
 

@@ -1,12 +1,15 @@
 """The tiered kernel's row path on one tier, measured: host CPU per row it loads from the
-tier and per evicted row it writes back (``mtrains probe-hw``: ``miss_cpu_cost`` and
-``write_back_cpu_cost`` of the SCM and SSD tiers).
+tier (its slot planned, the row read, checked and copied in) and per evicted row it writes
+back (``mtrains probe-hw``: ``miss_cpu_cost`` and ``write_back_cpu_cost`` of the SCM and SSD
+tiers), and on the SSD tier per row made on its first miss (``first_touch_cpu_cost``).
 
 A ``TieredEmbeddingBags`` table on the tier, every row written first (so loads read real
 rows), a cache of a tenth of it, trains Zipf(1.05) batches; the kernel's own stage counters
 (``cache_stats()``: CPU time of the thread that ran each stage) give the figures over the
-steps after the cache filled. Moves run inline (no prefetch threads): the CPU of a stage
-is the same on whichever thread runs it, and nothing else competes for the cores here.
+steps after the cache filled. For first touches the table is never written and each step
+draws rows no earlier step drew: every load is a row made in place. Moves run inline (no
+prefetch threads): the CPU of a stage is the same on whichever thread runs it, and nothing
+else competes for the cores here.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from torchrec_mtrains.types import Tier
 
-__all__ = ["row_path_cpu"]
+__all__ = ["first_touch_cpu", "row_path_cpu"]
 
 DIM = 128  # 516-B rows with the row-wise Adagrad state value
 BATCH, POOLING = 2048, 20
@@ -62,12 +65,56 @@ def row_path_cpu(tier: Tier, work: Path, rows: int, seconds: float) -> Tuple[flo
         kernel.close()
     loads = after["rows_loaded"] - before["rows_loaded"]
     write_backs = after["rows_written_back"] - before["rows_written_back"]
-    load_ns = sum(_total(after, before, s, "rows_loaded") for s in ("read", "verify", "copy"))
+    load_ns = _load_ns(after, before)
     write_ns = _total(after, before, "write_back", "rows_written_back")
     note = (f"TieredEmbeddingBags on {tier.name}, {rows:,} x {DIM} fp32 all written, cache 10%, Zipf 1.05 batches "
             f"of {BATCH} x {POOLING}, {steps} steps: {loads / steps:,.0f} loads and {write_backs / steps:,.0f} "
             f"write-backs per step (cache_stats' stage CPU)")
     return load_ns * 1e-9 / max(1, loads), write_ns * 1e-9 / max(1, write_backs), note
+
+
+def first_touch_cpu(tier: Tier, work: Path, rows: int, seconds: float) -> Tuple[float, str]:
+    """(CPU seconds per row made on its first miss, a note saying how) of the kernel's row
+    path on ``tier``, its table of ``rows`` rows in ``work`` never written."""
+    from torchrec_mtrains.kernels import TieredEmbeddingBags
+
+    per_step = BATCH * POOLING
+    cache = max(64, rows // 10)
+    kernel = TieredEmbeddingBags([(rows, DIM)], tier=tier, cache_rows=[cache],
+                                 storage_dir=str(work / f"first_touch_{tier.name.lower()}"), learning_rate=0.01,
+                                 prefetch_pipeline=False)
+    perm = torch.from_numpy(np.random.default_rng(0).permutation(rows))
+    offsets = torch.arange(0, per_step + 1, POOLING)
+    fresh = iter(range(0, rows - per_step + 1, per_step))
+
+    def step() -> bool:
+        start = next(fresh, None)
+        if start is None:
+            return False
+        kernel(perm[start:start + per_step], offsets).sum().backward()
+        return True
+
+    try:
+        while _stats(kernel)["evictions"] < cache and step():  # the cache full: every miss evicts
+            pass
+        before, t0, steps = _stats(kernel), time.perf_counter(), 0
+        while (time.perf_counter() - t0 < seconds or steps < 3) and step():
+            steps += 1
+        after = _stats(kernel)
+    finally:
+        kernel.close()
+    if steps < 3:
+        raise ValueError(f"first_touch_cpu: {rows:,} rows leave fewer than 3 steps of fresh rows after the cache fills")
+    loads = after["rows_loaded"] - before["rows_loaded"]
+    note = (f"TieredEmbeddingBags on {tier.name}, {rows:,} x {DIM} fp32 never written, cache 10%, batches of "
+            f"{BATCH} x {POOLING} rows no earlier step drew, {steps} steps: {loads / steps:,.0f} rows made per step "
+            f"(cache_stats' stage CPU: plan, read, check, copy)")
+    return _load_ns(after, before) * 1e-9 / max(1, loads), note
+
+
+def _load_ns(after: Dict[str, float], before: Dict[str, float]) -> float:
+    """CPU ns of the stages that load rows (the plan that gives them slots included)."""
+    return sum(_total(after, before, s, "rows_loaded") for s in ("plan", "read", "verify", "copy"))
 
 
 def _stats(kernel: torch.nn.Module) -> Dict[str, float]:

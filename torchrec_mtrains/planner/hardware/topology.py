@@ -83,6 +83,7 @@ _TIER_FIELDS: Tuple[_Field, ...] = (
     _Field("row_cpu_cost", "row_cpu_s", "time", required=False, positive=False),
     _Field("miss_cpu_cost", "miss_cpu_s", "time", required=False, positive=False),
     _Field("write_back_cpu_cost", "write_back_cpu_s", "time", required=False, positive=False),
+    _Field("first_touch_cpu_cost", "first_touch_cpu_s", "time", required=False, positive=False),
 )
 _COMPUTE_FIELDS: Tuple[_Field, ...] = (
     _Field("tbe_bandwidth", "tbe_bytes_per_s", "bandwidth"),

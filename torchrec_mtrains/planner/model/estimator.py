@@ -118,7 +118,7 @@ def table_cost(
     io[tier] = _device_seconds(dev, reads, table.row_bytes, False) + _device_seconds(
         dev, device_misses, table.row_bytes, True, appended=tier is Tier.SSD)
     if topo.compute_device == "cpu":  # the worker threads and their row moves share the rank's cores
-        row_moves = reads * dev.cpu_per_miss() + (device_misses - reads) * dev.write_back_cpu()
+        row_moves = reads * dev.cpu_per_miss() + (device_misses - reads) * dev.cpu_per_first_touch()
         compute += (background + row_moves) / topo.cores_per_rank()
     if topo.compute_device == "cuda" and topo.host_device_bytes_per_s:
         link = 2 * misses * table.row_bytes / topo.host_device_bytes_per_s
