@@ -43,27 +43,41 @@ uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+namespace {
+
+// Writes the row's `dim` uniform values through `put(j, v)`: one loop per dtype, so the
+// fp32 one has no branch inside and the compiler vectorises it.
+template <typename Put>
+void UniformValues(uint64_t base, float flo, float span, uint32_t dim, Put put) {
+  for (uint32_t j = 0; j < dim; ++j) {
+    const uint64_t r = Mix(base + (uint64_t(j) + 1) * 0x9E3779B97F4A7C15ull);
+    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+    put(j, flo + span * u);
+  }
+}
+
+}  // namespace
+
 void LazyInitRow(uint64_t seed, uint64_t row, double lo, double hi, uint32_t dim,
                  uint32_t state_dim, DType dtype, uint8_t* out) {
   const uint64_t base = Mix(seed ^ 0x9E3779B97F4A7C15ull) ^ Mix(row + 0x632BE59BD9B4E019ull);
   const float span = static_cast<float>(hi - lo), flo = static_cast<float>(lo);
-  for (uint32_t j = 0; j < dim; ++j) {
-    const uint64_t r = Mix(base + (uint64_t(j) + 1) * 0x9E3779B97F4A7C15ull);
-    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
-    const float v = flo + span * u;
-    switch (dtype) {
-      case DType::kFloat32: std::memcpy(out + 4 * j, &v, 4); break;
-      case DType::kFloat16: {
+  switch (dtype) {
+    case DType::kFloat32:
+      UniformValues(base, flo, span, dim, [out](uint32_t j, float v) { std::memcpy(out + 4 * j, &v, 4); });
+      break;
+    case DType::kFloat16:
+      UniformValues(base, flo, span, dim, [out](uint32_t j, float v) {
         const uint16_t h = FloatToHalf(v);
         std::memcpy(out + 2 * j, &h, 2);
-        break;
-      }
-      case DType::kBFloat16: {
+      });
+      break;
+    case DType::kBFloat16:
+      UniformValues(base, flo, span, dim, [out](uint32_t j, float v) {
         const uint16_t b = FloatToBFloat16(v);
         std::memcpy(out + 2 * j, &b, 2);
-        break;
-      }
-    }
+      });
+      break;
   }
   std::memset(out + size_t(dim) * DTypeBytes(dtype), 0, size_t(state_dim) * DTypeBytes(dtype));
 }
