@@ -12,7 +12,8 @@ each proposal as TorchRec's proposers are:
   slowest rank is proposed row-wise instead (its rows, cache and tier I/O spread over every
   rank); the change is kept when the slowest rank's step shrinks by more than
   ``min_gain``, and undone otherwise. The partitioner's rating counts what a row-wise
-  table costs every rank (its sharding group's collectives, ``row_wise_group_s``). A split
+  table costs every rank (its sharding group's collectives: ``row_wise_setup_s`` once,
+  ``row_wise_group_s`` per table). A split
   that leaves other tables without room (its shards take some on every rank) is proposed
   again with those tables split too, before it is judged. One table per trial, until no
   table-wise table of the slowest rank is left untried or ``max_trials`` proposals were made.
