@@ -217,21 +217,21 @@ class StorageAwarePlanner(ShardingPlanner):
         for share in COMPUTE_TIER_SHARES:
             try:
                 placement = self.place(module, {**self.budget_bytes, compute_tier: pooled * share})
+                found = self._search_placement(module, sharders, placement, compute_tier)
             except PlacementError as e:
                 error = error or e
                 continue
-            found, error = self._search_placement(module, sharders, placement, compute_tier, error)
-            if found is not None and (best is None or max(found[3]) < max(best[3])):
-                best = (*found, self.last_model)
+            if best is None or max(found[3]) < max(best[3]):
+                best = found
         if best is None:
             raise error
-        self.last_placement, self.last_model = best[0], best[4]
-        return best[:4]
+        self.last_placement = best[0]  # place() left the last share's
+        return best
 
     def _search_placement(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]], placement: Placement,
-                          compute_tier: Tier, error: Optional[Exception]):
-        """The proposals of one placement: ((placement, options, topology, rank steps) of
-        the best that partitions, or None; the first error seen)."""
+                          compute_tier: Tier):
+        """The proposals of one placement: (placement, options, topology, rank steps) of the
+        best that partitions; PlacementError when none does."""
         dense = dense_step_seconds(self.last_model, self.topology, self.world_size)
         topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
         estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
@@ -253,11 +253,11 @@ class StorageAwarePlanner(ShardingPlanner):
             proposer.feedback(partitionable=True, plan=options, perf_rating=max(partitioner.rank_step_s),
                               storage_constraint=topology)
         best = proposer.best()
-        if best is not None:  # partitioned again: later proposals moved the shards
-            options = partitioner.partition(best, topology)
-            return (placement, options, topology, list(partitioner.rank_step_s)), error
-        return None, error or PlacementError(f"{len(self.last_model.tables)} tables on {self.world_size} ranks of "
-                                             f"{self.topology.name}: {last}")
+        if best is None:
+            raise PlacementError(f"{len(self.last_model.tables)} tables on {self.world_size} ranks of "
+                                 f"{self.topology.name}: {last}")
+        options = partitioner.partition(best, topology)  # again: later proposals moved the shards
+        return placement, options, topology, list(partitioner.rank_step_s)
 
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         from torchrec_mtrains.sharding import (
