@@ -81,7 +81,7 @@ def replay_layout(steps: Sequence[np.ndarray], capacity: int, rows_per_block: in
     where: dict[int, int] = {}  # row -> its current block in the log
     blocks: list[list[int]] = []  # block -> the rows written to it
     count: dict[int, int] = {}  # accesses so far
-    taken: set[int] = set()  # rows taken with a block, not yet hit or evicted
+    taken: dict[int, bool] = {}  # rows taken with a block, not yet hit or evicted -> taken in a counted step
     open_block: list[int] = []
     uses: dict[int, list[int]] = {}  # row -> the steps that use it, ascending (for ``window``)
     if coload == "window":
@@ -111,7 +111,7 @@ def replay_layout(steps: Sequence[np.ndarray], capacity: int, rows_per_block: in
     def evict(n: int, out: list[int]) -> None:
         for _ in range(n):
             row, dirty = cache.popitem(last=False)
-            taken.discard(row)
+            taken.pop(row, None)
             if dirty:
                 out.append(row)
 
@@ -126,8 +126,7 @@ def replay_layout(steps: Sequence[np.ndarray], capacity: int, rows_per_block: in
                 cache.move_to_end(r)
                 cache[r] = True
                 if r in taken:
-                    taken.discard(r)
-                    c["coloaded_hit"] += counting
+                    c["coloaded_hit"] += taken.pop(r)  # a row taken before the counted steps is not counted
                 c["hits"] += counting
                 continue
             misses.append(r)
@@ -161,7 +160,7 @@ def replay_layout(steps: Sequence[np.ndarray], capacity: int, rows_per_block: in
                     cache[r] = False
                     if coload == "cold":
                         cache.move_to_end(r, last=False)
-                    taken.add(r)
+                    taken[r] = counting
                     c["coloaded"] += counting
         append(written)
     return LayoutResult(**c)
