@@ -149,12 +149,11 @@ def replay_layout(steps: Sequence[np.ndarray], capacity: int, rows_per_block: in
                 for r in blocks[b]:
                     if r in step_rows or r in cache or where.get(r) != b:
                         continue
-                    coldest = next(iter(cache))
                     if coload == "window":
                         if not in_window(r, step):
                             continue
-                    elif len(cache) >= capacity and count.get(r, 0) <= count.get(coldest, 0):
-                        continue
+                    elif len(cache) >= capacity and count.get(r, 0) <= count.get(next(iter(cache)), 0):
+                        continue  # no more accessed than the coldest row
                     if len(cache) >= capacity:
                         evict(1, written)
                     cache[r] = False

@@ -55,16 +55,17 @@ class TierSpec:
         """Host CPU seconds one miss costs the row path: its load and its eviction's
         write-back (every miss of a full cache displaces a row; a clean one is not
         written, so this is an upper bound there)."""
-        load = self.row_cpu_s if self.miss_cpu_s is None else self.miss_cpu_s
-        return load + self.write_back_cpu()
+        return self.load_cpu() + self.write_back_cpu()
 
     def cpu_per_first_touch(self) -> float:
         """Host CPU seconds a row's first miss costs the row path: made in place, and its
         eviction's write-back."""
-        made = self.first_touch_cpu_s
-        if made is None:
-            made = self.row_cpu_s if self.miss_cpu_s is None else self.miss_cpu_s
+        made = self.load_cpu() if self.first_touch_cpu_s is None else self.first_touch_cpu_s
         return made + self.write_back_cpu()
+
+    def load_cpu(self) -> float:
+        """Host CPU seconds one row's load from the tier costs the row path."""
+        return self.row_cpu_s if self.miss_cpu_s is None else self.miss_cpu_s
 
     def write_back_cpu(self) -> float:
         """Host CPU seconds one evicted row's write-back costs the row path."""

@@ -33,11 +33,7 @@ _WRITE_CHUNK = 65_536
 def row_path_cpu(tier: Tier, work: Path, rows: int, seconds: float) -> Tuple[float, float, str]:
     """(CPU seconds per row loaded, per row written back, a note saying how) of the kernel's
     row path on ``tier``, its table of ``rows`` rows in ``work``."""
-    from torchrec_mtrains.kernels import TieredEmbeddingBags
-
-    kernel = TieredEmbeddingBags([(rows, DIM)], tier=tier, cache_rows=[max(64, rows // 10)],
-                                 storage_dir=str(work / f"row_path_{tier.name.lower()}"), learning_rate=0.01,
-                                 prefetch_pipeline=False)
+    kernel = _kernel(tier, work / f"row_path_{tier.name.lower()}", rows)
     try:
         gen = torch.Generator().manual_seed(0)
         for start in range(0, rows, _WRITE_CHUNK):
@@ -54,7 +50,7 @@ def row_path_cpu(tier: Tier, work: Path, rows: int, seconds: float) -> Tuple[flo
             kernel(ids, offsets[: ids.numel() // POOLING + 1]).sum().backward()
 
         # Warm up until the cache is full (every later miss evicts a row).
-        while _stats(kernel)["evictions"] < rows // 10:
+        while _stats(kernel)["evictions"] < _cache_rows(rows):
             step()
         before, t0, steps = _stats(kernel), time.perf_counter(), 0
         while time.perf_counter() - t0 < seconds or steps < 3:
@@ -76,13 +72,9 @@ def row_path_cpu(tier: Tier, work: Path, rows: int, seconds: float) -> Tuple[flo
 def first_touch_cpu(tier: Tier, work: Path, rows: int, seconds: float) -> Tuple[float, str]:
     """(CPU seconds per row made on its first miss, a note saying how) of the kernel's row
     path on ``tier``, its table of ``rows`` rows in ``work`` never written."""
-    from torchrec_mtrains.kernels import TieredEmbeddingBags
-
     per_step = BATCH * POOLING
-    cache = max(64, rows // 10)
-    kernel = TieredEmbeddingBags([(rows, DIM)], tier=tier, cache_rows=[cache],
-                                 storage_dir=str(work / f"first_touch_{tier.name.lower()}"), learning_rate=0.01,
-                                 prefetch_pipeline=False)
+    cache = _cache_rows(rows)
+    kernel = _kernel(tier, work / f"first_touch_{tier.name.lower()}", rows)
     perm = torch.from_numpy(np.random.default_rng(0).permutation(rows))
     offsets = torch.arange(0, per_step + 1, POOLING)
     fresh = iter(range(0, rows - per_step + 1, per_step))
@@ -110,6 +102,19 @@ def first_touch_cpu(tier: Tier, work: Path, rows: int, seconds: float) -> Tuple[
             f"{BATCH} x {POOLING} rows no earlier step drew, {steps} steps: {loads / steps:,.0f} rows made per step "
             f"(cache_stats' stage CPU: plan, read, check, copy)")
     return _load_ns(after, before) * 1e-9 / max(1, loads), note
+
+
+def _cache_rows(rows: int) -> int:
+    return max(64, rows // 10)
+
+
+def _kernel(tier: Tier, directory: Path, rows: int) -> torch.nn.Module:
+    """The probe's table: ``rows`` x DIM on ``tier`` in ``directory``, a tenth of it cached,
+    moves inline."""
+    from torchrec_mtrains.kernels import TieredEmbeddingBags
+
+    return TieredEmbeddingBags([(rows, DIM)], tier=tier, cache_rows=[_cache_rows(rows)], storage_dir=str(directory),
+                               learning_rate=0.01, prefetch_pipeline=False)
 
 
 def _load_ns(after: Dict[str, float], before: Dict[str, float]) -> float:
