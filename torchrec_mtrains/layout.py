@@ -4,7 +4,8 @@ The kernel's row codec, the backing stores' row widths, sharding's space checks 
 planner's model spec all take a row's size from here. The layout is
 FBGEMM's TBE on the CPU: ``dim`` weights in the table's precision, then the optimizer's
 fp32 state (one value per row for row-wise Adagrad, one per weight for Adagrad, none for
-SGD). A store row keeps the state's bits as they are: one fp32 slot per value, or two
+SGD; Adam and LAMB: momentum1 per weight, then momentum2 per weight, or one per row for
+their partial row-wise forms). A store row keeps the state's bits as they are: one fp32 slot per value, or two
 fp16 slots per value in an fp16 table (a reinterpretation of its bytes, never a
 conversion).
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = ["OPTIMIZERS", "PRECISIONS", "SHORT_OPTIMIZER_NAMES", "TableLayout", "optimizer_name", "precision_name"]
 
@@ -35,11 +36,19 @@ _PRECISIONS: Dict[str, _Precision] = {
     "fp16": _Precision(2, "float16"),
 }
 
-# FBGEMM EmbOptimType values -> fp32 optimizer-state values per row, as a function of dim.
-_OPTIMIZERS: Dict[str, Callable[[int], int]] = {
-    "exact_row_wise_adagrad": lambda dim: 1,
-    "exact_adagrad": lambda dim: dim,
-    "exact_sgd": lambda dim: 0,
+# FBGEMM EmbOptimType values -> a row's fp32 optimizer state, as FBGEMM's
+# split_optimizer_states gives it: each part's values per row, as a function of dim. A
+# part of one value per row is FBGEMM's 1-D (row-wise) state.
+_OPTIMIZERS: Dict[str, Callable[[int], Tuple[int, ...]]] = {
+    "exact_row_wise_adagrad": lambda dim: (1,),
+    "exact_adagrad": lambda dim: (dim,),
+    "exact_sgd": lambda dim: (),
+    # momentum1 (exp_avg) and momentum2 (exp_avg_sq); the partial row-wise ones keep one
+    # momentum2 per row.
+    "adam": lambda dim: (dim, dim),
+    "partial_row_wise_adam": lambda dim: (dim, 1),
+    "lamb": lambda dim: (dim, dim),
+    "partial_row_wise_lamb": lambda dim: (dim, 1),
 }
 
 # The names the planner's MODEL.yaml uses for the same optimizers.
@@ -47,6 +56,8 @@ _SHORT_NAMES: Mapping[str, str] = {
     "rowwise_adagrad": "exact_row_wise_adagrad",
     "adagrad": "exact_adagrad",
     "sgd": "exact_sgd",
+    "partial_rowwise_adam": "partial_row_wise_adam",
+    "partial_rowwise_lamb": "partial_row_wise_lamb",
 }
 
 PRECISIONS: Tuple[str, ...] = tuple(_PRECISIONS)
@@ -139,7 +150,14 @@ class TableLayout:
 
     @property
     def state_values(self) -> int:
-        """fp32 optimizer-state values per row: 1 (row-wise Adagrad), dim (Adagrad), 0 (SGD)."""
+        """fp32 optimizer-state values per row: 1 (row-wise Adagrad), dim (Adagrad), 0 (SGD),
+        2 dim (Adam, LAMB), dim + 1 (partial row-wise Adam and LAMB)."""
+        return sum(self.state_parts)
+
+    @property
+    def state_parts(self) -> Tuple[int, ...]:
+        """Values per row of each part of the state, in FBGEMM's order (Adam and LAMB:
+        momentum1 then momentum2); a part of 1 is one value per row."""
         return _OPTIMIZERS[self.optimizer](self.dim)
 
     @property
@@ -170,7 +188,18 @@ class TableLayout:
     def state_shape(self, rows: int) -> Optional[Tuple[int, ...]]:
         """Shape of the optimizer state of ``rows`` rows in FBGEMM's layout
         (``split_optimizer_states``): ``(rows,)`` row-wise, ``(rows, dim)`` per weight,
-        None without state (SGD)."""
+        None without state (SGD); an optimizer of several parts (Adam, LAMB) as one
+        ``(rows, state_values)`` block, its parts side by side (``split_state``)."""
         if self.state_values == 0:
             return None
         return (rows,) if self.state_values == 1 else (rows, self.state_values)
+
+    def split_state(self, state: "Any") -> List["Any"]:
+        """FBGEMM's parts of a ``(rows, state_values)`` state block (a torch tensor):
+        ``[rows]`` for a part of one value per row, else ``[rows, values]``."""
+        parts, start = [], 0
+        for width in self.state_parts:
+            part = state[:, start:start + width]
+            parts.append(part.reshape(-1) if width == 1 else part)
+            start += width
+        return parts

@@ -2,7 +2,9 @@
 
 Table t of one ``SplitTableBatchedEmbeddingBagsCodegen`` (HOST/CPU) has a row per slot of
 table t's cache, plus room for its overflow pool; a step's indices remapped to slots make
-forward, backward and the fused optimizer FBGEMM's own code. When an overflow pool
+forward, backward and the fused optimizer FBGEMM's own code -- or, for the optimizers
+FBGEMM's CPU TBE does not train (Adam, LAMB), FBGEMM's forward and the kernel's own
+update of the same slots (``adam_family.py``). When an overflow pool
 outgrows the TBE, rows loaded for slots past its end wait (``deferred``) and the TBE is
 rebuilt larger between steps.
 """
@@ -14,12 +16,15 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
+from torchrec_mtrains.kernels.adam_family import AdamTerms, AdamUpdate, is_adam_family
 from torchrec_mtrains.kernels.config import TieredConfig
+from torchrec_mtrains.kernels.tbe_settings import ADAM_TERMS
 from torchrec_mtrains.kernels.row_codec import RowCodec
 
 __all__ = ["CacheSlots", "Deferred"]
@@ -63,23 +68,41 @@ class CacheSlots:
         self._feature_table_map = feature_table_map
         self.learning_rate = config.learning_rate  # kept when the TBE is rebuilt
         self.deferred: List[Deferred] = []
+        # The Adam family's update (None: FBGEMM's fused optimizer trains the TBE).
+        self.adam: Optional[AdamUpdate] = None
+        if is_adam_family(config.optimizer):
+            settings = dict(config.tbe_settings)
+            self.adam = AdamUpdate(config.optimizer, AdamTerms.from_settings(settings), config.eps,
+                                   config.pooling_mode, feature_table_map or list(range(len(specs))))
         self._build(rows)
 
     def _build(self, rows: List[int]) -> None:
         config = self._config
+        settings = dict(config.tbe_settings)  # FBGEMM's settings the kernel passes on (tbe_settings.py)
+        optimizer = config.optimizer
+        if self.adam is not None:  # the TBE only looks rows up; the kernel's update trains them
+            settings = {k: v for k, v in settings.items() if k not in ADAM_TERMS}
+            optimizer = EmbOptimType.EXACT_SGD
         tbe = SplitTableBatchedEmbeddingBagsCodegen(
             [(r, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, dim in zip(rows, self._dims)],
-            optimizer=config.optimizer,
+            optimizer=optimizer,
             learning_rate=self.learning_rate,
             eps=config.eps,
             pooling_mode=config.pooling_mode,
             weights_precision=config.weights_precision,
             feature_table_map=self._feature_table_map,
-            **dict(config.tbe_settings),  # FBGEMM's settings the kernel passes on (tbe_settings.py)
+            **settings,
         )
         self.weights = [_alias(w) for w in tbe.split_embedding_weights()]
-        states = tbe.split_optimizer_states() if self._codecs[0].layout.state_values else []
-        self.states: List[Optional[torch.Tensor]] = [_alias(s[0]) for s in states] if states else [None] * len(rows)
+        self.states: List[Optional[torch.Tensor]]
+        if self.adam is not None:
+            self.states = [torch.zeros(r, codec.layout.state_values) for r, codec in zip(rows, self._codecs)]
+            # Slot -> its gradient's place while a backward runs (adam_family_ops.cpp).
+            self.positions = [torch.full((r,), -1, dtype=torch.int32) for r in rows]
+        elif self._codecs[0].layout.state_values:
+            self.states = [_alias(s[0]) for s in tbe.split_optimizer_states()]
+        else:
+            self.states = [None] * len(rows)
         self.move_states = [_NO_STATE if s is None else s for s in self.states]
         self.tbe, self.rows = tbe, rows
 

@@ -175,4 +175,9 @@ class TableRows:
         codecs = self.cache.codecs
         if codecs[0].layout.state_values == 0:
             return []
-        return [[codecs[t].split(self.full_rows(t))[1].clone()] for t in range(len(codecs))]
+        out = []
+        for t, codec in enumerate(codecs):
+            state = codec.split(self.full_rows(t))[1]
+            parts = codec.layout.split_state(state.reshape(state.shape[0], -1))
+            out.append([part.clone() for part in parts])
+        return out

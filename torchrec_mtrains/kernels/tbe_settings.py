@@ -35,8 +35,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     WeightDecayMode,
 )
 
-__all__ = ["KERNEL_KEYWORDS", "PASSED", "REFUSED", "REFUSED_OPTIMIZERS", "TBE_DEFAULTS", "TbeContext", "as_settings",
-           "check_optimizer_supported", "check_tbe_settings", "shared_tables", "tbe_keywords"]
+__all__ = ["ADAM_FAMILY", "ADAM_TERMS", "KERNEL_KEYWORDS", "PASSED", "REFUSED", "REFUSED_OPTIMIZERS", "TBE_DEFAULTS",
+           "TbeContext", "as_settings", "check_optimizer_supported", "check_tbe_settings", "shared_tables",
+           "tbe_keywords"]
 
 TbeSettings = Tuple[Tuple[str, Any], ...]
 
@@ -90,8 +91,17 @@ PASSED: Mapping[str, str] = {
 
 _CUDA = "a CUDA feature of FBGEMM's TBE: the CPU TBE has no GPU memory to use"
 _CPU_IGNORES = "FBGEMM's CPU kernels never read it (a FUSED table on the CPU would train without it)"
-_NOT_ON_CPU = ("read only by optimizers FBGEMM's CPU TBE does not train (momentum and eta by LARS_SGD, beta1 and "
-               "beta2 by ADAM and LAMB); EXACT_SGD, EXACT_ADAGRAD and EXACT_ROWWISE_ADAGRAD have no such term")
+_NOT_ON_CPU = ("read only by LARS_SGD, which the tiered kernel does not train; EXACT_SGD, EXACT_ADAGRAD, "
+               "EXACT_ROWWISE_ADAGRAD and the Adam family have no such term")
+_ADAM_ONLY = ("read only by ADAM, PARTIAL_ROWWISE_ADAM, LAMB and PARTIAL_ROWWISE_LAMB; EXACT_SGD, EXACT_ADAGRAD and "
+              "EXACT_ROWWISE_ADAGRAD have no such term")
+
+ADAM_FAMILY: Tuple[str, ...] = ("adam", "partial_row_wise_adam", "lamb", "partial_row_wise_lamb")
+"""The optimizers (EmbOptimType values) whose update the tiered kernel does itself
+(``adam_family.py``): FBGEMM's CPU TBE does not train them."""
+ADAM_TERMS: Tuple[str, ...] = ("beta1", "beta2", "weight_decay", "weight_decay_mode", "gradient_clipping",
+                               "max_gradient")
+"""Keywords that the Adam family's update applies itself (never passed to the kernel's TBE)."""
 _SLOTS = "it would see the cache slots (the kernel's TBE rows and the indices remapped to them), not the tables"
 
 
@@ -104,13 +114,20 @@ class TbeContext:
     pooling_mode: PoolingMode
     shared_tables: Tuple[bool, ...]  # per table: whether several features look it up
 
+    @property
+    def adam_family(self) -> bool:
+        """Whether the kernel's own update trains these tables (``ADAM_FAMILY``)."""
+        return self.optimizer.value in ADAM_FAMILY
+
     def weight_decay_applied(self, output_dtype: SparseType) -> bool:
         """Whether FBGEMM's CPU kernels apply L2 / decoupled weight decay to every table.
 
         Only EXACT_ROWWISE_ADAGRAD's CPU update reads weight decay, and its fast path --
         fp32 weights and gradients (FP32 output), pooled, a table one feature looks up --
         calls fbgemm's row-wise SparseAdaGrad with weight_decay=0. EXACT_SGD and
-        EXACT_ADAGRAD have none on the CPU."""
+        EXACT_ADAGRAD have none on the CPU. The Adam family's update applies it."""
+        if self.adam_family:
+            return True
         if self.optimizer != EmbOptimType.EXACT_ROWWISE_ADAGRAD:
             return False
         fast_path = (self.weights_precision == SparseType.FP32 and output_dtype == SparseType.FP32
@@ -142,8 +159,8 @@ REFUSED: Mapping[str, _Refusal] = {
     "max_norm": _Refusal(_CPU_IGNORES),
     "momentum": _Refusal(_NOT_ON_CPU),
     "eta": _Refusal(_NOT_ON_CPU),
-    "beta1": _Refusal(_NOT_ON_CPU),
-    "beta2": _Refusal(_NOT_ON_CPU),
+    "beta1": _Refusal(_ADAM_ONLY, lambda v, c: v == TBE_DEFAULTS["beta1"] or c.adam_family),
+    "beta2": _Refusal(_ADAM_ONLY, lambda v, c: v == TBE_DEFAULTS["beta2"] or c.adam_family),
     "ensemble_mode": _Refusal("read only by ENSEMBLE_ROWWISE_ADAGRAD, which FBGEMM's CPU TBE does not train"),
     "emainplace_mode": _Refusal("read only by EMAINPLACE_ROWWISE_ADAGRAD, which the tiered kernel refuses "
                                 "(its EMA pass rewrites every row of every table)"),
@@ -245,7 +262,10 @@ def _check_passed(name: str, value: Any, settings: Mapping[str, Any], ctx: TbeCo
         raise ValueError(f"{name}={value!r} must be torch.int64 or torch.int32")
     if name == "weight_decay_mode":
         _check_weight_decay(value, settings, ctx)
-    if name == "weight_decay" and value and "weight_decay_mode" not in settings:
+    if name in ("beta1", "beta2"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"{name}={value!r} must be a number in [0, 1)")
+    if name == "weight_decay" and value and "weight_decay_mode" not in settings and not ctx.adam_family:
         raise _refuse(name, value, "it has no effect with weight_decay_mode NONE (FBGEMM's default); give "
                                    "weight_decay_mode too")
 
@@ -256,6 +276,13 @@ def _check_weight_decay(value: Any, settings: Mapping[str, Any], ctx: TbeContext
     except ValueError:
         raise ValueError(f"weight_decay_mode={value!r} must be one of FBGEMM's WeightDecayMode") from None
     decay = settings.get("weight_decay", TBE_DEFAULTS["weight_decay"])
+    if ctx.adam_family:
+        # FBGEMM's Adam and LAMB read weight_decay alone, as a decoupled term of the update.
+        if mode not in (WeightDecayMode.NONE, WeightDecayMode.DECOUPLE):
+            raise _refuse("weight_decay_mode", mode, (
+                f"{ctx.optimizer.name} applies weight_decay as a decoupled term of its update (FBGEMM's "
+                "definition, whatever the mode): give weight_decay_mode NONE or DECOUPLE"))
+        return
     if mode == WeightDecayMode.NONE:
         if decay:
             raise _refuse("weight_decay", decay, "it has no effect with weight_decay_mode NONE")
@@ -296,6 +323,9 @@ def check_tbe_settings(settings: Mapping[str, Any], ctx: TbeContext) -> TbeSetti
             accepted = refusal.accepts(value, ctx) if refusal.accepts is not None else _default_accepted(name, value)
             if not accepted:
                 raise _refuse(name, value, refusal.why)
+            if name in ADAM_TERMS and ctx.adam_family:
+                _check_passed(name, value, settings, ctx)
+                out.append((name, value))
             continue
         if name not in PASSED or name not in keywords:
             raise ValueError(f"{name!r} is not a keyword of FBGEMM's SplitTableBatchedEmbeddingBagsCodegen")

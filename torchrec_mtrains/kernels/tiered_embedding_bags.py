@@ -83,7 +83,10 @@ class TieredEmbeddingBags(torch.nn.Module):
             the same table names there are replaced: this is working storage).
         optimizer: EXACT_ROWWISE_ADAGRAD (the default here), EXACT_ADAGRAD or EXACT_SGD
             (fused, FBGEMM's): every optimizer FBGEMM's CPU TBE trains except
-            EMAINPLACE_ROWWISE_ADAGRAD, whose EMA pass rewrites every row of every table.
+            EMAINPLACE_ROWWISE_ADAGRAD, whose EMA pass rewrites every row of every table;
+            and ADAM, PARTIAL_ROWWISE_ADAM, LAMB and PARTIAL_ROWWISE_LAMB, which FBGEMM's CPU
+            TBE refuses, with FBGEMM's definitions (``adam_family.py``: beta1, beta2 and
+            weight_decay are ``tbe_settings``).
         learning_rate, eps: optimizer hyper-parameters.
         pooling_mode: PoolingMode.SUM or PoolingMode.MEAN (bags: one row per bag), or
             PoolingMode.NONE (sequences, TorchRec's EmbeddingCollection: one output row per
@@ -344,13 +347,45 @@ class TieredEmbeddingBags(torch.nn.Module):
             raise ValueError(f"per_sample_weights must be a float tensor of shape ({n},) like indices")
         remapped = self._steps.take(indices, offsets, self.training, batch_size_per_feature_per_rank)
         fault_point("forward")
-        tbe = self._cache.slots.tbe
+        slots = self._cache.slots
+        tbe = slots.tbe
         if tbe is not self._tbe:  # the cache outgrew the TBE, which was rebuilt larger
             self._tbe = tbe
-        if batch_size_per_feature_per_rank is None:
-            return tbe(remapped, offsets, per_sample_weights)
-        return tbe(remapped, offsets, per_sample_weights,
-                   batch_size_per_feature_per_rank=[list(b) for b in batch_size_per_feature_per_rank])
+        batch_sizes = (None if batch_size_per_feature_per_rank is None
+                       else [list(b) for b in batch_size_per_feature_per_rank])
+
+        def lookup() -> torch.Tensor:
+            if batch_sizes is None:
+                return tbe(remapped, offsets, per_sample_weights)
+            return tbe(remapped, offsets, per_sample_weights, batch_size_per_feature_per_rank=batch_sizes)
+
+        if slots.adam is None:
+            return lookup()
+        return slots.adam.lookup(slots, lookup, remapped, offsets, per_sample_weights, batch_sizes, self.training)
+
+    @property
+    def optimizer_step(self) -> int:
+        """The step count of an Adam-family optimizer's bias correction (FBGEMM's ``iter``:
+        forwards so far); 0 for the other optimizers, which keep none."""
+        adam = self._cache.slots.adam
+        return 0 if adam is None else adam.step
+
+    def set_optimizer_step(self, step: int) -> None:
+        """Sets the Adam-family step count (FBGEMM's ``set_optimizer_step``), as a
+        checkpoint's restore does; the next forward counts ``step + 1``.
+
+        Raises:
+            ValueError: a negative or non-integer step, or an optimizer without a step count.
+        """
+        adam = self._cache.slots.adam
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step={step!r} must be an integer >= 0")
+        if adam is None:
+            if step:
+                raise ValueError(f"optimizer {self.optimizer.name} keeps no step count (only the Adam family's "
+                                 "bias correction counts steps)")
+            return
+        adam.step = step
 
     def _check_variable_batch(self, batch_size_per_feature_per_rank: Optional[BatchSizes]) -> None:
         if batch_size_per_feature_per_rank is not None and self.pooling_mode == PoolingMode.NONE:
@@ -486,8 +521,8 @@ class TieredEmbeddingBags(torch.nn.Module):
         return self._rows.split_embedding_weights()
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
-        """Each table's optimizer state in FBGEMM's layout (``[[momentum]]`` per table;
-        ``[]`` for SGD, as FBGEMM returns)."""
+        """Each table's optimizer state in FBGEMM's layout (``[momentum]`` per table, Adam
+        and LAMB ``[momentum1, momentum2]``; ``[]`` for SGD, as FBGEMM returns)."""
         return self._rows.split_optimizer_states()
 
     def cache_stats(self) -> Dict[str, Dict[str, float]]:

@@ -3,14 +3,12 @@ optimizer a TorchRec sharder will train a module's tables with.
 
 A name is a planner short name (``rowwise_adagrad``, ``adagrad``, ``sgd``) or one of
 FBGEMM's ``EmbOptimType`` values. Those the tiered kernel trains (and FBGEMM's aliases of
-their layouts) take their row layout from ``torchrec_mtrains.layout``; a few more FBGEMM
-optimizers that only FBGEMM's kernels train (Adam, LAMB) are sized here for ``mtrains
-plan``, from the same layout's weights and fp32 state values.
+their layouts) take their row layout from ``torchrec_mtrains.layout``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from torchrec_mtrains.kernels.tbe_settings import TBE_DEFAULTS
 from torchrec_mtrains.layout import OPTIMIZERS, SHORT_OPTIMIZER_NAMES, TableLayout, optimizer_name
@@ -20,17 +18,9 @@ __all__ = ["ACCEPTED_OPTIMIZERS", "TIERED_OPTIMIZERS", "canonical_optimizer", "o
 
 # FBGEMM EmbOptimType values with the layout of an optimizer the tiered kernel trains.
 _ALIASES: Mapping[str, str] = {"row_wise_adagrad": "exact_row_wise_adagrad"}
-# FBGEMM optimizers only FBGEMM's kernels train -> fp32 state values per row, from dim
-# (momentum1 and momentum2 per weight; the partial row-wise ones keep momentum2 per row).
-_FBGEMM_ONLY: Mapping[str, Callable[[int], int]] = {
-    "adam": lambda dim: 2 * dim,
-    "lamb": lambda dim: 2 * dim,
-    "partial_row_wise_adam": lambda dim: dim + 1,
-    "partial_row_wise_lamb": lambda dim: dim + 1,
-}
 TIERED_OPTIMIZERS: Tuple[str, ...] = OPTIMIZERS
 """The optimizers (EmbOptimType values) the tiered kernel trains."""
-ACCEPTED_OPTIMIZERS: Tuple[str, ...] = tuple(SHORT_OPTIMIZER_NAMES) + OPTIMIZERS + tuple(_ALIASES) + tuple(_FBGEMM_ONLY)
+ACCEPTED_OPTIMIZERS: Tuple[str, ...] = tuple(SHORT_OPTIMIZER_NAMES) + OPTIMIZERS + tuple(_ALIASES)
 """Every optimizer name a model file or the planner takes."""
 
 
@@ -43,8 +33,6 @@ def canonical_optimizer(value: Any, what: str = "optimizer") -> str:
     name = getattr(value, "value", value)
     if isinstance(name, str):
         name = _ALIASES.get(name, name)
-        if name in _FBGEMM_ONLY:
-            return name
     try:
         return optimizer_name(name, what)
     except ValueError:
@@ -54,12 +42,7 @@ def canonical_optimizer(value: Any, what: str = "optimizer") -> str:
 
 def optimizer_row_bytes(dim: int, dtype: str, optimizer: str) -> int:
     """Bytes of a stored row of ``dim`` weights in ``dtype`` with ``optimizer``'s state."""
-    name = canonical_optimizer(optimizer)
-    if name not in _FBGEMM_ONLY:
-        return TableLayout(dim, dtype, name).row_bytes
-    weights = TableLayout(dim, dtype, "exact_sgd")  # weights only: SGD keeps no state
-    state_value_bytes = TableLayout(1, dtype, "exact_adagrad").state_bytes  # one value per weight
-    return weights.row_bytes + _FBGEMM_ONLY[name](dim) * state_value_bytes
+    return TableLayout(dim, dtype, canonical_optimizer(optimizer)).row_bytes
 
 
 def trained_optimizer(fused_params: Optional[Mapping[str, Any]], table_optimizers: Iterable[Any]) -> Optional[str]:

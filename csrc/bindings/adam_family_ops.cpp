@@ -1,0 +1,240 @@
+// The backward of a tiered table trained with Adam, partial row-wise Adam, LAMB or partial
+// row-wise LAMB (torch.ops.mtrains.adam_family_backward; torchrec_mtrains/kernels/adam_family.py).
+//
+// One pass over the step's indices sums each touched slot's gradient from the output's
+// gradient (the bag's row, scaled by the index's per-sample weight and, for MEAN, by 1/L;
+// a sequence's own row), in index order, so the sums are deterministic; a second pass
+// updates each touched slot once (kernel/adam_update.h), split over torch's intra-op threads.
+// `positions[t]` (int32, one per slot of table t, -1 when free) maps a touched slot to its
+// sum while the call runs and is left all -1 again.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kernel/adam_update.h"
+
+namespace mtrains {
+namespace {
+
+constexpr int64_t kSum = 0, kMean = 1, kNone = 2;  // FBGEMM's PoolingMode values
+
+// A table's touched slots and their summed gradients.
+struct TableGrads {
+  int64_t dim = 0;
+  int32_t* position = nullptr;  // slot -> index into `slots`, -1 when untouched
+  int64_t rows = 0;
+  std::vector<int64_t> slots;
+  std::vector<float> sums;  // slots.size() x dim
+
+  void Add(int64_t slot, const float* grad, float scale) {
+    TORCH_CHECK_INDEX(slot >= 0 && slot < rows, "slot ", slot, " is outside the table's ", rows, " slots");
+    int32_t p = position[slot];
+    if (p < 0) {
+      p = int32_t(slots.size());
+      position[slot] = p;
+      slots.push_back(slot);
+      sums.resize(sums.size() + size_t(dim), 0.0f);
+    }
+    float* sum = sums.data() + size_t(p) * size_t(dim);
+    for (int64_t d = 0; d < dim; ++d) sum[d] += scale * grad[d];
+  }
+};
+
+// Where each bag's gradient starts in the (float) output gradient: bags are ordered as
+// the offsets order them (feature by feature, and rank by rank within a feature under a
+// variable batch), while a variable batch's output is rank by rank, feature by feature.
+std::vector<int64_t> BagOutputStarts(int64_t num_features, int64_t num_bags, const std::vector<int64_t>& dims,
+                                     at::IntArrayRef batch_sizes, int64_t total_dim) {
+  std::vector<int64_t> starts;
+  starts.reserve(size_t(num_bags));
+  if (batch_sizes.empty()) {
+    const int64_t batch = num_bags / num_features;
+    int64_t column = 0;
+    for (int64_t f = 0; f < num_features; ++f) {
+      for (int64_t b = 0; b < batch; ++b) starts.push_back(b * total_dim + column);
+      column += dims[size_t(f)];
+    }
+    return starts;
+  }
+  const int64_t ranks = int64_t(batch_sizes.size()) / num_features;
+  std::vector<int64_t> start_of(static_cast<size_t>(num_features * ranks), 0);  // (feature, rank) -> output start
+  int64_t at = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (int64_t f = 0; f < num_features; ++f) {
+      start_of[size_t(f * ranks + r)] = at;
+      at += batch_sizes[size_t(f * ranks + r)] * dims[size_t(f)];
+    }
+  }
+  for (int64_t f = 0; f < num_features; ++f) {
+    for (int64_t r = 0; r < ranks; ++r) {
+      for (int64_t b = 0; b < batch_sizes[size_t(f * ranks + r)]; ++b)
+        starts.push_back(start_of[size_t(f * ranks + r)] + b * dims[size_t(f)]);
+    }
+  }
+  return starts;
+}
+
+template <typename T>
+void UpdateTable(const AdamTerms& terms, TableGrads& grads, at::Tensor& weights, at::Tensor& state) {
+  const int64_t dim = grads.dim, n = int64_t(grads.slots.size());
+  const int64_t state_values = state.size(1);
+  T* w = weights.data_ptr<T>();
+  float* s = state.data_ptr<float>();
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t slot = grads.slots[size_t(i)];
+      UpdateRow<T>(terms, dim, grads.sums.data() + size_t(i) * size_t(dim), w + slot * dim, s + slot * state_values);
+    }
+  });
+}
+
+void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices, const at::Tensor& offsets,
+                        const c10::optional<at::Tensor>& per_sample_weights, at::IntArrayRef feature_tables,
+                        at::IntArrayRef batch_sizes, int64_t pooling, at::TensorList weights, at::TensorList states,
+                        at::TensorList positions, int64_t kind, double learning_rate, double eps, double beta1,
+                        double beta2, double weight_decay, int64_t step, double max_gradient) {
+  const int64_t num_tables = int64_t(weights.size());
+  const int64_t num_features = int64_t(feature_tables.size());
+  TORCH_CHECK_VALUE(num_tables > 0 && int64_t(states.size()) == num_tables && int64_t(positions.size()) == num_tables,
+                    "weights, states and positions must give one tensor per table");
+  TORCH_CHECK_VALUE(kind >= 0 && kind <= 3, "kind must be 0..3 (AdamKind)");
+  TORCH_CHECK_VALUE(step >= 1, "step must be >= 1");
+  TORCH_CHECK_VALUE(pooling == kSum || pooling == kMean || pooling == kNone, "pooling must be SUM, MEAN or NONE");
+  TORCH_CHECK_VALUE(indices.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong && indices.dim() == 1 &&
+                        offsets.dim() == 1 && indices.is_contiguous() && offsets.is_contiguous(),
+                    "indices and offsets must be contiguous 1-D int64 tensors");
+  AdamTerms terms;
+  terms.kind = AdamKind(kind);
+  terms.learning_rate = float(learning_rate);
+  terms.eps = float(eps);
+  terms.beta1 = float(beta1);
+  terms.beta2 = float(beta2);
+  terms.weight_decay = float(weight_decay);
+  terms.step = step;
+  terms.max_gradient = float(max_gradient);
+
+  std::vector<TableGrads> tables(static_cast<size_t>(num_tables));
+  for (int64_t t = 0; t < num_tables; ++t) {
+    const at::Tensor& w = weights[size_t(t)];
+    const at::Tensor& s = states[size_t(t)];
+    const at::Tensor& p = positions[size_t(t)];
+    TORCH_CHECK_VALUE(w.dim() == 2 && w.is_contiguous() && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kHalf),
+                      "table ", t, ": weights must be a contiguous 2-D fp32 or fp16 tensor");
+    TORCH_CHECK_VALUE(s.dim() == 2 && s.is_contiguous() && s.scalar_type() == at::kFloat && s.size(0) == w.size(0) &&
+                          s.size(1) == terms.StateValues(w.size(1)),
+                      "table ", t, ": state must be contiguous fp32 [", w.size(0), ", ", terms.StateValues(w.size(1)),
+                      "]");
+    TORCH_CHECK_VALUE(p.dim() == 1 && p.is_contiguous() && p.scalar_type() == at::kInt && p.size(0) >= w.size(0),
+                      "table ", t, ": positions must be contiguous int32 with one entry per slot");
+    tables[size_t(t)].dim = w.size(1);
+    tables[size_t(t)].rows = w.size(0);
+    tables[size_t(t)].position = p.data_ptr<int32_t>();
+  }
+  std::vector<int64_t> dims(static_cast<size_t>(num_features), 0);
+  int64_t total_dim = 0;
+  for (int64_t f = 0; f < num_features; ++f) {
+    TORCH_CHECK_VALUE(feature_tables[size_t(f)] >= 0 && feature_tables[size_t(f)] < num_tables,
+                      "feature ", f, "'s table is out of range");
+    dims[size_t(f)] = tables[size_t(feature_tables[size_t(f)])].dim;
+    total_dim += dims[size_t(f)];
+  }
+  const int64_t num_bags = offsets.numel() - 1;
+  TORCH_CHECK_VALUE(num_bags >= 0 && num_features > 0 && (!batch_sizes.empty() || num_bags % num_features == 0),
+                    "offsets must have one entry per bag plus one");
+  if (!batch_sizes.empty()) {
+    TORCH_CHECK_VALUE(int64_t(batch_sizes.size()) % num_features == 0, "batch_sizes must give every feature's ranks");
+    int64_t bags = 0;
+    for (int64_t b : batch_sizes) bags += b;
+    TORCH_CHECK_VALUE(bags == num_bags, "batch_sizes give ", bags, " bags, offsets ", num_bags);
+  }
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  const int64_t* idx = indices.data_ptr<int64_t>();
+  const int64_t n = indices.numel();
+  TORCH_CHECK_VALUE(num_bags == 0 || (off[0] == 0 && off[num_bags] == n), "offsets must run from 0 to len(indices)");
+  const float* psw = nullptr;
+  at::Tensor psw_float;
+  if (per_sample_weights.has_value()) {
+    psw_float = per_sample_weights->to(at::kFloat).contiguous();
+    TORCH_CHECK_VALUE(psw_float.numel() == n, "per_sample_weights must have one weight per index");
+    psw = psw_float.data_ptr<float>();
+  }
+  const at::Tensor grad = grad_output.to(at::kFloat).contiguous();
+  const float* g = grad.data_ptr<float>();
+  if (pooling == kNone) {
+    TORCH_CHECK_VALUE(grad.numel() == n * (num_features ? dims[0] : 0), "the output gradient must be [len(indices), dim]");
+  } else {
+    TORCH_CHECK_VALUE(grad.numel() == (batch_sizes.empty() ? num_bags / num_features * total_dim : [&] {
+                        int64_t e = 0;
+                        const int64_t ranks = int64_t(batch_sizes.size()) / num_features;
+                        for (int64_t f = 0; f < num_features; ++f)
+                          for (int64_t r = 0; r < ranks; ++r) e += batch_sizes[size_t(f * ranks + r)] * dims[size_t(f)];
+                        return e;
+                      }()),
+                      "the output gradient's size does not match the batch");
+  }
+  const std::vector<int64_t> starts =
+      pooling == kNone ? std::vector<int64_t>() : BagOutputStarts(num_features, num_bags, dims, batch_sizes, total_dim);
+  // Bag k belongs to feature k / (bags per feature), or under a variable batch to the
+  // feature whose ranks' bags cover it.
+  std::vector<int64_t> feature_end(static_cast<size_t>(num_features), 0);  // one past each feature's last bag
+  {
+    int64_t at_bag = 0;
+    const int64_t ranks = batch_sizes.empty() ? 0 : int64_t(batch_sizes.size()) / num_features;
+    for (int64_t f = 0; f < num_features; ++f) {
+      if (batch_sizes.empty()) {
+        at_bag += num_bags / num_features;
+      } else {
+        for (int64_t r = 0; r < ranks; ++r) at_bag += batch_sizes[size_t(f * ranks + r)];
+      }
+      feature_end[size_t(f)] = at_bag;
+    }
+  }
+  // Every touched slot's position goes back to -1, whether the sums complete or a bad
+  // index stops them (nothing is updated then).
+  struct ResetPositions {
+    std::vector<TableGrads>& tables;
+    ~ResetPositions() {
+      for (TableGrads& table : tables)
+        for (int64_t slot : table.slots) table.position[slot] = -1;
+    }
+  } reset{tables};
+  int64_t bag = 0;
+  for (int64_t f = 0; f < num_features; ++f) {
+    TableGrads& table = tables[size_t(feature_tables[size_t(f)])];
+    for (; bag < feature_end[size_t(f)]; ++bag) {
+      const int64_t begin = off[bag], end = off[bag + 1];
+      TORCH_CHECK_VALUE(begin <= end, "offsets must not decrease");
+      if (begin == end) continue;
+      const float mean = pooling == kMean ? 1.0f / float(end - begin) : 1.0f;
+      for (int64_t i = begin; i < end; ++i) {
+        const float scale = (psw ? psw[i] : 1.0f) * mean;
+        const float* row_grad = pooling == kNone ? g + i * table.dim : g + starts[size_t(bag)];
+        table.Add(idx[i], row_grad, scale);
+      }
+    }
+  }
+  for (int64_t t = 0; t < num_tables; ++t) {
+    TableGrads& table = tables[size_t(t)];
+    at::Tensor w = weights[size_t(t)], s = states[size_t(t)];
+    if (w.scalar_type() == at::kHalf) {
+      UpdateTable<at::Half>(terms, table, w, s);
+    } else {
+      UpdateTable<float>(terms, table, w, s);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mtrains
+
+TORCH_LIBRARY_FRAGMENT(mtrains, m) {
+  m.def("adam_family_backward(Tensor grad_output, Tensor indices, Tensor offsets, Tensor? per_sample_weights, "
+        "int[] feature_tables, int[] batch_sizes, int pooling, Tensor(a!)[] weights, Tensor(b!)[] states, "
+        "Tensor(c!)[] positions, int kind, float learning_rate, float eps, float beta1, float beta2, "
+        "float weight_decay, int step, float max_gradient) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(mtrains, CPU, m) { m.impl("adam_family_backward", &mtrains::AdamFamilyBackward); }
