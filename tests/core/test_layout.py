@@ -27,8 +27,12 @@ FBGEMM_OPTIMIZERS = [EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.EXACT_ADAG
 FBGEMM_PRECISIONS = [SparseType.FP32, SparseType.FP16]
 
 
+ADAM_FAMILY = [EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM, EmbOptimType.LAMB,
+               EmbOptimType.PARTIAL_ROWWISE_LAMB]
+
+
 def test_supported_names_are_fbgemm_values() -> None:
-    assert OPTIMIZERS == tuple(o.value for o in FBGEMM_OPTIMIZERS)
+    assert OPTIMIZERS == tuple(o.value for o in FBGEMM_OPTIMIZERS + ADAM_FAMILY)
     assert PRECISIONS == tuple(p.value for p in FBGEMM_PRECISIONS)
 
 
@@ -73,8 +77,13 @@ def test_every_spelling_of_a_setting_gives_one_layout() -> None:
         "exact_row_wise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, "exact_row_wise_adagrad", "rowwise_adagrad"),
         "exact_adagrad": (EmbOptimType.EXACT_ADAGRAD, "exact_adagrad", "adagrad"),
         "exact_sgd": (EmbOptimType.EXACT_SGD, "exact_sgd", "sgd"),
+        "adam": (EmbOptimType.ADAM, "adam"),
+        "lamb": (EmbOptimType.LAMB, "lamb"),
+        "partial_row_wise_adam": (EmbOptimType.PARTIAL_ROWWISE_ADAM, "partial_row_wise_adam", "partial_rowwise_adam"),
+        "partial_row_wise_lamb": (EmbOptimType.PARTIAL_ROWWISE_LAMB, "partial_row_wise_lamb", "partial_rowwise_lamb"),
     }
-    assert sorted(s for names in spellings.values() for s in names[2:]) == sorted(SHORT_OPTIMIZER_NAMES)
+    short = {"rowwise_adagrad", "adagrad", "sgd", "partial_rowwise_adam", "partial_rowwise_lamb"}
+    assert short == set(SHORT_OPTIMIZER_NAMES)
     for value, names in spellings.items():
         for name in names:
             assert optimizer_name(name) == value
@@ -97,11 +106,22 @@ def test_row_bytes(dim: int, precision: str, optimizer: str, row_bytes: int) -> 
     assert TableLayout(dim, precision, optimizer).row_bytes == row_bytes
 
 
-@pytest.mark.parametrize("optimizer", [EmbOptimType.ADAM, EmbOptimType.LAMB, "adam", "EXACT_SGD", None, 3])
+@pytest.mark.parametrize("optimizer", [EmbOptimType.LARS_SGD, EmbOptimType.SHAMPOO, "madgrad", "EXACT_SGD", None, 3])
 def test_unsupported_optimizer_is_named_with_the_choices(optimizer: object) -> None:
     with pytest.raises(ValueError, match=r"optimizer=.* must be one of \['exact_row_wise_adagrad'") as e:
         TableLayout(8, "fp32", optimizer)
     assert repr(optimizer) in str(e.value) and "'rowwise_adagrad'" in str(e.value)
+
+
+def test_adam_family_state_parts_are_fbgemms() -> None:
+    """momentum1 per weight, then momentum2 per weight (or one per row, partial row-wise)."""
+    assert TableLayout(8, "fp32", EmbOptimType.ADAM).state_parts == (8, 8)
+    assert TableLayout(8, "fp32", EmbOptimType.LAMB).state_parts == (8, 8)
+    assert TableLayout(8, "fp16", EmbOptimType.PARTIAL_ROWWISE_ADAM).state_parts == (8, 1)
+    layout = TableLayout(8, "fp32", EmbOptimType.PARTIAL_ROWWISE_LAMB)
+    assert layout.state_values == 9 and layout.state_shape(3) == (3, 9)
+    m1, m2 = layout.split_state(torch.arange(27.0).view(3, 9))
+    assert m1.shape == (3, 8) and m2.tolist() == [8.0, 17.0, 26.0]
 
 
 @pytest.mark.parametrize("precision", [SparseType.INT8, SparseType.BF16, "int8", "FP32", torch.float32])

@@ -120,8 +120,8 @@ def test_config_with_a_changed_setting_is_refused(tmp_path: Path) -> None:
 
 # Checks and normalisation --------------------------------------------------------------------
 CONFIG_ERRORS = {
-    "optimizer_adam": (dict(optimizer=EmbOptimType.ADAM), r"optimizer=.*must be one of"),
-    "optimizer_string": (dict(optimizer="adam"), r"optimizer='adam' must be one of"),
+    "optimizer_lars": (dict(optimizer=EmbOptimType.LARS_SGD), r"optimizer=.*must be one of"),
+    "optimizer_string": (dict(optimizer="adamw"), r"optimizer='adamw' must be one of"),
     "precision_int8": (dict(weights_precision=SparseType.INT8), r"weights_precision=.*must be one of"),
     "pooling_string": (dict(pooling_mode="sum"), "pooling_mode"),
     "cache_algorithm": (dict(cache_algorithm="fifo"), "cache_algorithm='fifo'"),

@@ -96,7 +96,8 @@ def test_planner_and_sharder_disagreeing_on_the_optimizer_is_an_error(tmp_path: 
         StorageAwarePlanner(CPU_NODE, batch_size=64, optimizer="adamw")
 
 
-def test_tiered_tables_need_an_optimizer_the_tiered_kernel_trains(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"tables \['t0'\] go on the tiered kernel, which does not train 'adam'"):
-        _plan(_ebc(), TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.ADAM}), tmp_path,
-              optimizer="adam")
+def test_adam_tables_are_sized_with_both_momenta(tmp_path: Path) -> None:
+    """The tiered kernel trains the Adam family: its rows carry momentum1 and momentum2."""
+    planner = _plan(_ebc(), TieredEmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.ADAM}),
+                    tmp_path, optimizer="adam")
+    assert {t.row_bytes for t in planner.last_model.tables} == {DIM * 4 * 3}

@@ -30,7 +30,7 @@ from torchrec_mtrains.planner.constraints import constrained_table, is_key_value
 from torchrec_mtrains.planner.model.estimator import dense_step_seconds, kernel_step_seconds
 from torchrec_mtrains.planner.model.lookahead import choose_lookahead
 from torchrec_mtrains.planner.model.model_spec import ModelSpec, dense_spec_of, load_table_trace, parse_model_spec
-from torchrec_mtrains.planner.model.optimizers import TIERED_OPTIMIZERS, canonical_optimizer, trained_optimizer
+from torchrec_mtrains.planner.model.optimizers import canonical_optimizer, trained_optimizer
 from torchrec_mtrains.planner.model.placement import Placement, PlacementError, place
 from torchrec_mtrains.planner.types import RankAssignment, TieredTopology
 from torchrec_mtrains.planner.embedding_modules import embedding_modules
@@ -283,10 +283,6 @@ class StorageAwarePlanner(ShardingPlanner):
         tiered_sharders = [s for s in sharders if isinstance(s, tiered_types)]
         self._check_optimizer(module, tiered_sharders[-1].fused_params)
         placement, options, topology, rank_steps = self._search(module, sharders)
-        tiered = sorted(o.name for o in options if o.is_tiered)
-        if tiered and canonical_optimizer(self.row_optimizer()) not in TIERED_OPTIMIZERS:
-            raise ValueError(f"tables {tiered} go on the tiered kernel, which does not train "
-                             f"{self.row_optimizer()!r} (it trains {list(TIERED_OPTIMIZERS)})")
         self.last_rank_step_s = rank_steps
         if rank_steps and max(rank_steps) > 0:  # the job runs at its slowest rank's pace
             step = max(rank_steps)
