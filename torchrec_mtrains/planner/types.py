@@ -101,7 +101,11 @@ class ComputeSpec:
         framework_step_s: the training framework's fixed seconds per step and rank beyond
             lookups and dense layers (the sharded collection's input and output
             distribution, interaction, loss, gradient reduction, the train pipeline).
-        framework_table_s: the framework's seconds per step and rank per table of the model.
+        framework_table_s: the framework's seconds per step and rank per table of the model,
+            beyond ``framework_table_sample_s``.
+        framework_table_sample_s: the framework's seconds per step and rank per table and
+            per sample of the rank's batch (each table's KeyedJaggedTensor slice, pooled
+            output, interaction input and their gradients grow with the batch).
         row_wise_group_s: seconds per step on every rank for each row-wise table: the
             collectives of the row-wise sharding group (the ids' all-to-all, the pooled
             embeddings' reduce-scatter and its gradient) grow with every table it holds.
@@ -122,6 +126,7 @@ class ComputeSpec:
     dense_layer_s: float = 0.0
     framework_step_s: float = 0.0
     framework_table_s: float = 0.0
+    framework_table_sample_s: float = 0.0
     row_wise_group_s: float = 0.0
     row_wise_setup_s: float = 0.0
 

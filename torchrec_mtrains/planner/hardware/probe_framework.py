@@ -8,11 +8,15 @@ ranks as a node runs, since the ranks' collectives and their sharing of the node
 the framework's cost too) train TorchRec's DLRM through ``DistributedModelParallel`` with ``TieredEmbeddingBagCollectionSharder``
 and ``TieredTrainPipeline`` on prepared batches, with few and with many small tables whole
 in DRAM. The step's time (``timing.step_clock``) less what the profile's TBE and dense
-figures cost gives the fixed cost per step (``framework_step_s``) and per table
-(``framework_table_s``) by a fit over the two table counts. Ranks sharing a node's cores
-make single jobs jittery (one job's median step of the same model moved 2x between
-back-to-back runs on an idle 2-core VM), so the two table counts alternate ``REPEATS``
-times and each count's median job is fitted.
+figures cost gives the fixed cost per step (``framework_step_s``) and per table by a fit
+over the two table counts; the many-table job again at ``LARGE_BATCH`` splits the per-table
+cost into a fixed part (``framework_table_s``) and a part per sample
+(``framework_table_sample_s``): a table's slice of the input, its pooled output and the
+interaction's share grow with the batch (at batch 512 the per-table cost was 278 us, at
+2,048 953 us, so a figure taken at one batch misjudged the other by 3x). Ranks sharing a
+node's cores make single jobs jittery (one job's median step of the same model moved 2x
+between back-to-back runs on an idle 2-core VM), so the jobs alternate ``REPEATS`` times
+and each one's median is fitted.
 
 With more than one rank, ``row_wise_group_cost`` times the many-table job with none, a few
 and several of its tables row-wise (``ROW_WISE_COUNTS``: one sharding group, whose
@@ -42,6 +46,7 @@ TABLE_COUNTS = (2, 12)
 ROW_WISE_COUNTS = (0, 2, 6)  # of the TABLE_COUNTS[1] tables
 REPEATS = 3
 BATCH = 512
+LARGE_BATCH = 2048
 ROWS = 1000
 DIM = 32
 DENSE_IN = 13
@@ -84,7 +89,8 @@ def _run(tables: int, batch: int, steps: int, ranks: int, row_wise: int = 0) -> 
 
 def framework_costs(steps: int, modeled: Callable[[int, int], float],
                     ranks: int = 1, repeats: int = REPEATS) -> Tuple[Dict[str, float], Dict[str, str]]:
-    """``framework_step_s`` and ``framework_table_s`` and a note per YAML key.
+    """``framework_step_s``, ``framework_table_s`` and ``framework_table_sample_s`` and a
+    note per YAML key.
 
     Args:
         steps: timed steps per table count.
@@ -93,27 +99,35 @@ def framework_costs(steps: int, modeled: Callable[[int, int], float],
         ranks: the job's ranks, all on this node (the profile's ranks per node).
         repeats: jobs per table count (alternating); each count's median job is fitted.
     """
-    runs: Dict[int, List[float]] = {tables: [] for tables in TABLE_COUNTS}
+    jobs = [(tables, BATCH) for tables in TABLE_COUNTS] + [(TABLE_COUNTS[1], LARGE_BATCH)]
+    runs: Dict[Tuple[int, int], List[float]] = {job: [] for job in jobs}
     for _ in range(max(1, repeats)):
-        for tables in TABLE_COUNTS:
-            runs[tables].append(_run(tables, BATCH, steps, ranks))
-    rest: List[Tuple[int, float, float]] = []
-    for tables in TABLE_COUNTS:
-        t = statistics.median(runs[tables])
-        rest.append((tables, t, t - modeled(tables, BATCH)))
-    (k1, _, r1), (k2, _, r2) = rest
-    per_table = max(0.0, (r2 - r1) / (k2 - k1))
-    per_step = max(0.0, r1 - per_table * k1)
-    seen = "; ".join(f"{k} tables: {t * 1e3:.2f} ms (median of {len(runs[k])} jobs: "
-                     f"{', '.join(f'{x * 1e3:.1f}' for x in runs[k])}), {r * 1e3:.2f} ms beyond TBE and dense"
-                     for k, t, r in rest)
+        for tables, batch in jobs:
+            runs[(tables, batch)].append(_run(tables, batch, steps, ranks))
+    rest: List[Tuple[int, int, float, float]] = []
+    for tables, batch in jobs:
+        t = statistics.median(runs[(tables, batch)])
+        rest.append((tables, batch, t, t - modeled(tables, batch)))
+    (k1, _, _, r1), (k2, _, _, r2), (_, _, _, r3) = rest
+    per_table_at_batch = max(0.0, (r2 - r1) / (k2 - k1))
+    per_step = max(0.0, r1 - per_table_at_batch * k1)
+    # What the larger batch adds beyond the model, put on the tables (the fixed per-step
+    # part does not grow with the batch).
+    per_sample = max(0.0, (r3 - r2) / (k2 * (LARGE_BATCH - BATCH)))
+    per_table = max(0.0, per_table_at_batch - per_sample * BATCH)
+    seen = "; ".join(f"{k} tables at batch {b}: {t * 1e3:.2f} ms (median of {len(runs[(k, b)])} jobs: "
+                     f"{', '.join(f'{x * 1e3:.1f}' for x in runs[(k, b)])}), {r * 1e3:.2f} ms beyond TBE and dense"
+                     for k, b, t, r in rest)
     what = (f"TorchRec DLRM (dense {DENSE_IN}-{'-'.join(map(str, DENSE_MLP))}, over "
             f"{'-'.join(map(str, OVER_MLP))}) trained through DistributedModelParallel + TieredTrainPipeline, "
             f"{ranks} rank(s) on this node (wall clock when more than one), batch {BATCH} per rank, tables of {ROWS:,} x {DIM} whole in DRAM, one id per sample each: {seen}")
-    return {"framework_step_s": per_step, "framework_table_s": per_table}, {
+    return {"framework_step_s": per_step, "framework_table_s": per_table, "framework_table_sample_s": per_sample}, {
         "framework_step_cost": "fixed per step and rank; " + what,
-        "framework_table_cost": "per table of the model and step (each rank handles every feature of its batch); "
-                                "see framework_step_cost",
+        "framework_table_cost": "per table of the model and step (each rank handles every feature of its batch), "
+                                "beyond framework_table_sample_cost; see framework_step_cost",
+        "framework_table_sample_cost": f"per table, step and sample of the rank's batch: the {TABLE_COUNTS[1]}-table "
+                                       f"job's growth from batch {BATCH} to {LARGE_BATCH} beyond the model; see "
+                                       "framework_step_cost",
     }
 
 

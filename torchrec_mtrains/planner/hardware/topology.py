@@ -99,6 +99,7 @@ _COMPUTE_FIELDS: Tuple[_Field, ...] = (
     _Field("dense_layer_cost", "dense_layer_s", "time", required=False, positive=False),
     _Field("framework_step_cost", "framework_step_s", "time", required=False, positive=False),
     _Field("framework_table_cost", "framework_table_s", "time", required=False, positive=False),
+    _Field("framework_table_sample_cost", "framework_table_sample_s", "time", required=False, positive=False),
     _Field("row_wise_group_cost", "row_wise_group_s", "time", required=False, positive=False),
     _Field("row_wise_setup_cost", "row_wise_setup_s", "time", required=False, positive=False),
 )

@@ -142,11 +142,12 @@ def dense_step_seconds(model: ModelSpec, topo: TieredTopology, world_size: int) 
     its ``model.batch_size / world_size`` samples and on the training framework: the dense
     layers from the model's ``DenseSpec`` and the profile's per-MAC, per-output and
     per-layer costs when both are known, else the profile's ``dense_time_per_sample``; the
-    framework's fixed cost per step and its cost per table; the input pipeline's cost of the
-    rank's samples."""
+    framework's fixed cost per step and its cost per table (a fixed part and a part per
+    sample of the rank's batch); the input pipeline's cost of the rank's samples."""
     spec, dense = topo.compute, model.dense
     samples = model.batch_size / world_size
-    framework = spec.framework_step_s + spec.framework_table_s * len(model.tables) + samples * model.input_s_per_sample
+    per_table = spec.framework_table_s + spec.framework_table_sample_s * samples
+    framework = spec.framework_step_s + per_table * len(model.tables) + samples * model.input_s_per_sample
     if dense is None or not (spec.dense_mac_s or spec.dense_activation_s or spec.dense_layer_s):
         return spec.dense_s_per_sample * samples + framework
     per_sample = dense.macs_per_sample * spec.dense_mac_s + dense.outputs_per_sample * spec.dense_activation_s
