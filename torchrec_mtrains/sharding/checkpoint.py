@@ -21,15 +21,19 @@ from torch.distributed._shard.sharded_tensor import (
     TensorProperties,
 )
 
+from torchrec_mtrains.kernels.adam_family import is_adam_family
 from torchrec_mtrains.sharding.staging import StagingArea
 from torchrec_mtrains.sharding.types import TieredShardSource
 
 __all__ = [
     "LocalShard",
+    "STATE_KEYS",
+    "STEP_KEY",
     "load_optimizer_state",
     "load_weights",
     "optimizer_state_of",
     "rowwise_metadata",
+    "state_parts_of",
     "weights_sharded_tensor",
 ]
 
@@ -129,44 +133,100 @@ def _shards_by_table(kernel: TieredShardSource) -> Dict[str, List[Tuple[int, obj
     return out
 
 
+STATE_KEYS: Tuple[str, ...] = ("momentum1", "exp_avg_sq")
+"""The names TorchRec's FUSED kernel gives FBGEMM's parts of a table's optimizer state
+(``<table>.<name>``): the first part is always ``momentum1`` (row-wise or per-element
+Adagrad's sum of squares, Adam's and LAMB's exp_avg), the second FBGEMM's name of it
+(Adam's and LAMB's ``exp_avg_sq``)."""
+STEP_KEY = "step"
+"""``<table>.step``: the step count of an Adam-family table's bias correction (FBGEMM keeps
+it as its TBE's ``iter``), a 0-d int64 tensor, so that a state_dict round trip continues
+training exactly."""
+
+
+def state_parts_of(kernel: TieredShardSource, t: int) -> List[Tuple[str, str, int]]:
+    """(state_dict key suffix, the kernel's part name, values per row) of each of FBGEMM's
+    parts of kernel table ``t``'s optimizer state; one part is staged as one block ("state")."""
+    widths = kernel.emb_module.layouts[t].state_parts
+    if len(widths) > len(STATE_KEYS):
+        raise ValueError(f"an optimizer state of {len(widths)} parts has no TorchRec names beyond {STATE_KEYS}")
+    if len(widths) == 1:
+        return [(STATE_KEYS[0], "state", widths[0])]
+    return [(STATE_KEYS[k], f"state.{k}", w) for k, w in enumerate(widths)]
+
+
+def _state_sharded_tensor(kernel: TieredShardSource, shards: List[Tuple[int, object]], part: str,
+                          width: int) -> ShardedTensor:
+    """One part of a table's optimizer state as TorchRec lays it out: row-wise (one value per
+    row) or per element (the weights' shape)."""
+    weights_meta = shards[0][1].global_metadata
+    if width == 1:
+        mapping, meta = rowwise_metadata(weights_meta)
+    else:
+        meta = _pointwise_metadata(weights_meta)
+        mapping = {_offsets(m): m for m in meta.shards_metadata}
+    local = [
+        Shard(kernel.stage_shard(t, part, _staging(kernel)), copy.deepcopy(mapping[_offsets(table.local_metadata)]))
+        for t, table in shards
+    ]
+    return _sharded(local, meta, kernel.process_group)
+
+
+def _counts_steps(kernel: TieredShardSource) -> bool:
+    """Whether the kernel's optimizer keeps a step count (the Adam family's bias correction)."""
+    return is_adam_family(kernel.emb_module.optimizer)
+
+
 def optimizer_state_of(
     kernel: TieredShardSource, table_of_param: Dict[int, str], params: Iterable[torch.Tensor]
-) -> Dict[torch.Tensor, Dict[str, ShardedTensor]]:
-    """``{param: {"<table>.momentum1": ShardedTensor}}`` (empty dicts for SGD)."""
+) -> Dict[torch.Tensor, Dict[str, object]]:
+    """``{param: {"<table>.momentum1": ShardedTensor, ...}}``: each of FBGEMM's parts of the
+    state under TorchRec's name (``STATE_KEYS``), and for the Adam family ``<table>.step``;
+    empty dicts for SGD."""
     by_table = _shards_by_table(kernel)
-    out: Dict[torch.Tensor, Dict[str, ShardedTensor]] = {}
+    out: Dict[torch.Tensor, Dict[str, object]] = {}
     for param in params:
         name = table_of_param[id(param)]
         out[param] = {}
         if not kernel.has_optimizer_state():
             continue
         shards = by_table[name]
-        weights_meta = shards[0][1].global_metadata
-        rowwise = kernel.emb_module.layouts[shards[0][0]].state_values == 1
-        if rowwise:
-            mapping, meta = rowwise_metadata(weights_meta)
-        else:
-            meta = _pointwise_metadata(weights_meta)
-            mapping = {_offsets(m): m for m in meta.shards_metadata}
-        local = [
-            Shard(kernel.stage_shard(t, "state", _staging(kernel)), copy.deepcopy(mapping[_offsets(table.local_metadata)]))
-            for t, table in shards
-        ]
-        out[param][f"{name}.momentum1"] = _sharded(local, meta, kernel.process_group)
+        for key, part, width in state_parts_of(kernel, shards[0][0]):
+            out[param][f"{name}.{key}"] = _state_sharded_tensor(kernel, shards, part, width)
+        if _counts_steps(kernel):
+            out[param][f"{name}.{STEP_KEY}"] = kernel.stage_step(shards[0][0])
     return out
 
 
 def load_optimizer_state(
     kernel: TieredShardSource, table_of_param: Dict[int, str], state: Dict[torch.Tensor, Dict[str, object]]
 ) -> None:
-    """Writes state built by ``optimizer_state_of`` (and since filled by a load) to the tiers."""
+    """Writes state built by ``optimizer_state_of`` (and since filled by a load) to the tiers.
+
+    Raises:
+        ValueError: a part is not a ShardedTensor, or the tables of this kernel (one step
+            count) give different step counts.
+    """
     by_table = _shards_by_table(kernel)
+    steps: Dict[str, int] = {}
     for param, values in state.items():
         name = table_of_param[id(param)]
-        value = values.get(f"{name}.momentum1")
-        if value is None:
-            continue
-        if not isinstance(value, ShardedTensor):
-            raise ValueError(f"table {name}: optimizer state must be a ShardedTensor, got {type(value).__name__}")
-        for (t, _), shard in zip(by_table[name], value.local_shards()):
-            kernel.load_shard(t, "state", shard.tensor)
+        shards = by_table[name]
+        for key, part, _ in state_parts_of(kernel, shards[0][0]):
+            value = values.get(f"{name}.{key}")
+            if value is None:
+                continue
+            if not isinstance(value, ShardedTensor):
+                raise ValueError(f"table {name}: optimizer state {key} must be a ShardedTensor, "
+                                 f"got {type(value).__name__}")
+            for (t, _), shard in zip(shards, value.local_shards()):
+                kernel.load_shard(t, part, shard.tensor)
+        step = values.get(f"{name}.{STEP_KEY}")
+        if step is not None:
+            steps[name] = int(torch.as_tensor(step).item())
+    if len(set(steps.values())) > 1:
+        raise ValueError(f"tables {', '.join(sorted(steps))} share one optimizer step count (one kernel), "
+                         f"but the state gives {steps}")
+    if steps:
+        name, step = next(iter(steps.items()))
+        kernel.load_shard(by_table[name][0][0], "step", torch.tensor(step, dtype=torch.int64))

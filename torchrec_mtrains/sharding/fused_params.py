@@ -10,6 +10,9 @@ the tiered kernel's settings so that a tiered table trains as the FUSED one woul
   ``SplitTableBatchedEmbeddingBagsCodegen``'s default when not given (EXACT_SGD, as FBGEMM);
 - every other FBGEMM TBE keyword goes to the kernel's TBE settings, where
   ``kernels/tbe_settings.py`` passes it on to FBGEMM's TBE or refuses it with the reason;
+- ``torch.optim.Adam``'s ``betas`` (which ``apply_optimizer_in_backward`` hands on as a
+  fused_params key, and FBGEMM's TBE has no keyword for) becomes FBGEMM's ``beta1`` and
+  ``beta2``; its other keywords are accepted at their defaults, which ask for nothing;
 - FBGEMM keywords TorchRec sets from the tables themselves, TorchRec's keys for other
   kernels, a KeyValueParams field, and any key no one reads are refused, naming the key.
 
@@ -59,6 +62,10 @@ _DONE_BY_THE_KERNEL: Mapping[str, str] = {
     "prefetch_pipeline": ("TorchRec's prefetch flag: the row cache keeps every prefetched batch's rows until its "
                           "step, as FBGEMM's prefetch_pipeline=True asks of its cache"),
 }
+# torch.optim.Adam's keywords with no FBGEMM counterpart, at the values that ask for
+# nothing (apply_optimizer_in_backward(torch.optim.Adam, ...) hands them on as given).
+_TORCH_ADAM_DEFAULTS: Mapping[str, Any] = {"amsgrad": False, "maximize": False, "foreach": None,
+                                           "capturable": False, "differentiable": False, "fused": None}
 # TorchRec's keys (not FBGEMM keywords) for its table grouping, which it consumes itself.
 _TORCHREC_GROUPING: FrozenSet[str] = frozenset({USE_ONE_TBE_PER_TABLE, "_batch_key", FUSED_PARAM_SSD_TABLE_LIST})
 # TorchRec's keys for other kernels.
@@ -100,6 +107,27 @@ def _learning_rate(fused_params: Mapping[str, Any]) -> Any:
     return fused_params.get("learning_rate", fused_params.get("lr", TBE_DEFAULTS["learning_rate"]))
 
 
+def _betas(fused_params: Mapping[str, Any]) -> Dict[str, float]:
+    """FBGEMM's beta1 and beta2 from torch.optim.Adam's ``betas`` (a pair), checked against
+    beta1 / beta2 given beside it."""
+    value = fused_params["betas"]
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
+            or any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in value)):
+        raise ValueError(f"fused_params['betas']={value!r} must be a pair of numbers (beta1, beta2)")
+    out = {"beta1": float(value[0]), "beta2": float(value[1])}
+    for key, beta in out.items():
+        if key in fused_params and fused_params[key] != beta:
+            raise ValueError(f"fused_params gives betas={value!r} and {key}={fused_params[key]!r}: give one")
+    return out
+
+
+def _check_torch_adam_keyword(key: str, value: Any) -> None:
+    default = _TORCH_ADAM_DEFAULTS[key]
+    if value is not default and value != default:
+        raise _refused(key, value, f"a keyword of torch.optim.Adam that FBGEMM's Adam has no counterpart for; "
+                                   f"only {default!r} (torch's default) is accepted")
+
+
 def _check_cache_algorithm(value: Any, policy: str) -> None:
     if not isinstance(value, CacheAlgorithm) or CACHE_ALGORITHMS.get(value) != policy:
         raise _refused("cache_algorithm", value, f"the tables' row cache runs policy {policy!r} (their "
@@ -125,6 +153,12 @@ def kernel_settings(fused_params: Mapping[str, Any], cache_algorithm: str) -> Di
     tbe: Dict[str, Any] = {}
     for key, value in fused_params.items():
         if key in _ACCEPTED:
+            continue
+        if key == "betas":
+            tbe.update(_betas(fused_params))
+            continue
+        if key in _TORCH_ADAM_DEFAULTS:
+            _check_torch_adam_keyword(key, value)
             continue
         if key in _FROM_TABLES:
             raise _refused(key, value, f"TorchRec sets it from {_FROM_TABLES[key]}")

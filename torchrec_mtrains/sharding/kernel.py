@@ -353,6 +353,12 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
     def set_learning_rate(self, lr: float) -> None:
         self._emb.set_learning_rate(lr)
 
+    def set_optimizer_step(self, step: int) -> None:
+        """Sets the Adam family's step count (FBGEMM's ``set_optimizer_step``)."""
+        self._live.apply()
+        self._version += 1
+        self._emb.set_optimizer_step(step)
+
     # TorchRec reads these while it builds its state: a tiered kernel exposes no tensors
     # there (the sharded module streams its tables itself).
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):  # type: ignore[override]
@@ -372,13 +378,51 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
     def has_optimizer_state(self) -> bool:
         return self._emb.layouts[0].state_values > 0
 
+    def _state_columns(self, t: int, part: str) -> Optional[Tuple[int, int]]:
+        """The columns of the state block that part ``"state.<k>"`` (FBGEMM's part k of the
+        optimizer state: Adam's momentum1 or momentum2) holds; None for another part."""
+        if not part.startswith("state."):
+            return None
+        widths = self._emb.layouts[t].state_parts
+        k = int(part[len("state."):])
+        if not 0 <= k < len(widths):
+            raise ValueError(f"table {self._tables[t].name}: its optimizer state has {len(widths)} parts, "
+                             f"not a part {part!r}")
+        start = sum(widths[:k])
+        return start, start + widths[k]
+
     def _part_layout(self, t: int, part: str) -> Tuple[Tuple[int, ...], torch.dtype]:
-        """Shape and dtype of local shard ``t``'s weights or optimizer state (FBGEMM's layout)."""
+        """Shape and dtype of local shard ``t``'s weights, optimizer state (``"state"``, one
+        block) or one of FBGEMM's parts of it (``"state.<k>"``), in FBGEMM's layout."""
         rows, layout = self._tables[t].local_rows, self._emb.layouts[t]
         if part == "weight":
             return (rows, layout.dim), self._emb.weights_dtype
+        if part == "step":
+            return (), torch.int64
+        columns = self._state_columns(t, part)
+        if columns is not None:
+            width = columns[1] - columns[0]
+            return ((rows,) if width == 1 else (rows, width)), torch.float32
         # SGD has no state: a state shard given for it is taken as per-weight and ignored.
         return layout.state_shape(rows) or (rows, layout.dim), torch.float32
+
+    def _state_part(self, t: int, part: str, state: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("state" or "state.<k>") of a block of rows' state (``read_rows``)."""
+        columns = self._state_columns(t, part)
+        if columns is None:
+            return state
+        block = state if state.dim() == 2 else state.unsqueeze(1)
+        out = block[:, columns[0]:columns[1]]
+        return out.reshape(-1) if columns[1] - columns[0] == 1 else out
+
+    def stage_step(self, t: int) -> torch.Tensor:
+        """The kernel's optimizer step count (FBGEMM's ``iter``) as a 0-d int64 tensor for
+        local shard ``t``'s state; an in-place write into it sets the count (as
+        ``load_shard(t, "step", ...)``) before the kernel next runs."""
+        self._live.apply()
+        out = torch.tensor(self._emb.optimizer_step, dtype=torch.int64)
+        self._live.track(t, "step", out)
+        return out
 
     def check_dense(self, t: int, what: str) -> None:
         """Raises for a virtual shard: its rows are keyed by id, not a dense tensor."""
@@ -400,14 +444,16 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
         for lo in range(0, rows, _CHUNK_ROWS):
             hi = min(rows, lo + _CHUNK_ROWS)
             weights, state = self._emb.read_rows(t, lo, hi)
-            out[lo:hi] = weights if part == "weight" else state
+            out[lo:hi] = weights if part == "weight" else self._state_part(t, part, state)
         self._live.track(t, part, out)
         return out
 
     def load_shard(self, t: int, part: str, source: torch.Tensor) -> None:
-        """Writes ``source`` (the full local shard ``t``: weights or optimizer state) to
-        the tiers in chunks, keeping the other part of each row."""
-        self.check_dense(t, "loading")
+        """Writes ``source`` (the full local shard ``t``: weights, optimizer state or one of
+        its parts, see ``_part_layout``) to the tiers in chunks, keeping the rest of each
+        row; ``part="step"``: the kernel's optimizer step count (a 0-d tensor)."""
+        if part != "step":
+            self.check_dense(t, "loading")
         self._live.apply()
         self._load_shard(t, part, source)
         self._live.shards_changed(t, part, source=source)
@@ -421,11 +467,19 @@ class TieredBatchedEmbeddingBag(BaseEmbedding, FusedOptimizerModule):
                 f"expected {want}"
             )
         self._version += 1
+        if part == "step":
+            self._emb.set_optimizer_step(int(source.item()))
+            return
+        columns = self._state_columns(t, part)
         for lo in range(0, rows, _CHUNK_ROWS):
             hi = min(rows, lo + _CHUNK_ROWS)
             weights, state = self._emb.read_rows(t, lo, hi)
             if part == "weight":
                 weights = source[lo:hi].to(dtype)
+            elif columns is not None:
+                state = state.clone()
+                block = state if state.dim() == 2 else state.unsqueeze(1)
+                block[:, columns[0]:columns[1]] = source[lo:hi].to(dtype).reshape(hi - lo, -1)
             else:
                 state = source[lo:hi].to(dtype)
             self._emb.set_rows(t, torch.arange(lo, hi), weights.contiguous(),
@@ -485,3 +539,8 @@ class TieredFusedOptimizer(FusedOptimizer):
 
     def step(self, closure: Any = None) -> None:
         self._kernel.set_learning_rate(self.param_groups[0]["lr"])
+
+    def set_optimizer_step(self, step: int) -> None:
+        """FBGEMM's fused optimizer's ``set_optimizer_step`` (TorchRec's KeyedOptimizer passes
+        it on): the Adam family's step count."""
+        self._kernel.set_optimizer_step(step)
