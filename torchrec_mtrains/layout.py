@@ -19,7 +19,8 @@ import dataclasses
 import enum
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["OPTIMIZERS", "PRECISIONS", "SHORT_OPTIMIZER_NAMES", "TableLayout", "optimizer_name", "precision_name"]
+__all__ = ["OPTIMIZERS", "PRECISIONS", "SHORT_OPTIMIZER_NAMES", "TableLayout", "optimizer_name", "precision_name",
+           "state_parts"]
 
 _STATE_VALUE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 whatever the weights' precision
 
@@ -96,6 +97,16 @@ def optimizer_name(value: object, what: str = "optimizer") -> str:
     )
 
 
+def state_parts(optimizer: object, dim: int) -> Tuple[int, ...]:
+    """Values per row of each of FBGEMM's parts of ``optimizer``'s state on rows of ``dim``
+    weights (``TableLayout.state_parts``), for code that holds no TableLayout (checkpoints).
+
+    Raises:
+        ValueError: an unsupported optimizer (see ``optimizer_name``).
+    """
+    return _OPTIMIZERS[optimizer_name(optimizer)](dim)
+
+
 def precision_name(value: object, what: str = "precision") -> str:
     """The FBGEMM ``SparseType`` value of a supported weight precision.
 
@@ -158,7 +169,7 @@ class TableLayout:
     def state_parts(self) -> Tuple[int, ...]:
         """Values per row of each part of the state, in FBGEMM's order (Adam and LAMB:
         momentum1 then momentum2); a part of 1 is one value per row."""
-        return _OPTIMIZERS[self.optimizer](self.dim)
+        return state_parts(self.optimizer, self.dim)
 
     @property
     def state_slots(self) -> int:

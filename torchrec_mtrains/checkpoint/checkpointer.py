@@ -54,7 +54,7 @@ from torchrec_mtrains.checkpoint.kind_change import (
     weight_key,
 )
 from torchrec_mtrains.checkpoint.steps import ChainStep
-from torchrec_mtrains.checkpoint.restore import apply_rows, chain_specs, check_rows
+from torchrec_mtrains.checkpoint.restore import apply_rows, chain_specs, check_rows, restore_optimizer_steps
 from torchrec_mtrains.checkpoint.quantize import QUANTIZE_KINDS
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk, RowChunkPlanner, RowChunkWriter, plan_chunks
 from torchrec_mtrains.checkpoint.save_snapshot import PieceSnapshot, snapshots_of, stage, taken_marks
@@ -385,7 +385,8 @@ class DifferentialCheckpointer:
         for p in pieces:
             mine = [c for c in chunks if c.piece is p]
             complete = kind == FULL and (p.spec.virtual or sum(c.count for c in mine) == p.spec.rows)
-            records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine], virtual=live.get(p.spec.key)))
+            records.append(PieceRecord(p.spec, complete, [c.spec() for c in mine], virtual=live.get(p.spec.key),
+                                       optimizer_step=p.optimizer_step))
         for p in fused:  # whole in the dense state (full) or its changed rows (delta)
             mine = [c for c in chunks if c.piece is p]
             records.append(PieceRecord(p.spec, kind == FULL, [c.spec() for c in mine], fused=True))
@@ -464,6 +465,7 @@ class DifferentialCheckpointer:
             restore_from_dense(pieces, changed.to_tiered, chain)
             apply_rows(targets, chain)  # FUSED-now tables: into the state's tensors
             apply_virtual(pieces, chain)
+            restore_optimizer_steps(pieces, chain)
             load_state_dicts(state, model, dense_optimizer)
         clear_dirty(model)
         clear_fused_dirty(model)

@@ -10,6 +10,8 @@ import dataclasses
 import typing
 from typing import Any, Dict, Mapping
 
+from torchrec_mtrains.layout import OPTIMIZERS
+
 __all__ = ["check_fields", "check_manifest_ranges", "check_trainer"]
 
 _TORCH_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
@@ -100,6 +102,10 @@ def _check_piece(p: Any, where: str) -> None:
                          f"exceed the table's {s.table_rows} x {s.table_cols}")
     if s.tables_attr not in ("embedding_bags", "embeddings"):
         raise ValueError(f"{where}.spec.tables_attr={s.tables_attr!r} must be 'embedding_bags' or 'embeddings'")
+    if s.optimizer and s.optimizer not in OPTIMIZERS:
+        raise ValueError(f"{where}.spec.optimizer={s.optimizer!r} must be one of {list(OPTIMIZERS)}")
+    if p.optimizer_step < 0:
+        raise ValueError(f"{where}.optimizer_step={p.optimizer_step} must be >= 0")
     if s.dtype not in _TORCH_DTYPES:
         raise ValueError(f"{where}.spec.dtype={s.dtype!r} must be one of {sorted(_TORCH_DTYPES)}")
     if len(s.init_range) != 2:

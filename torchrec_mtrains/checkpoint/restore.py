@@ -10,7 +10,7 @@ written, so a damaged chain restores nothing.
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -19,10 +19,11 @@ from torchrec_mtrains.checkpoint.row_io import chunk_crc32
 from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.store_links import read_linked_rows, read_map_chunk
-from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec, table_of
+from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec, Table, table_of
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 
-__all__ = ["apply_rows", "chain_specs", "check_rows", "init_rows", "join_rows", "read_chunk", "split_rows"]
+__all__ = ["apply_rows", "chain_specs", "check_rows", "check_same_optimizer", "init_rows", "join_rows", "read_chunk",
+           "restore_optimizer_steps", "split_rows"]
 
 
 def chain_specs(chain: List[ChainStep], fused: Optional[bool] = None) -> List[PieceSpec]:
@@ -107,17 +108,12 @@ def _apply(piece: LocalPiece, source: PieceSpec, ids: torch.Tensor, rows: torch.
     local = global_ids - target.row_offset
     if local.numel() == 0:
         return 0
+    check_same_optimizer(source, target)
     same_layout = (source.col_offset, source.cols, source.dtype, source.state_values) == (
         target.col_offset, target.cols, target.dtype, target.state_values)
     if same_layout:
         piece.emb.set_store_rows(piece.t, local, rows.contiguous())
         return int(local.numel())
-    # The optimizer's kind: 0 no state (SGD), 1 row-wise, 2 per element (one value per column).
-    if min(source.state_values, 2) != min(target.state_values, 2):
-        raise ValueError(
-            f"table {target.table}: cannot restore optimizer state of {source.state_values} values per row "
-            f"into a table with {target.state_values} (another optimizer)"
-        )
     weights, state = split_rows(target, piece.emb.store_rows(piece.t, local))
     src_w, src_s = split_rows(source, rows)
     a = max(source.col_offset, target.col_offset)
@@ -127,15 +123,72 @@ def _apply(piece: LocalPiece, source: PieceSpec, ids: torch.Tensor, rows: torch.
     weights = weights.clone()
     weights[:, to_cols] = src_w[:, from_cols].to(weights.dtype)
     if state is not None:
-        state = state.clone()
-        if target.state_values == 1:  # row-wise: the shard holding the target's first column gives it
-            if source.col_offset <= target.col_offset < source.col_offset + source.cols:
-                state = src_s.clone()
-        else:
-            state[:, to_cols] = src_s[:, from_cols]
+        state = _move_state(source, target, state.clone(), src_s, to_cols, from_cols)
         state = state.reshape(-1) if target.state_values == 1 else state
     piece.emb.set_rows(piece.t, local, weights.contiguous(), state)
     return int(local.numel())
+
+
+def check_same_optimizer(source: PieceSpec, target: PieceSpec) -> None:
+    """Raises ValueError unless the saved rows carry the state of the target's optimizer:
+    another optimizer's values (Adagrad's dim against partial row-wise Adam's dim + 1, or
+    Adam's momenta against LAMB's) would be restored as if they were its own."""
+    if source.optimizer_name != target.optimizer_name:
+        raise ValueError(
+            f"table {target.table}: cannot restore the optimizer state of {source.optimizer_name} "
+            f"({source.state_values} values per row) into a table trained with {target.optimizer_name} "
+            f"({target.state_values}): another optimizer")
+
+
+def _move_state(source: PieceSpec, target: PieceSpec, state: torch.Tensor, src_s: torch.Tensor,
+                to_cols: slice, from_cols: slice) -> torch.Tensor:
+    """``state`` (the target's ``[n, state_values]`` rows) with the source's state of the
+    shared columns, part by part (FBGEMM's parts: ``state_parts``): a per-element part's
+    shared columns; a row-wise part (one value per row) from the source shard holding the
+    target's first column, as TorchRec keeps it."""
+    state = state if state.dim() == 2 else state.unsqueeze(1)
+    src_s = src_s if src_s.dim() == 2 else src_s.unsqueeze(1)
+    holds_first = source.col_offset <= target.col_offset < source.col_offset + source.cols
+    to_start = from_start = 0
+    for to_width, from_width in zip(target.state_parts, source.state_parts):
+        if to_width == 1:
+            if holds_first:
+                state[:, to_start] = src_s[:, from_start]
+        else:
+            state[:, to_start + to_cols.start:to_start + to_cols.stop] = \
+                src_s[:, from_start + from_cols.start:from_start + from_cols.stop]
+        to_start, from_start = to_start + to_width, from_start + from_width
+    return state
+
+
+def restore_optimizer_steps(pieces: List[LocalPiece], chain: List[ChainStep]) -> None:
+    """Sets each kernel's optimizer step count (the Adam family's, FBGEMM's ``iter``) to the
+    count the chain's newest records of its tables saved, so training continues exactly.
+
+    Raises:
+        ValueError: the tables of one kernel (one count) were saved with different counts.
+    """
+    saved: Dict[Table, set] = {}
+    for step in reversed(chain):  # a table's newest records (a step may hold none of a linked table's)
+        found: Dict[Table, set] = {}
+        for record in step.pieces():
+            if not record.fused and table_of(record.spec) not in saved:
+                found.setdefault(table_of(record.spec), set()).add(record.optimizer_step)
+        saved.update(found)
+    kernels: Dict[int, Tuple[Any, Dict[str, set]]] = {}
+    for piece in pieces:
+        if not hasattr(piece.emb, "set_optimizer_step"):
+            continue  # a FUSED shard's rows (kind_change.FusedRows)
+        _, by_table = kernels.setdefault(id(piece.emb), (piece.emb, {}))
+        by_table[piece.spec.table] = saved.get(table_of(piece.spec), {0})
+    for emb, by_table in kernels.values():
+        steps = set().union(*by_table.values())
+        if len(steps) > 1:
+            raise ValueError(f"tables {', '.join(sorted(by_table))} share one optimizer step count (one kernel), "
+                             f"but were saved with step counts {sorted(steps)}")
+        step = steps.pop()
+        if step or emb.optimizer_step:
+            emb.set_optimizer_step(step)
 
 
 _Work = Tuple[str, LocalPiece, ChainStep, PieceRecord, Optional[ChunkSpec]]

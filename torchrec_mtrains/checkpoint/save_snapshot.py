@@ -103,7 +103,7 @@ def tiered_snapshot(piece: LocalPiece, full: bool) -> PieceSnapshot:
     marks = taken_marks(live)
     selected = selected if full else marks
     snapshot = emb.snapshot_rows(t, selected, add_cached=full)
-    return PieceSnapshot(LocalPiece(SnapshotRows(snapshot), t, piece.spec), selected, marks, live,
+    return PieceSnapshot(LocalPiece(SnapshotRows(snapshot), t, piece.spec, piece.optimizer_step), selected, marks, live,
                          lambda: emb.release_snapshot(t))
 
 

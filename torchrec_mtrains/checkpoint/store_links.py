@@ -106,7 +106,8 @@ def link_pieces(pieces: List[LocalPiece], path: str, step: int) -> List[PieceRec
         chunks = _write_map(store, step, piece.spec.rows, os.path.join(path, map_name), map_name)
         entries = sum(c.count for c in chunks)
         snapshot = SnapshotSpec(step, file_name, map_name, entries, store.table_uuid)
-        records.append(PieceRecord(piece.spec, entries == piece.spec.rows, chunks, snapshot))
+        records.append(PieceRecord(piece.spec, entries == piece.spec.rows, chunks, snapshot,
+                                   optimizer_step=piece.optimizer_step))
     fsync_path(links)
     fsync_path(path)
     return records

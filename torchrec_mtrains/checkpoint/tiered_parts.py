@@ -28,6 +28,7 @@ class LocalPiece:
     emb: TieredEmbeddingBags
     t: int
     spec: PieceSpec
+    optimizer_step: int = 0  # the kernel's optimizer step count when the piece was taken
 
 
 def _collections(model: nn.Module) -> Iterator[tuple]:
@@ -68,9 +69,9 @@ def local_pieces(model: nn.Module) -> List[LocalPiece]:
                     dtype=layout.torch_dtype_name, state_values=int(layout.state_values),
                     seed=int(emb.store_seed(t)), init_range=[float(lo), float(hi)],
                     virtual=bool(table.use_virtual_table),  # rows: its id space; ids: the live ones
-                    tables_attr=collection.TABLES_ATTR,
+                    tables_attr=collection.TABLES_ATTR, optimizer=layout.optimizer,
                 )
-                out.append(LocalPiece(emb, t, spec))
+                out.append(LocalPiece(emb, t, spec, int(emb.optimizer_step)))
     return sorted(out, key=lambda p: p.spec.key)
 
 

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from torchrec_mtrains.checkpoint.manifest_schema import check_fields, check_manifest_ranges
+from torchrec_mtrains.layout import state_parts
 
 __all__ = [
     "ChainError",
@@ -82,6 +83,22 @@ class PieceSpec:
     # or "embeddings" (an EmbeddingCollection); the table's weight is
     # ``<module><tables_attr>.<table>.weight``.
     tables_attr: str = "embedding_bags"
+    # The optimizer (FBGEMM's EmbOptimType value) whose state the rows carry; "" in a
+    # manifest written before it was saved, and for a FUSED shard: see ``optimizer_name``.
+    optimizer: str = ""
+
+    @property
+    def optimizer_name(self) -> str:
+        """The optimizer whose state the rows carry: as saved, else the one ``state_values``
+        implies (none: SGD, one: row-wise Adagrad, else Adagrad), the only ones saved before."""
+        if self.optimizer:
+            return self.optimizer
+        return {0: "exact_sgd", 1: "exact_row_wise_adagrad"}.get(self.state_values, "exact_adagrad")
+
+    @property
+    def state_parts(self) -> Tuple[int, ...]:
+        """Values per row of each of FBGEMM's parts of the state (``TableLayout.state_parts``)."""
+        return state_parts(self.optimizer_name, self.cols)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -198,6 +215,9 @@ class PieceRecord:
     # training looked up since the parent step.
     fused: bool = False
     virtual: Optional[VirtualRecord] = None  # a virtual table's shard: its live ids
+    # The step count of the shard's kernel's optimizer when saved (the Adam family's bias
+    # correction, FBGEMM's ``iter``); 0 for the optimizers that keep none.
+    optimizer_step: int = 0
 
     @property
     def rows_saved(self) -> int:
@@ -288,7 +308,7 @@ def _piece(raw: Any, where: str) -> PieceRecord:
             raise ValueError(f"{where}: live ids belong to a virtual table's copied shard")
     elif spec.virtual:
         raise ValueError(f"{where}: a virtual table's shard lacks its live ids")
-    return PieceRecord(spec, fields["complete"], chunks, snapshot, fused, virtual)
+    return PieceRecord(spec, fields["complete"], chunks, snapshot, fused, virtual, fields.get("optimizer_step", 0))
 
 
 @dataclasses.dataclass(frozen=True)

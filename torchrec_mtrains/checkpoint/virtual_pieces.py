@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchrec_mtrains.checkpoint.restore import read_chunk
+from torchrec_mtrains.checkpoint.restore import check_same_optimizer, read_chunk
 from torchrec_mtrains.checkpoint.row_io import PlannedChunk
 from torchrec_mtrains.checkpoint.save_snapshot import PieceSnapshot, taken_marks
 from torchrec_mtrains.checkpoint.steps import ChainStep
@@ -103,7 +103,7 @@ def virtual_snapshot(piece: LocalPiece, full: bool) -> PieceSnapshot:
     by_id = torch.argsort(state["ids"])
     live = torch.stack([state["ids"], state["counts"].view(torch.int32).to(torch.int64), state["times"]], 1)[by_id]
     saved = VirtualSave(live.contiguous(), int(state["pending"]), int(state["next_pass_at"]))
-    return PieceSnapshot(LocalPiece(reader, t, piece.spec), SortedIds(reader.ids), marks, live_marks,
+    return PieceSnapshot(LocalPiece(reader, t, piece.spec, piece.optimizer_step), SortedIds(reader.ids), marks, live_marks,
                          lambda: emb.release_snapshot(t), virtual=saved)
 
 
@@ -222,6 +222,7 @@ def _row_chunks(target: PieceSpec, chain: List[ChainStep]):
 
 
 def _check_layout(target: PieceSpec, source: PieceSpec) -> None:
+    check_same_optimizer(source, target)
     if (source.cols, source.dtype, source.state_values) != (target.cols, target.dtype, target.state_values):
         raise ValueError(f"virtual table {target.table}: its rows were saved as {source.cols} {source.dtype} "
                          f"weights and {source.state_values} optimizer values and are now {target.cols} "
