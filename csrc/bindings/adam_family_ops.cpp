@@ -1,16 +1,19 @@
 // The backward of a tiered table trained with Adam, partial row-wise Adam, LAMB or partial
 // row-wise LAMB (torch.ops.mtrains.adam_family_backward; torchrec_mtrains/kernels/adam_family.py).
 //
-// One pass over the step's indices sums each touched slot's gradient from the output's
-// gradient (the bag's row, scaled by the index's per-sample weight and, for MEAN, by 1/L;
-// a sequence's own row), in index order, so the sums are deterministic; a second pass
-// updates each touched slot once (kernel/adam_update.h), split over torch's intra-op threads.
+// One pass over the step's indices finds each touched slot (its position: the order of
+// first touch) and what each index adds to it (the output gradient's row: the bag's, scaled
+// by the index's per-sample weight and, for MEAN, by 1/L; a sequence's own row); a stable
+// counting sort groups the indices by slot, and the slots, split over torch's intra-op
+// threads, each sum their indices' gradients in index order (so the sums are the same
+// whatever the threads) and update at once (kernel/adam_update.h).
 // `positions[t]` (int32, one per slot of table t, -1 when free) maps a touched slot to its
-// sum while the call runs and is left all -1 again.
+// position while the call runs and is left all -1 again.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -21,13 +24,15 @@ namespace {
 
 constexpr int64_t kSum = 0, kMean = 1, kNone = 2;  // FBGEMM's PoolingMode values
 
-// A table's touched slots and their summed gradients.
+// A table's touched slots and what each index adds to them.
 struct TableGrads {
   int64_t dim = 0;
   int32_t* position = nullptr;  // slot -> index into `slots`, -1 when untouched
   int64_t rows = 0;
-  std::vector<int64_t> slots;
-  std::vector<float> sums;  // slots.size() x dim
+  std::vector<int64_t> slots;        // position -> slot, in the order of first touch
+  std::vector<int32_t> at;           // per index of this table, in index order: its slot's position
+  std::vector<const float*> grads;   // ... the gradient row it adds
+  std::vector<float> scales;         // ... and the scale of that row
 
   void Add(int64_t slot, const float* grad, float scale) {
     TORCH_CHECK_INDEX(slot >= 0 && slot < rows, "slot ", slot, " is outside the table's ", rows, " slots");
@@ -36,10 +41,10 @@ struct TableGrads {
       p = int32_t(slots.size());
       position[slot] = p;
       slots.push_back(slot);
-      sums.resize(sums.size() + size_t(dim), 0.0f);
     }
-    float* sum = sums.data() + size_t(p) * size_t(dim);
-    for (int64_t d = 0; d < dim; ++d) sum[d] += scale * grad[d];
+    at.push_back(p);
+    grads.push_back(grad);
+    scales.push_back(scale);
   }
 };
 
@@ -78,15 +83,42 @@ std::vector<int64_t> BagOutputStarts(int64_t num_features, int64_t num_bags, con
 }
 
 template <typename T>
-void UpdateTable(const AdamTerms& terms, TableGrads& grads, at::Tensor& weights, at::Tensor& state) {
+void UpdateTable(const AdamTerms& terms, const AdamCorrections& corrections, const TableGrads& grads,
+                 at::Tensor& weights, at::Tensor& state) {
   const int64_t dim = grads.dim, n = int64_t(grads.slots.size());
+  if (n == 0) return;
   const int64_t state_values = state.size(1);
   T* w = weights.data_ptr<T>();
   float* s = state.data_ptr<float>();
+  // The entries of each position, in index order (a stable counting sort).
+  std::vector<int64_t> first(static_cast<size_t>(n + 1), 0);
+  for (int32_t p : grads.at) ++first[size_t(p) + 1];
+  for (int64_t p = 0; p < n; ++p) first[size_t(p + 1)] += first[size_t(p)];
+  std::vector<int64_t> entries(grads.at.size());
+  {
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (size_t e = 0; e < grads.at.size(); ++e) entries[size_t(next[size_t(grads.at[e])]++)] = int64_t(e);
+  }
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t slot = grads.slots[size_t(i)];
-      UpdateRow<T>(terms, dim, grads.sums.data() + size_t(i) * size_t(dim), w + slot * dim, s + slot * state_values);
+    std::vector<float> sum(static_cast<size_t>(dim));
+    for (int64_t p = begin; p < end; ++p) {
+      if (p + 1 < end) {  // the next row's weights and state from DRAM while this one sums
+        const int64_t next = grads.slots[size_t(p + 1)];
+        const char* nw = reinterpret_cast<const char*>(w + next * dim);
+        const char* ns = reinterpret_cast<const char*>(s + next * state_values);
+        for (int64_t b = 0; b < dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(nw + b, 1, 3);
+        for (int64_t b = 0; b < state_values * int64_t(sizeof(float)); b += 64) __builtin_prefetch(ns + b, 1, 3);
+      }
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (int64_t k = first[size_t(p)]; k < first[size_t(p + 1)]; ++k) {
+        const size_t e = size_t(entries[size_t(k)]);
+        const float* grad = grads.grads[e];
+        const float scale = grads.scales[e];
+        float* out = sum.data();
+        for (int64_t d = 0; d < dim; ++d) out[d] += scale * grad[d];
+      }
+      const int64_t slot = grads.slots[size_t(p)];
+      UpdateRow<T>(terms, corrections, dim, sum.data(), w + slot * dim, s + slot * state_values);
     }
   });
 }
@@ -201,6 +233,11 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
         for (int64_t slot : table.slots) table.position[slot] = -1;
     }
   } reset{tables};
+  for (TableGrads& table : tables) {
+    table.at.reserve(size_t(n));
+    table.grads.reserve(size_t(n));
+    table.scales.reserve(size_t(n));
+  }
   int64_t bag = 0;
   for (int64_t f = 0; f < num_features; ++f) {
     TableGrads& table = tables[size_t(feature_tables[size_t(f)])];
@@ -216,13 +253,14 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
       }
     }
   }
+  const AdamCorrections corrections = Corrections(terms);
   for (int64_t t = 0; t < num_tables; ++t) {
-    TableGrads& table = tables[size_t(t)];
+    const TableGrads& table = tables[size_t(t)];
     at::Tensor w = weights[size_t(t)], s = states[size_t(t)];
     if (w.scalar_type() == at::kHalf) {
-      UpdateTable<at::Half>(terms, table, w, s);
+      UpdateTable<at::Half>(terms, corrections, table, w, s);
     } else {
-      UpdateTable<float>(terms, table, w, s);
+      UpdateTable<float>(terms, corrections, table, w, s);
     }
   }
 }

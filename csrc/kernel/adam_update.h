@@ -46,10 +46,25 @@ struct AdamTerms {
   int64_t StateValues(int64_t dim) const { return dim + (per_weight_momentum2() ? dim : 1); }
 };
 
+// The bias corrections 1 - beta1^t and 1 - beta2^t of a step: the same for every row, so
+// computed once per step (Corrections(terms)).
+struct AdamCorrections {
+  float first = 1;
+  float second = 1;
+};
+AdamCorrections Corrections(const AdamTerms& terms);
+
 // Updates one row in place: `weights` (dim values of T: float or at::Half), `state`
 // (StateValues(dim) fp32), from `grad` (dim fp32: the row's summed gradient, clipped here
-// when the terms say so; overwritten as scratch).
+// when the terms say so; overwritten as scratch). `corrections` is Corrections(terms).
 template <typename T>
-void UpdateRow(const AdamTerms& terms, int64_t dim, float* grad, T* weights, float* state);
+void UpdateRow(const AdamTerms& terms, const AdamCorrections& corrections, int64_t dim, float* grad, T* weights,
+               float* state);
+
+// The same, computing the corrections itself.
+template <typename T>
+void UpdateRow(const AdamTerms& terms, int64_t dim, float* grad, T* weights, float* state) {
+  UpdateRow<T>(terms, Corrections(terms), dim, grad, weights, state);
+}
 
 }  // namespace mtrains
