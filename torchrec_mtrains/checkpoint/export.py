@@ -9,10 +9,17 @@ out its own (``torchrec_mtrains.sharding.checkpoint``):
   table's dtype;
 * ``optim.state.<module>embedding_bags.<table>.weight.<table>.momentum1``: fp32, one value
   per row of each shard for a row-wise optimizer (column-wise shards stacked), or
-  ``[table_rows, table_cols]`` for an element-wise one; absent for SGD;
+  ``[table_rows, table_cols]`` for an element-wise one; absent for SGD. An Adam-family table
+  has FBGEMM's two parts of its state (``split_optimizer_states``) as TorchRec's FUSED kernel
+  names them: ``...<table>.momentum1`` (exp_avg, ``[table_rows, table_cols]``) and
+  ``...<table>.exp_avg_sq`` (``[table_rows, table_cols]``, or one value per row, stacked as
+  above, for the partial row-wise ones), and ``...<table>.step``, the step count of its bias
+  correction (a 0-d int64 tensor: the tiered fused optimizer's; TorchRec's FUSED kernel
+  keeps none and ignores it);
 * a virtual table (its rows keyed by id): ``model.<module>embedding_bags.<table>.weight_id``,
   its live ids (int64, global, ascending), beside ``...weight`` ``[live ids, table_cols]`` and
-  the optimizer state ``optim.state....momentum1`` of those ids (one value or a row each);
+  the optimizer state of those ids (``optim.state....momentum1``, and ``...exp_avg_sq``:
+  one value or a row each);
   a table's live rows are held in memory while they are written;
 * every other item of the chain's last step (dense parameters, FUSED tables, the fused
   and dense optimizers' remaining state) as that step saved it.
@@ -63,7 +70,8 @@ from torchrec_mtrains.checkpoint.restore import init_rows, join_rows, read_chunk
 from torchrec_mtrains.checkpoint.row_io import GroupedFileWriter
 from torchrec_mtrains.checkpoint.types import ChainError, ChunkSpec, PieceRecord, PieceSpec
 from torchrec_mtrains.checkpoint.virtual_pieces import export_virtual
-from torchrec_mtrains.sharding.checkpoint import rowwise_metadata
+from torchrec_mtrains.kernels.tbe_settings import ADAM_FAMILY
+from torchrec_mtrains.sharding.checkpoint import STATE_KEYS, STEP_KEY, rowwise_metadata
 
 __all__ = ["export_full_checkpoint"]
 
@@ -103,6 +111,7 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
     chain_dir.read_trainer(last.reader.path, last.step)  # the step is complete
     pieces = _export_pieces(chain)
     virtual = _virtual_items(export_virtual(chain))
+    virtual.update(_table_steps(chain))  # items of their own, like a virtual table's
     dense, mappings = _read_dense(last, pieces, set(virtual))
     for fqn, (value, mapping) in virtual.items():
         dense[fqn], mappings[fqn] = value, mapping
@@ -133,6 +142,22 @@ def export_full_checkpoint(checkpoint: str, destination: str, block_rows: int = 
 
 
 # ------------------------------------------------------------------ the tiered items ----
+@dataclasses.dataclass(frozen=True)
+class _StatePart:
+    """One of FBGEMM's parts of a shard's optimizer state, as TorchRec's FUSED kernel keys
+    and lays it out: ``<table>.momentum1`` (part 0), ``<table>.exp_avg_sq`` (part 1)."""
+
+    key: str  # "<table>.momentum1" / "<table>.exp_avg_sq"
+    start: int  # its first value in a row's state block
+    width: int  # values per row: 1 (row-wise) or the shard's cols (per element)
+    offsets: Offsets  # of the shard's part in its tensor
+    size: Tuple[int, ...]  # of that tensor: 1 dimension (row-wise) or 2 (per element)
+
+    @property
+    def rowwise(self) -> bool:
+        return self.width == 1
+
+
 @dataclasses.dataclass
 class _ExportPiece:
     """A saved shard: its record in each step of the chain (None where a step has none) and
@@ -141,28 +166,25 @@ class _ExportPiece:
     spec: PieceSpec
     records: List[Optional[PieceRecord]]
     param: str  # the table's weight in the model's state_dict: "<module>embedding_bags.<table>.weight"
-    state_offsets: Offsets  # offsets of the shard's optimizer state in its tensor
-    state_size: Tuple[int, ...]  # of that tensor: 1 dimension (row-wise) or 2 (element-wise)
+    parts: List[_StatePart]  # its optimizer state's parts (none for SGD)
     source: Optional[int] = None  # a FUSED shard: the step whose dense state holds it (deltas on top)
-
-    @property
-    def rowwise(self) -> bool:
-        return len(self.state_size) == 1
 
     @property
     def weight_fqn(self) -> str:
         return f"model.{self.param}"
 
-    @property
-    def state_fqn(self) -> Optional[str]:
-        """The DCP key of the optimizer state; None without one (SGD)."""
-        return f"optim.state.{self.param}.{self.spec.table}.momentum1" if self.spec.state_values else None
+    def state_fqn(self, part: _StatePart) -> str:
+        """The DCP key of one part of the optimizer state."""
+        return f"optim.state.{self.param}.{part.key}"
+
+    def state_fqns(self) -> List[str]:
+        return [self.state_fqn(part) for part in self.parts]
 
     def mappings(self) -> Dict[str, Tuple[str, ...]]:
         """How DCP unflattens the piece's items into the state_dict of the old layout."""
         out = {self.weight_fqn: ("model", self.param)}
-        if self.state_fqn is not None:
-            out[self.state_fqn] = ("optim", "state", self.param, f"{self.spec.table}.momentum1")
+        for part in self.parts:
+            out[self.state_fqn(part)] = ("optim", "state", self.param, part.key)
         return out
 
 
@@ -205,8 +227,9 @@ def _check_cover(full: ChainStep, specs: List[PieceSpec]) -> None:
     for s in specs:
         inside = s.row_offset >= 0 and s.col_offset >= 0 and s.row_offset + s.rows <= s.table_rows \
             and s.col_offset + s.cols <= s.table_cols
-        if (s.table_rows, s.table_cols, s.dtype, s.state_values) != (
-                first.table_rows, first.table_cols, first.dtype, first.state_values) or not inside:
+        if (s.table_rows, s.table_cols, s.dtype, s.state_values, s.optimizer_name) != (
+                first.table_rows, first.table_cols, first.dtype, first.state_values, first.optimizer_name) \
+                or not inside:
             raise _layout_error(full, f"saves shards of table {first.module}{first.table} that do not fit together")
         area += s.rows * s.cols
     if area != first.table_rows * first.table_cols:
@@ -218,12 +241,18 @@ def _check_cover(full: ChainStep, specs: List[PieceSpec]) -> None:
 
 def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[PieceRecord]]],
                   source: Optional[int]) -> List[_ExportPiece]:
-    """One table's shards with the keys and optimizer-state layout of TorchRec's FUSED kernel."""
+    """One table's shards with the keys and optimizer-state layout of TorchRec's FUSED kernel:
+    each of FBGEMM's parts of the state (``PieceSpec.state_parts``) under TorchRec's name,
+    a row-wise part stacked per column shard, a per-element part at the weights' offsets."""
     first = specs[0]
     param = first.weight_key
+    widths = first.state_parts
+    if len(widths) > len(STATE_KEYS):
+        raise ValueError(f"table {first.module}{first.table}: an optimizer state of {len(widths)} parts has no "
+                         f"TorchRec names beyond {STATE_KEYS}")
     rowwise: Dict[Offsets, ShardMetadata] = {}
-    size: Tuple[int, ...] = (first.table_rows, first.table_cols)
-    if first.state_values == 1:
+    rowwise_size: Tuple[int, ...] = ()
+    if 1 in widths:
         weights = ShardedTensorMetadata(
             shards_metadata=[
                 ShardMetadata([s.row_offset, s.col_offset], [s.rows, s.cols], "rank:0/cpu") for s in specs
@@ -232,12 +261,48 @@ def _table_pieces(specs: List[PieceSpec], records: Dict[str, List[Optional[Piece
             tensor_properties=ShardProperties(dtype=first.torch_dtype),
         )
         rowwise, meta = rowwise_metadata(weights)
-        size = tuple(meta.size)
+        rowwise_size = tuple(meta.size)
     out = []
     for s in specs:
         offsets = (s.row_offset, s.col_offset)
-        state_offsets = tuple(rowwise[offsets].shard_offsets) if rowwise else offsets
-        out.append(_ExportPiece(s, records[s.key], param, state_offsets, size, source))
+        parts, start = [], 0
+        for key, width in zip(STATE_KEYS, s.state_parts):
+            if width == 1:
+                part = _StatePart(f"{s.table}.{key}", start, 1, tuple(rowwise[offsets].shard_offsets), rowwise_size)
+            else:
+                part = _StatePart(f"{s.table}.{key}", start, width, offsets, (s.table_rows, s.table_cols))
+            parts.append(part)
+            start += width
+        out.append(_ExportPiece(s, records[s.key], param, parts, source))
+    return out
+
+
+def _table_steps(chain: List[ChainStep]) -> Dict[str, Tuple[Any, Tuple]]:
+    """The optimizer step count of each tiered Adam-family table (its bias correction,
+    FBGEMM's ``iter``), as the chain's newest records of the table saved it: the item
+    ``optim.state.<param>.<table>.step`` (a 0-d int64 tensor, as the tiered fused
+    optimizer's state_dict has it) and its unflattening.
+
+    Raises:
+        ChainError: the table's shards were saved with different step counts.
+    """
+    saved: Dict[Tuple[str, str], Tuple[PieceSpec, Set[int], ChainStep]] = {}
+    for step in reversed(chain):  # a table's newest records (a step may hold none of a linked table's)
+        found: Dict[Tuple[str, str], Tuple[PieceSpec, Set[int], ChainStep]] = {}
+        for record in step.pieces():
+            table = table_of(record.spec)
+            if record.fused or table in saved or record.spec.optimizer_name not in ADAM_FAMILY:
+                continue
+            found.setdefault(table, (record.spec, set(), step))[1].add(int(record.optimizer_step))
+        saved.update(found)
+    out: Dict[str, Tuple[Any, Tuple]] = {}
+    for spec, steps, step in saved.values():
+        if len(steps) > 1:
+            raise _layout_error(step, f"saves shards of table {spec.module}{spec.table} with different optimizer "
+                                      f"step counts {sorted(steps)}")
+        key = f"{spec.table}.{STEP_KEY}"
+        out[f"optim.state.{spec.weight_key}.{key}"] = (torch.tensor(steps.pop(), dtype=torch.int64),
+                                                       ("optim", "state", spec.weight_key, key))
     return out
 
 
@@ -307,7 +372,8 @@ class _BlockSource:
     def _dense_rows(self, piece: _ExportPiece, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` of a FUSED shard as its dense-state step saved them (a row-wise
         state at the shard's own place in the stacked tensor)."""
-        state_row = piece.state_offsets[0] + lo
+        rowwise = [part for part in piece.parts if part.rowwise]
+        state_row = (rowwise[0].offsets[0] if rowwise else piece.spec.row_offset) + lo
         return join_rows(*read_dense_rows(self.chain[piece.source], piece.spec, lo, hi, state_row))
 
     def _chunk(self, n: int, record: PieceRecord, chunk: ChunkSpec) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -357,7 +423,7 @@ class _Block:
     piece: _ExportPiece
     lo: int
     hi: int
-    state: bool  # the optimizer-state item of the block (else the weights')
+    part: Optional[int]  # the block's item of this part of the optimizer state (None: the weights')
 
 
 class _ExportPlanner(DefaultSavePlanner):
@@ -386,14 +452,14 @@ class _ExportPlanner(DefaultSavePlanner):
             for lo in range(0, s.rows, self._block_rows):
                 hi = min(s.rows, lo + self._block_rows)
                 offsets = (s.row_offset + lo, s.col_offset)
-                items.append(self._add(_Block(p, lo, hi, False), p.weight_fqn, (s.table_rows, s.table_cols),
+                items.append(self._add(_Block(p, lo, hi, None), p.weight_fqn, (s.table_rows, s.table_cols),
                                        offsets, (hi - lo, s.cols), s.torch_dtype))
-                if p.state_fqn is not None:
-                    if p.rowwise:
-                        state_offsets, sizes = (p.state_offsets[0] + lo,), (hi - lo,)
+                for n, part in enumerate(p.parts):
+                    if part.rowwise:
+                        state_offsets, sizes = (part.offsets[0] + lo,), (hi - lo,)
                     else:
-                        state_offsets, sizes = (p.state_offsets[0] + lo, p.state_offsets[1]), (hi - lo, s.cols)
-                    items.append(self._add(_Block(p, lo, hi, True), p.state_fqn, p.state_size,
+                        state_offsets, sizes = (part.offsets[0] + lo, part.offsets[1]), (hi - lo, s.cols)
+                    items.append(self._add(_Block(p, lo, hi, n), p.state_fqn(part), part.size,
                                            state_offsets, sizes, torch.float32))
             mappings.update(p.mappings())
         self.plan = dataclasses.replace(plan, items=items, planner_data=mappings)
@@ -422,9 +488,11 @@ class _ExportPlanner(DefaultSavePlanner):
             self._last = None
             self._last = (block, self._source.rows(block.piece, block.lo, block.hi))
         weights, state = split_rows(block.piece.spec, self._last[1])
-        if not block.state:
+        if block.part is None:
             return weights.contiguous()
-        return state.reshape(-1) if block.piece.rowwise else state.contiguous()
+        part = block.piece.parts[block.part]
+        values = state[:, part.start:part.start + part.width]
+        return values.reshape(-1) if part.rowwise else values.contiguous()
 
 
 def _file_bytes(pieces: List[_ExportPiece], block_rows: int) -> int:
@@ -436,17 +504,21 @@ def _file_bytes(pieces: List[_ExportPiece], block_rows: int) -> int:
 def _virtual_items(tables: Dict[str, Tuple[PieceSpec, torch.Tensor, torch.Tensor]]) -> Dict[str, Tuple[Any, Tuple]]:
     """A virtual table's export items (fqn -> (tensor, its unflattening)): its live ids
     (``.weight_id``, global, ascending), their weights (``.weight``, ``[n, cols]``) and
-    optimizer state (as a FUSED table's, by live id)."""
+    optimizer state (as a FUSED table's, by live id: each of FBGEMM's parts under TorchRec's
+    name, ``<table>.momentum1`` and ``<table>.exp_avg_sq``)."""
     out: Dict[str, Tuple[Any, Tuple]] = {}
     for spec, ids, rows in tables.values():
         param = spec.weight_key
         weights, state = split_rows(spec, rows)
         out[f"model.{param}"] = (weights.contiguous(), ("model", param))
         out[f"model.{param}_id"] = (ids, ("model", f"{param}_id"))
-        if state is not None:
-            key = f"{spec.table}.momentum1"
-            out[f"optim.state.{param}.{key}"] = (state.reshape(-1) if spec.state_values == 1 else state.contiguous(),
+        start = 0
+        for name, width in zip(STATE_KEYS, spec.state_parts):
+            values = state[:, start:start + width]
+            key = f"{spec.table}.{name}"
+            out[f"optim.state.{param}.{key}"] = (values.reshape(-1) if width == 1 else values.contiguous(),
                                                  ("optim", "state", param, key))
+            start += width
     return out
 
 
@@ -464,7 +536,7 @@ def _read_dense(last: ChainStep, pieces: List[_ExportPiece],
             where = os.path.join(last.reader.path, ".metadata")
             raise ChainError(f"checkpoint {where} (step {last.step}) has no placeholder {fqn!r} of a tiered table",
                              where, last.step)
-    exported = {p.weight_fqn for p in pieces} | {p.state_fqn for p in pieces if p.state_fqn is not None}
+    exported = {p.weight_fqn for p in pieces} | {fqn for p in pieces for fqn in p.state_fqns()}
     dense: Dict[str, Any] = {}
     for fqn, md in metadata.state_dict_metadata.items():
         if fqn in skip or fqn in exported:
