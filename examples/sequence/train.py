@@ -47,6 +47,12 @@ EXIT_BAD_INPUT = 2
 FEATURES = ("history", "candidate", "user")
 
 
+# --optimizer -> FBGEMM's EmbOptimType value.
+OPTIMIZERS = {"rowwise_adagrad": "exact_row_wise_adagrad", "adagrad": "exact_adagrad", "adam": "adam",
+              "partial_rowwise_adam": "partial_row_wise_adam", "lamb": "lamb",
+              "partial_rowwise_lamb": "partial_row_wise_lamb"}
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=200, help="training steps")
@@ -61,6 +67,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--hardware", default=DEFAULT_PROFILE, help="hardware profile: a shipped name or a YAML file")
     p.add_argument("--storage-dir", default=None, help="where SCM/SSD table files go (default: a temp dir)")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per rank for the AUC")
+    p.add_argument("--optimizer", default="rowwise_adagrad", choices=sorted(OPTIMIZERS),
+                   help="the tables' fused optimizer (FBGEMM's; adam is what BERT4Rec and SASRec train with)")
+    p.add_argument("--learning-rate", type=float, default=None,
+                   help="the tables' learning rate (default: 0.05 for the Adagrads, 0.001 for the Adam family)")
     p.add_argument("--seed", type=int, default=0, help="data and initial weights")
     p.add_argument("--out", default="build/sequence-run", help="output directory (metrics.json)")
     args = p.parse_args(argv)
@@ -71,6 +81,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--embedding-dim must be a positive multiple of 4 (FBGEMM)")
     if not 1 <= args.mean_length <= args.max_length:
         p.error("--mean-length must lie in [1, --max-length]")
+    if args.learning_rate is None:
+        args.learning_rate = 0.05 if "adagrad" in args.optimizer else 0.001
+    if not args.learning_rate > 0:
+        p.error("--learning-rate must be > 0")
     try:
         args.dram_budget_bytes = parse_bytes(args.dram_budget, "--dram-budget")
         args.scm_budget_bytes = None if args.scm_budget.lower() == "none" else parse_bytes(args.scm_budget,
@@ -177,8 +191,8 @@ def shard(args: argparse.Namespace, model: SequenceModel, world: int, root: str)
         node_of(load_hardware(args.hardware), local_world), batch_size=args.batch_size * world, world_size=world,
         locality={s.name: table_locality(s, args.batch_size * world) for s in (item_spec(args), user_spec(args))},
         budget_bytes=budget, storage_dir=root)
-    sharder = TieredEmbeddingCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                                                             "learning_rate": 0.05})
+    sharder = TieredEmbeddingCollectionSharder(fused_params={"optimizer": EmbOptimType(OPTIMIZERS[args.optimizer]),
+                                                             "learning_rate": args.learning_rate})
     plan = planner.plan(model, [sharder])  # the same on every rank: a pure function of its inputs
     dmp = DistributedModelParallel(model, plan=plan, sharders=[sharder], device=torch.device("cpu"))
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
@@ -244,6 +258,7 @@ def train(args: argparse.Namespace, rank: int, world: int, root: str) -> Dict:
                  for name, p in planner.last_placement.tables.items()}
     return {"losses": losses, "auc": evaluate(dmp, data, args, rank), "qps": qps, "placement": placement,
             "tiered": tiered_stats(dmp), "world_size": world, "steps": args.steps, "batch_size": args.batch_size,
+            "optimizer": args.optimizer, "learning_rate": args.learning_rate,
             "history_length": {"mean": float(lengths.mean()), "p99": float(np.percentile(lengths, 99)),
                                "max": int(lengths.max())},
             "predicted_qps": planner.last_placement.predicted_qps}

@@ -49,7 +49,23 @@ def test_histories_are_long_tailed_and_deterministic() -> None:
     assert int(a.sparse_features.values().max()) < args.items
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sequence_model_trains_its_item_table_with_adam(tmp_path) -> None:
+    """BERT4Rec's optimizer on the tiers: the item table (on SCM or SSD) trains with Adam."""
+    out = tmp_path / "out"
+    proc = _torchx("examples/sequence/component.py:sequence", "--", "--steps", "40", "--optimizer", "adam",
+                   "--out", str(out))
+    assert "Job finished: SUCCEEDED" in proc.stderr + proc.stdout, proc.stderr[-4000:]
+    m = _metrics(out)
+    assert m["optimizer"] == "adam" and m["learning_rate"] == 0.001
+    assert np.mean(m["losses"][-10:]) < np.mean(m["losses"][:10])
+    assert m["placement"]["item"]["tier"] in ("SCM", "SSD")
+
+
 @pytest.mark.parametrize("flags, match", [(["--embedding-dim", "6"], "multiple of 4"),
+                                          (["--optimizer", "shampoo"], "--optimizer"),
+                                          (["--learning-rate", "0"], "--learning-rate"),
                                           (["--mean-length", "5000"], "--mean-length"),
                                           (["--dram-budget", "lots"], "--dram-budget")])
 def test_bad_flags_exit_2_naming_them(tmp_path, flags, match) -> None:
