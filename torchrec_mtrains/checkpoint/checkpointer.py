@@ -45,6 +45,8 @@ from torchrec_mtrains.checkpoint.failures import errno_of, first_line
 from torchrec_mtrains.checkpoint.integrity import check_files, file_crc
 from torchrec_mtrains.checkpoint.kind_change import (
     changed_tables,
+    check_dense_optimizers,
+    check_fused_targets,
     dense_sources,
     fused_pieces,
     pop_tables,
@@ -416,6 +418,9 @@ class DifferentialCheckpointer:
         Raises:
             FileNotFoundError: there is no complete checkpoint.
             ChainError: a step of the chain is missing or damaged; nothing was restored.
+            ValueError: a table was saved with another optimizer's state than it has now
+                (also a table that changed between tiered and FUSED); nothing was restored
+                (the other ranks raise ChainError with the message).
             OSError: the save running in the background failed (waited for first; a
                 second call restores).
         """
@@ -432,7 +437,7 @@ class DifferentialCheckpointer:
             return trainer
         pieces = local_pieces(model)
         shards = track_fused_tables(model)
-        failure: Optional[ChainError] = None
+        failure: Optional[Exception] = None
         chain: List[ChainStep] = []
         with exclude_tiered_state(model):
             state = state_of(model, dense_optimizer)
@@ -452,7 +457,10 @@ class DifferentialCheckpointer:
                 check_virtual(pieces, chain)
                 check_rows(targets, chain)
                 dense_sources(chain, changed.to_tiered)  # raises unless a step holds them
-            except ChainError as e:
+                # Tables that changed kind: the same optimizer's state on both sides.
+                check_dense_optimizers(pieces, changed.to_tiered, chain)
+                check_fused_targets(state, changed.to_fused, chain)
+            except (ChainError, ValueError) as e:  # every rank fails together, before anything is loaded
                 failure = e
             errors = gather_errors(None if failure is None else str(failure))
             if failure is not None:

@@ -25,10 +25,13 @@ from torchrec_mtrains.checkpoint.steps import ChainStep
 from torchrec_mtrains.checkpoint.restore import chain_specs, join_rows
 from torchrec_mtrains.checkpoint.tiered_parts import LocalPiece
 from torchrec_mtrains.checkpoint.types import ChainError, PieceSpec, Table, table_of
+from torchrec_mtrains.layout import OPTIMIZERS
+from torchrec_mtrains.layout import state_parts as layout_state_parts
+from torchrec_mtrains.sharding.checkpoint import STATE_KEYS, STEP_KEY
 
 __all__ = [
-    "ChangedTables", "FusedRows", "changed_tables", "dense_sources", "fused_pieces", "pop_tables",
-    "read_dense_rows", "restore_from_dense", "table_of", "table_state", "tiered_tables",
+    "ChangedTables", "FusedRows", "changed_tables", "check_dense_optimizers", "check_fused_optimizer",
+    "check_fused_targets", "dense_sources", "fused_optimizers", "fused_pieces", "pop_tables", "read_dense_rows", "restore_from_dense", "table_of", "table_state", "tiered_tables",
 ]
 
 def weight_key(table: Table) -> str:
@@ -154,18 +157,106 @@ def read_dense_rows(step: ChainStep, spec: PieceSpec, lo: int, hi: int,
                     state_row: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weights, fp32 optimizer state or None) of the FUSED shard ``spec``'s rows ``[lo, hi)``
     as step ``step`` saved them in its dense state (ShardedTensors, read through DCP's
-    resharding reads). A row-wise state is read at row ``state_row`` of its tensor (TorchRec
-    stacks one per column shard)."""
+    resharding reads). Each of FBGEMM's parts of ``spec``'s state (``PieceSpec.state_parts``)
+    is read from its TorchRec key (``<table>.momentum1``, ``<table>.exp_avg_sq``): a row-wise
+    part at row ``state_row`` of its tensor (TorchRec stacks one per column shard), a
+    per-element part at the weights' place. The state is ``[n]`` for one row-wise part, else
+    ``[n, state_values]`` (the parts side by side, as the tiers store them)."""
     table = table_of(spec)
     read = step.reader.read_block
     r0 = spec.row_offset + lo
     weights = read(f"model.{weight_key(table)}", [r0, spec.col_offset], (hi - lo, spec.cols), spec.torch_dtype)
-    skey = f"optim.state.{weight_key(table)}.{state_key(table)}"
-    if spec.state_values == 1:
-        return weights, read(skey, [state_row], (hi - lo,), torch.float32)
-    if spec.state_values > 1:
-        return weights, read(skey, [r0, spec.col_offset], (hi - lo, spec.cols), torch.float32)
-    return weights, None
+    parts = []
+    for name, width in zip(STATE_KEYS, spec.state_parts):
+        skey = f"optim.state.{weight_key(table)}.{table[1]}.{name}"
+        if width == 1:
+            parts.append(read(skey, [state_row], (hi - lo,), torch.float32))
+        else:
+            parts.append(read(skey, [r0, spec.col_offset], (hi - lo, spec.cols), torch.float32))
+    if not parts:
+        return weights, None
+    if len(parts) == 1:
+        return weights, parts[0]
+    return weights, torch.cat([p.reshape(hi - lo, -1) for p in parts], dim=1)
+
+
+def fused_optimizers(state: Dict[str, Tuple[int, ...]], cols: int) -> List[str]:
+    """The optimizers (FBGEMM's EmbOptimType values) whose state TorchRec's FUSED kernel
+    keeps as ``state`` ({key suffix after ``<table>.``: shape}) on a table of ``cols``
+    columns: its parts' keys and shapes alone tell only the kind (Adam and LAMB keep the
+    same parts), so more than one may fit; none for another optimizer's keys."""
+    parts = [state[k] for k in STATE_KEYS if k in state]
+    if set(state) - set(STATE_KEYS) - {STEP_KEY} or [k for k in STATE_KEYS if k in state] != list(STATE_KEYS[:len(parts)]):
+        return []
+    kinds = tuple("row" if len(shape) == 1 else "element" for shape in parts)
+    return [name for name in OPTIMIZERS
+            if tuple("row" if w == 1 else "element" for w in layout_state_parts(name, cols)) == kinds]
+
+
+def _describe(state: Dict[str, Tuple[int, ...]]) -> str:
+    return ", ".join(f"{k} {list(shape)}" for k, shape in sorted(state.items())) or "no optimizer state"
+
+
+def check_fused_optimizer(table: Table, saved: str, fused_state: Dict[str, Tuple[int, ...]], cols: int,
+                          fused_saved: bool) -> None:
+    """Raises ValueError unless a FUSED table's optimizer state (``fused_state``: {key suffix:
+    shape}) can be the state of optimizer ``saved`` (the tiered side's), naming both.
+
+    ``fused_saved``: the FUSED state is the checkpoint's (restored into a tiered table), else
+    the model's now (a tiered table's rows restored into it)."""
+    fits = fused_optimizers(fused_state, cols)
+    if saved in fits:
+        return
+    fused = " or ".join(fits) if fits else f"an optimizer of state {_describe(fused_state)}"
+    if fused_saved:
+        raise ValueError(f"table {table[0]}{table[1]}: cannot restore the optimizer state of {fused} (saved as "
+                         f"TorchRec's FUSED table: {_describe(fused_state)}) into a tiered table trained with "
+                         f"{saved}: another optimizer")
+    raise ValueError(f"table {table[0]}{table[1]}: cannot restore the optimizer state of {saved} (saved as a "
+                     f"tiered table) into TorchRec's FUSED table trained with {fused} "
+                     f"({_describe(fused_state)}): another optimizer")
+
+
+def _saved_fused_state(step: ChainStep, table: Table) -> Dict[str, Tuple[int, ...]]:
+    """{key suffix: shape} of a FUSED table's optimizer state in a step's dense state."""
+    prefix = f"optim.state.{weight_key(table)}.{table[1]}."
+    return {k[len(prefix):]: tuple(md.size) for k, md in step.reader.metadata.state_dict_metadata.items()
+            if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+
+
+def check_dense_optimizers(pieces: List[LocalPiece], tables: Set[Table], chain: List[ChainStep]) -> None:
+    """Raises ValueError (naming both optimizers) when a table saved FUSED and tiered now
+    (``tables``) was trained with another optimizer than this rank's shards of it.
+
+    Raises:
+        ChainError: no step of the chain holds the table's weights.
+    """
+    sources = dense_sources(chain, tables)
+    for piece in pieces:
+        table = table_of(piece.spec)
+        if table in tables:
+            check_fused_optimizer(table, piece.spec.optimizer_name, _saved_fused_state(chain[sources[table]], table),
+                                  piece.spec.cols, fused_saved=True)
+
+
+def check_fused_targets(state: Dict[str, Any], tables: Set[Table], chain: List[ChainStep]) -> None:
+    """Raises ValueError (naming both optimizers) when a table saved tiered and FUSED now
+    (``tables``) was saved with another optimizer's state than its FUSED optimizer keeps, or
+    with the Adam family's (a FUSED table's rows take one part of state: ``FusedRows``)."""
+    optim_state = state.get("optim", {}).get("state", {})
+    for spec in chain_specs(chain, fused=False):
+        table = table_of(spec)
+        if table not in tables:
+            continue
+        now = optim_state.get(weight_key(table), {})
+        prefix = f"{table[1]}."
+        fused_state = {k[len(prefix):]: tuple(v.size()) for k, v in now.items()
+                       if k.startswith(prefix) and hasattr(v, "size")}
+        check_fused_optimizer(table, spec.optimizer_name, fused_state, spec.cols, fused_saved=False)
+        if len(spec.state_parts) > 1:
+            raise ValueError(f"table {table[0]}{table[1]}: restoring the {spec.optimizer_name} state of a tiered "
+                             "table into TorchRec's FUSED table is not supported (only one part of state: "
+                             "momentum1)")
 
 
 def table_state(state: Dict[str, Any], tables: Set[Table]) -> Dict[str, Any]:
@@ -187,7 +278,14 @@ def restore_from_dense(
 ) -> None:
     """Writes the tiered shards of ``tables`` (FUSED when saved) from the saved ShardedTensors
     of their ``dense_sources`` step, a block of rows at a time (the rows of later deltas
-    are applied after, like any chunk)."""
+    are applied after, like any chunk). An Adam-family table takes both of FBGEMM's parts
+    (``read_dense_rows``); TorchRec's FUSED kernel saves no step count, so the kernel's is
+    the chain's tiered tables' (``restore_optimizer_steps``), else 0.
+
+    Raises:
+        ValueError: the table was saved with another optimizer's state (``check_dense_optimizers``).
+    """
+    check_dense_optimizers(pieces, tables, chain)  # before any row is written
     sources = dense_sources(chain, tables)
     for piece in pieces:
         spec = piece.spec
