@@ -88,7 +88,7 @@ void UpdateTable(const AdamTerms& terms, const AdamCorrections& corrections, con
   const int64_t dim = grads.dim, n = int64_t(grads.slots.size());
   if (n == 0) return;
   const int64_t state_values = state.size(1);
-  T* w = weights.data_ptr<T>();
+  T* w = static_cast<T*>(weights.data_ptr());  // float, or fp16 bits (at::Half's layout)
   float* s = state.data_ptr<float>();
   // The entries of each position, in index order (a stable counting sort).
   std::vector<int64_t> first(static_cast<size_t>(n + 1), 0);
@@ -258,7 +258,7 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
     const TableGrads& table = tables[size_t(t)];
     at::Tensor w = weights[size_t(t)], s = states[size_t(t)];
     if (w.scalar_type() == at::kHalf) {
-      UpdateTable<at::Half>(terms, corrections, table, w, s);
+      UpdateTable<Fp16Bits>(terms, corrections, table, w, s);
     } else {
       UpdateTable<float>(terms, corrections, table, w, s);
     }

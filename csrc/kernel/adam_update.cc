@@ -1,6 +1,7 @@
 #include "kernel/adam_update.h"
 
-#include <c10/util/Half.h>
+#include "storage/lazy_init.h"
+
 
 #include <algorithm>
 #include <cmath>
@@ -149,13 +150,13 @@ void UpdateRow(const AdamTerms& terms, const AdamCorrections& corrections, int64
     // fp16 weights: updated in fp32 (as the fp32 path computes them), then rounded once.
     thread_local std::vector<float> row;
     row.resize(size_t(dim));
-    for (int64_t d = 0; d < dim; ++d) row[size_t(d)] = float(weights[d]);
+    for (int64_t d = 0; d < dim; ++d) row[size_t(d)] = HalfToFloat(weights[d].bits);
     UpdateFloat(terms, corrections, dim, grad, row.data(), state);
-    for (int64_t d = 0; d < dim; ++d) weights[d] = T(row[size_t(d)]);
+    for (int64_t d = 0; d < dim; ++d) weights[d].bits = FloatToHalf(row[size_t(d)]);  // round to nearest even
   }
 }
 
 template void UpdateRow<float>(const AdamTerms&, const AdamCorrections&, int64_t, float*, float*, float*);
-template void UpdateRow<c10::Half>(const AdamTerms&, const AdamCorrections&, int64_t, float*, c10::Half*, float*);
+template void UpdateRow<Fp16Bits>(const AdamTerms&, const AdamCorrections&, int64_t, float*, Fp16Bits*, float*);
 
 }  // namespace mtrains

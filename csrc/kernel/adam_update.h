@@ -54,7 +54,13 @@ struct AdamCorrections {
 };
 AdamCorrections Corrections(const AdamTerms& terms);
 
-// Updates one row in place: `weights` (dim values of T: float or at::Half), `state`
+// An fp16 weight's IEEE binary16 bits (torch's at::Half has the same layout): this code
+// builds without torch, for the sanitizer drivers.
+struct Fp16Bits {
+  uint16_t bits;
+};
+
+// Updates one row in place: `weights` (dim values of T: float or Fp16Bits), `state`
 // (StateValues(dim) fp32), from `grad` (dim fp32: the row's summed gradient, clipped here
 // when the terms say so; overwritten as scratch). `corrections` is Corrections(terms).
 template <typename T>

@@ -35,6 +35,30 @@ uint16_t FloatToHalf(float f) {
   return sign | h;
 }
 
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+  uint32_t x;
+  if (exp == 0x1F) {
+    x = sign | 0x7F800000 | (mant << 13);  // inf / NaN
+  } else if (exp != 0) {
+    x = sign | ((exp + 112) << 23) | (mant << 13);  // normal: rebias 15 -> 127
+  } else if (mant == 0) {
+    x = sign;  // zero
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = mant;
+    do {
+      ++e;
+      m <<= 1;
+    } while ((m & 0x400) == 0);
+    x = sign | (uint32_t(112 - e) << 23) | ((m & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
 uint16_t FloatToBFloat16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);

@@ -19,5 +19,7 @@ void LazyInitRow(uint64_t seed, uint64_t row, double lo, double hi, uint32_t dim
 // IEEE float32 -> float16 / bfloat16 with round-to-nearest-even.
 uint16_t FloatToHalf(float f);
 uint16_t FloatToBFloat16(float f);
+// IEEE float16 -> float32 (exact).
+float HalfToFloat(uint16_t h);
 
 }  // namespace mtrains
