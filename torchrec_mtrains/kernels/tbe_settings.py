@@ -179,13 +179,14 @@ REFUSED: Mapping[str, _Refusal] = {
     "use_experimental_tbe": _Refusal(f"it selects FBGEMM's experimental GPU kernels: {_CUDA}"),
     "stats_reporter_config": _Refusal(f"{_SLOTS}; read the row cache's cache_stats()"),
     "optimizer_state_dtypes": _Refusal(
-        "FBGEMM keeps fp32 optimizer state for every optimizer its CPU TBE trains (state dtypes apply to "
-        "PARTIAL_ROWWISE_ADAM and ENSEMBLE_ROWWISE_ADAGRAD only), and so does the tiered row layout"),
+        "the tiered row layout keeps fp32 optimizer state, FBGEMM's default (its other state dtypes apply to "
+        "PARTIAL_ROWWISE_ADAM's momenta and ENSEMBLE_ROWWISE_ADAGRAD only, on CUDA)"),
     "multipass_prefetch_config": _Refusal("it splits FBGEMM's GPU cache prefetch in passes; the row cache loads "
                                           "a batch in one pass"),
     "uvm_host_mapped": _Refusal(f"it maps UVM memory: {_CUDA}"),
     "extra_optimizer_config": _Refusal(
-        "use_rowwise_bias_correction is ADAM's, and use_writeback_bwd_prehook fails in FBGEMM's CPU TBE"),
+        "use_rowwise_bias_correction (ADAM's bias correction by a per-row step counter) needs a counter in every "
+        "row that the tiered row layout does not carry, and use_writeback_bwd_prehook fails in FBGEMM's CPU TBE"),
     "tbe_input_multiplexer_config": _Refusal(_SLOTS),
     "embedding_shard_info": _Refusal("it describes the TBE's rows as the tables' shards, and the kernel's TBE rows "
                                      "are cache slots"),
