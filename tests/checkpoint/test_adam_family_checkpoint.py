@@ -53,6 +53,28 @@ def test_restore_continues_bit_identically(process_group, tmp_path: Path, optimi
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("quantize", ["int8", "fp16"])
+def test_a_quantized_delta_keeps_the_momenta_and_step_exact(process_group, tmp_path: Path, quantize: str) -> None:
+    """Lossy deltas encode only the weights: both momenta and the step come back exact."""
+    fused = {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.05}
+    dmp = _dmp(tmp_path / "trained", fused, tier=Tier.SSD)
+    ckpt = DifferentialCheckpointer(str(tmp_path / "ckpt"), link_ssd_tables=False, quantize=quantize)
+    batches = _batches(N)
+    train_dmp(dmp, batches[:2])
+    ckpt.save(2, dmp)
+    train_dmp(dmp, batches[2:])
+    assert ckpt.save(N, dmp).kind == "delta"
+    want_w, want_state = _rows(_kernel(dmp).emb_module)
+    _kernel(dmp).emb_module.close()
+    fresh = _dmp(tmp_path / "fresh", fused, tier=Tier.SCM)
+    DifferentialCheckpointer(str(tmp_path / "ckpt")).restore(fresh)
+    emb = _kernel(fresh).emb_module
+    got_w, got_state = _rows(emb)
+    assert emb.optimizer_step == N
+    assert torch.equal(got_state, want_state)  # momentum1 and momentum2, bit for bit
+    assert float((got_w - want_w).abs().max()) <= float(want_w.abs().max()) * 2**-7  # the encoding's error
+
+
 def test_a_sequence_table_restores_bit_identically(process_group, tmp_path: Path) -> None:
     fused = {"optimizer": EmbOptimType.LAMB, "learning_rate": 0.05}
     want, rest = _trained_and_saved(tmp_path, fused, Tier.SCM, sequence=True)

@@ -19,7 +19,7 @@ def _spec(cols: int, state_values: int) -> PieceSpec:
 
 
 @pytest.mark.parametrize("kind", ["fp16", "int8"])
-@pytest.mark.parametrize("state_values", [0, 1, 8])
+@pytest.mark.parametrize("state_values", [0, 1, 8, 9, 16])  # 9, 16: partial row-wise Adam, Adam (both momenta)
 def test_quantized_rows_round_trip_within_the_encoding(kind: str, state_values: int) -> None:
     spec = _spec(8, state_values)
     g = torch.Generator().manual_seed(3)
