@@ -74,6 +74,8 @@ class HarnessCase:
     data_type: str = "FP32"
     vbe: bool = False  # variable_batch_per_feature (TorchRec leaves out weighted tables then)
     in_backward: bool = False  # apply_optimizer_in_backward_config: TorchRec's IN_BACKWARD
+    in_backward_optimizer: str = ""  # another torch.optim class for it (e.g. "Adam"), at IN_BACKWARD's lr
+    in_backward_eps: float = 0.0  # that optimizer's eps (0: its default)
     qcomms: bool = False  # QCommsConfig(forward FP16, backward BF16)
 
     def to_json(self) -> str:
@@ -294,7 +296,9 @@ def _qcomms(case: HarnessCase):
 def _in_backward(case: HarnessCase):
     if not case.in_backward:
         return None
-    return {name: (getattr(torch.optim, opt), {"lr": lr}) for name, (opt, lr) in IN_BACKWARD.items()}
+    kwargs = {"eps": case.in_backward_eps} if case.in_backward_eps else {}
+    return {name: (getattr(torch.optim, case.in_backward_optimizer or opt), {"lr": lr, **kwargs})
+            for name, (opt, lr) in IN_BACKWARD.items()}
 
 
 def _sharder(case: HarnessCase, case_dir: str):
