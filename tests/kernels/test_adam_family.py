@@ -183,6 +183,7 @@ def test_matches_reference_over_50_zipf_steps(tmp_path: Path, tier: Tier, optimi
     ref = Reference(k.split_embedding_weights(), optimizer, weight_decay=weight_decay)
     train(k, ref, pooled_batches([0, 1], batch=16, steps=STEPS), [0, 1])
     assert k.optimizer_step == STEPS
+    assert all(st["update_seconds"] > 0 for st in k.cache_stats().values())
     assert sum(s["misses"] for s in k.cache_stats().values()) > 0  # the cache moved rows to and from the tier
     assert_matches(k, ref)
     k.close()

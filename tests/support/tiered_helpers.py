@@ -40,6 +40,7 @@ CACHE_STAT_KEYS = {
     "bytes_written_to_tier", "plan_seconds", "tier_seconds", "cache_capacity_rows",
     "prefetch_wait_seconds", "steps_prefetched", "plan_cpu_ns_per_row", "write_back_cpu_ns_per_row",
     "read_cpu_ns_per_row", "verify_cpu_ns_per_row", "copy_cpu_ns_per_row", "cpu_ns_per_miss", "lookahead",
+    "update_seconds",
 }
 
 

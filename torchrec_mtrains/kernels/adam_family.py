@@ -17,6 +17,7 @@ it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import torch
@@ -95,6 +96,7 @@ class AdamUpdate:
         self.pooling = int(pooling_mode.value)
         self.feature_tables = list(feature_tables)
         self.step = 0  # FBGEMM's iter: forwards so far
+        self.seconds = 0.0  # wall seconds of the updates so far (cache_stats' update_seconds)
         # The output requires grad through this leaf, as FBGEMM's placeholder tensor does.
         self._anchor = torch.zeros(0, requires_grad=True)
 
@@ -120,6 +122,7 @@ class AdamUpdate:
         terms = self.terms
 
         def update(grad_output: torch.Tensor) -> None:
+            start = time.perf_counter()
             torch.ops.mtrains.adam_family_backward(
                 grad_output=grad_output, indices=indices, offsets=offsets, per_sample_weights=per_sample_weights,
                 feature_tables=self.feature_tables, batch_sizes=flat_batch, pooling=self.pooling,
@@ -127,5 +130,6 @@ class AdamUpdate:
                 learning_rate=slots.learning_rate, eps=self.eps, beta1=terms.beta1, beta2=terms.beta2,
                 weight_decay=terms.weight_decay, step=step,
                 max_gradient=-1.0 if terms.max_gradient is None else terms.max_gradient)
+            self.seconds += time.perf_counter() - start
 
         return _UpdateInBackward.apply(self._anchor, lookup, update)

@@ -165,6 +165,9 @@ class RowCache:
                 "prefetch_wait_seconds": run["wait_seconds"],
                 "steps_prefetched": run["steps_prefetched"],
                 "lookahead": float(self.engine.lookahead()),
+                # The Adam family's update in the backward (adam_family.py), every table at
+                # once; 0 where FBGEMM's fused optimizer updates inside its own backward.
+                "update_seconds": self.slots.adam.seconds if self.slots.adam is not None else 0.0,
                 # CPU ns per moved row of each stage of the step's row path (thread CPU time
                 # of the thread that ran it; loads and write-backs counted apart).
                 "plan_cpu_ns_per_row": plan_ns_per_row,
