@@ -48,38 +48,39 @@ struct TableGrads {
   }
 };
 
-// Where each bag's gradient starts in the (float) output gradient: bags are ordered as
-// the offsets order them (feature by feature, and rank by rank within a feature under a
-// variable batch), while a variable batch's output is rank by rank, feature by feature.
-std::vector<int64_t> BagOutputStarts(int64_t num_features, int64_t num_bags, const std::vector<int64_t>& dims,
-                                     at::IntArrayRef batch_sizes, int64_t total_dim) {
-  std::vector<int64_t> starts;
-  starts.reserve(size_t(num_bags));
-  if (batch_sizes.empty()) {
-    const int64_t batch = num_bags / num_features;
-    int64_t column = 0;
-    for (int64_t f = 0; f < num_features; ++f) {
-      for (int64_t b = 0; b < batch; ++b) starts.push_back(b * total_dim + column);
-      column += dims[size_t(f)];
-    }
-    return starts;
-  }
-  const int64_t ranks = int64_t(batch_sizes.size()) / num_features;
+// Where a batch's bags sit. Bags are ordered as the offsets order them: feature by feature,
+// and under a variable batch rank by rank within a feature; a pooled output gradient is
+// [batch, sum(dims)] (a fixed batch) or rank by rank, feature by feature (a variable one).
+struct BagLayout {
+  std::vector<int64_t> feature_end;   // one past each feature's last bag
+  std::vector<int64_t> output_start;  // each bag's row in the pooled output gradient
+  int64_t output_numel = 0;           // the pooled output gradient's size
+};
+
+BagLayout LayoutOf(int64_t num_features, int64_t num_bags, const std::vector<int64_t>& dims,
+                   at::IntArrayRef batch_sizes, int64_t total_dim) {
+  const bool fixed = batch_sizes.empty();
+  const int64_t ranks = fixed ? 1 : int64_t(batch_sizes.size()) / num_features;
+  auto bags = [&](int64_t f, int64_t r) { return fixed ? num_bags / num_features : batch_sizes[size_t(f * ranks + r)]; };
+  BagLayout out;
+  out.feature_end.resize(static_cast<size_t>(num_features));
   std::vector<int64_t> start_of(static_cast<size_t>(num_features * ranks), 0);  // (feature, rank) -> output start
-  int64_t at = 0;
-  for (int64_t r = 0; r < ranks; ++r) {
+  for (int64_t r = 0, at = 0; r < ranks; ++r) {
     for (int64_t f = 0; f < num_features; ++f) {
       start_of[size_t(f * ranks + r)] = at;
-      at += batch_sizes[size_t(f * ranks + r)] * dims[size_t(f)];
+      at += bags(f, r) * dims[size_t(f)];
+      out.output_numel = at;
     }
   }
-  for (int64_t f = 0; f < num_features; ++f) {
+  out.output_start.reserve(size_t(num_bags));
+  for (int64_t f = 0, column = 0, bag = 0; f < num_features; column += dims[size_t(f)], ++f) {
     for (int64_t r = 0; r < ranks; ++r) {
-      for (int64_t b = 0; b < batch_sizes[size_t(f * ranks + r)]; ++b)
-        starts.push_back(start_of[size_t(f * ranks + r)] + b * dims[size_t(f)]);
+      for (int64_t b = 0; b < bags(f, r); ++b, ++bag)
+        out.output_start.push_back(fixed ? b * total_dim + column : start_of[size_t(f * ranks + r)] + b * dims[size_t(f)]);
     }
+    out.feature_end[size_t(f)] = bag;
   }
-  return starts;
+  return out;
 }
 
 // out += scale * grad over dim values: the hot loop of the gradient sums. Cloned for AVX2
@@ -203,34 +204,11 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
   }
   const at::Tensor grad = grad_output.to(at::kFloat).contiguous();
   const float* g = grad.data_ptr<float>();
+  const BagLayout layout = LayoutOf(num_features, num_bags, dims, batch_sizes, total_dim);
   if (pooling == kNone) {
     TORCH_CHECK_VALUE(grad.numel() == n * (num_features ? dims[0] : 0), "the output gradient must be [len(indices), dim]");
   } else {
-    TORCH_CHECK_VALUE(grad.numel() == (batch_sizes.empty() ? num_bags / num_features * total_dim : [&] {
-                        int64_t e = 0;
-                        const int64_t ranks = int64_t(batch_sizes.size()) / num_features;
-                        for (int64_t f = 0; f < num_features; ++f)
-                          for (int64_t r = 0; r < ranks; ++r) e += batch_sizes[size_t(f * ranks + r)] * dims[size_t(f)];
-                        return e;
-                      }()),
-                      "the output gradient's size does not match the batch");
-  }
-  const std::vector<int64_t> starts =
-      pooling == kNone ? std::vector<int64_t>() : BagOutputStarts(num_features, num_bags, dims, batch_sizes, total_dim);
-  // Bag k belongs to feature k / (bags per feature), or under a variable batch to the
-  // feature whose ranks' bags cover it.
-  std::vector<int64_t> feature_end(static_cast<size_t>(num_features), 0);  // one past each feature's last bag
-  {
-    int64_t at_bag = 0;
-    const int64_t ranks = batch_sizes.empty() ? 0 : int64_t(batch_sizes.size()) / num_features;
-    for (int64_t f = 0; f < num_features; ++f) {
-      if (batch_sizes.empty()) {
-        at_bag += num_bags / num_features;
-      } else {
-        for (int64_t r = 0; r < ranks; ++r) at_bag += batch_sizes[size_t(f * ranks + r)];
-      }
-      feature_end[size_t(f)] = at_bag;
-    }
+    TORCH_CHECK_VALUE(grad.numel() == layout.output_numel, "the output gradient's size does not match the batch");
   }
   // Every touched slot's position goes back to -1, whether the sums complete or a bad
   // index stops them (nothing is updated then).
@@ -249,14 +227,14 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
   int64_t bag = 0;
   for (int64_t f = 0; f < num_features; ++f) {
     TableGrads& table = tables[size_t(feature_tables[size_t(f)])];
-    for (; bag < feature_end[size_t(f)]; ++bag) {
+    for (; bag < layout.feature_end[size_t(f)]; ++bag) {
       const int64_t begin = off[bag], end = off[bag + 1];
       TORCH_CHECK_VALUE(begin <= end, "offsets must not decrease");
       if (begin == end) continue;
       const float mean = pooling == kMean ? 1.0f / float(end - begin) : 1.0f;
       for (int64_t i = begin; i < end; ++i) {
         const float scale = (psw ? psw[i] : 1.0f) * mean;
-        const float* row_grad = pooling == kNone ? g + i * table.dim : g + starts[size_t(bag)];
+        const float* row_grad = pooling == kNone ? g + i * table.dim : g + layout.output_start[size_t(bag)];
         table.Add(idx[i], row_grad, scale);
       }
     }
