@@ -15,21 +15,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from tests.support.dcp_files import read_dcp
 from tests.sharding.test_adam_family_sharded import DIM, ROWS, _batches, _dmp, _kernel, _rows, train_dmp
 from torchrec_mtrains import Tier
 from torchrec_mtrains.checkpoint import DifferentialCheckpointer, export_full_checkpoint
 
 PARAM = "embedding_bags.t.weight"
-
-
-def _whole(path: str) -> Dict[str, torch.Tensor]:
-    md = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
-               if isinstance(m, TensorStorageMetadata)}
-    dcp.load(tensors, checkpoint_id=path, no_dist=True)
-    return tensors
 
 
 def _table_items(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -56,7 +48,7 @@ def test_export_keeps_fbgemms_parts_under_torchrecs_keys(process_group, tmp_path
     exported = str(tmp_path / "exported")
     export_full_checkpoint(ckpt.latest(), exported, block_rows=16)  # several blocks per table
 
-    got = _table_items(_whole(exported))
+    got = _table_items(read_dcp(exported)[0])
     family = optimizer.value in ("adam", "partial_row_wise_lamb")
     keys = ["momentum1", "exp_avg_sq"][: len(parts)]
     want_keys = {f"model.{PARAM}"} | {f"optim.state.{PARAM}.t.{k}" for k in keys}
@@ -75,7 +67,7 @@ def test_export_keeps_fbgemms_parts_under_torchrecs_keys(process_group, tmp_path
         step = got[f"optim.state.{PARAM}.t.step"]
         assert step.dim() == 0 and step.dtype == torch.int64 and int(step) == 5
     # What a plain DCP save of the trained model (TorchRec's keys) holds, item for item.
-    want = _table_items(_whole(old))
+    want = _table_items(read_dcp(old)[0])
     assert set(got) == set(want)
     assert all(got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want)
 

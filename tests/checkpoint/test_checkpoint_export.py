@@ -17,9 +17,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 
 from tests.support import dmp_harness as h
+from tests.support.dcp_files import read_dcp
 from tests.support.ports import file_init_method
 from torchrec_mtrains.checkpoint import (
     ChainError,
@@ -176,12 +177,7 @@ def test_block_size_does_not_change_the_values(trained, exported):
     export_full_checkpoint(last, whole)  # one block per table
     md = dcp.FileSystemReader(whole).read_metadata().state_dict_metadata
     assert len(md["model.ebc.embedding_bags.ssd_a.weight"].chunks) == 1
-    values = []
-    for path in (exported, whole):
-        tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
-                   if isinstance(m, TensorStorageMetadata)}
-        dcp.load(tensors, checkpoint_id=path, no_dist=True)
-        values.append(tensors)
+    values = [read_dcp(path)[0] for path in (exported, whole)]
     assert _differ(*values) == []
 
 
@@ -237,14 +233,6 @@ def _train_two_ranks(rank: int, root: str, sharding_type: str, init_method: str)
     dist.destroy_process_group()
 
 
-def _whole(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-    md = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
-               if isinstance(m, TensorStorageMetadata)}
-    dcp.load(tensors, checkpoint_id=path, no_dist=True)
-    return tensors, md
-
-
 @pytest.mark.multiprocess
 @pytest.mark.slow
 # Column-wise only (CI time): its shards split columns and stack the row-wise momentum, the
@@ -270,7 +258,7 @@ def test_two_rank_chain_exports_as_the_old_save(tmp_path, sharding_type):
     assert [len(s.manifests) for s in chain] == [2, 2, 2]
     assert max(sum(1 for r in chain[0].pieces() if r.spec.table == t) for t in TIERED) == 2  # split tables
     export_full_checkpoint(last, os.path.join(root, "exported"), block_rows=BLOCK_ROWS)
-    want, want_md = _whole(os.path.join(root, "old"))
-    got, got_md = _whole(os.path.join(root, "exported"))
+    want, want_md = read_dcp(os.path.join(root, "old"))
+    got, got_md = read_dcp(os.path.join(root, "exported"))
     assert sorted(got_md) == sorted(want_md)
     assert _differ(got, want) == []

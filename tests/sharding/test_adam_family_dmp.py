@@ -8,15 +8,15 @@ as the trained one. One spawn runs every case."""
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 from typing import Dict, List, Tuple
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from tests.support.dcp_files import read_dcp
+from tests.support.dmp_harness import _spawn
 from tests.support.ports import file_init_method
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -142,28 +142,11 @@ def _worker(rank: int, root: str, init_method: str) -> None:
     dist.destroy_process_group()
 
 
-def _whole(path: str) -> Dict[str, torch.Tensor]:
-    md = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
-               if isinstance(m, TensorStorageMetadata)}
-    dcp.load(tensors, checkpoint_id=path, no_dist=True)
-    return tensors
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("adam_dmp"))
-    ctx = multiprocessing.get_context("spawn")
     init = file_init_method(os.path.join(root, "rendezvous"))
-    procs = [ctx.Process(target=_worker, args=(r, root, init)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    assert [p.exitcode for p in procs] == [0] * WORLD
+    assert _spawn(_worker, [(r, root, init) for r in range(WORLD)], 300) == [0] * WORLD
     return root
 
 
@@ -171,7 +154,7 @@ def trained(tmp_path_factory) -> str:
 def test_sharded_adam_family_trains_as_one_kernel_and_saves_global_state(trained: str, case) -> None:
     where = os.path.join(trained, _name(case))
     want = torch.load(os.path.join(where, "reference.pt"))
-    got = _whole(os.path.join(where, "dcp"))
+    got = read_dcp(os.path.join(where, "dcp"))[0]
     prefix = f"optim.state.{KEY}.t."
     assert {k for k in got if k.startswith(prefix)} == {prefix + k for k in ("momentum1", "exp_avg_sq", "step")}
     assert got[f"model.{KEY}"].shape == (ROWS, DIM)
