@@ -344,6 +344,13 @@ def test_refused_settings_name_the_reason(tmp_path: Path) -> None:
     k = kernel(tmp_path, EmbOptimType.ADAM, Tier.DRAM)
     with pytest.raises(ValueError, match="per_sample_weights"):
         k(torch.tensor([1]), torch.tensor([0, 1, 1]), torch.ones(1, requires_grad=True))
+    assert k.optimizer_step == 0  # the refused call counted no step
+    k.prefetch(torch.tensor([1]), torch.tensor([0, 1, 1]))
+    with pytest.raises(ValueError, match="per_sample_weights"):
+        k(torch.tensor([1]), torch.tensor([0, 1, 1]), torch.ones(1, requires_grad=True))
+    assert k.pending_prefetches == 1  # nor took the prefetched step
+    k(torch.tensor([1]), torch.tensor([0, 1, 1])).sum().backward()
+    assert k.pending_prefetches == 0 and k.optimizer_step == 1
     k.close()
 
 

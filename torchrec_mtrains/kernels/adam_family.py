@@ -100,23 +100,26 @@ class AdamUpdate:
         # The output requires grad through this leaf, as FBGEMM's placeholder tensor does.
         self._anchor = torch.zeros(0, requires_grad=True)
 
+    def check_weights(self, per_sample_weights: Optional[torch.Tensor], train: bool) -> None:
+        """Raises ValueError for per-sample weights that require grad in a training step: the
+        update gives them none. Called before the step's plan is taken, so a refused call
+        changes nothing."""
+        if (per_sample_weights is not None and per_sample_weights.requires_grad and train
+                and torch.is_grad_enabled()):
+            raise ValueError("per_sample_weights must not require grad on a table trained with "
+                             f"{ADAM_FAMILY[self.kind]}: its update gives them no gradient")
+
     def lookup(self, slots: Any, lookup: Callable[[], torch.Tensor], indices: torch.Tensor, offsets: torch.Tensor,
                per_sample_weights: Optional[torch.Tensor], batch_sizes: Optional[List[List[int]]],
                train: bool) -> torch.Tensor:
         """``lookup()`` (the TBE's forward over ``indices``, the step's slots), counted as a
         step; with ``train`` and grad enabled, its backward updates the slots of ``slots``
         (``CacheSlots``: the weights, states and learning rate at backward time).
-
-        Raises:
-            ValueError: ``per_sample_weights`` requires grad (the update gives it none).
-        """
+        ``per_sample_weights`` must not require grad then (``check_weights`` first)."""
         self.step += 1
         if not (train and torch.is_grad_enabled()):
             with torch.no_grad():
                 return lookup()
-        if per_sample_weights is not None and per_sample_weights.requires_grad:
-            raise ValueError("per_sample_weights must not require grad on a table trained with "
-                             f"{ADAM_FAMILY[self.kind]}: its update gives them no gradient")
         step, indices, offsets = self.step, indices.long(), offsets.long()
         flat_batch = [b for per_rank in batch_sizes for b in per_rank] if batch_sizes is not None else []
         terms = self.terms

@@ -345,6 +345,8 @@ class TieredEmbeddingBags(torch.nn.Module):
             or tuple(per_sample_weights.shape) != (n,)
         ):
             raise ValueError(f"per_sample_weights must be a float tensor of shape ({n},) like indices")
+        if self._cache.slots.adam is not None:
+            self._cache.slots.adam.check_weights(per_sample_weights, self.training)
         remapped = self._steps.take(indices, offsets, self.training, batch_size_per_feature_per_rank)
         fault_point("forward")
         slots = self._cache.slots
