@@ -31,7 +31,8 @@ from torchrec_mtrains.sharding.checkpoint import STATE_KEYS, STEP_KEY
 
 __all__ = [
     "ChangedTables", "FusedRows", "changed_tables", "check_dense_optimizers", "check_fused_optimizer",
-    "check_fused_targets", "dense_sources", "fused_optimizers", "fused_pieces", "pop_tables", "read_dense_rows", "restore_from_dense", "table_of", "table_state", "tiered_tables",
+    "check_fused_targets", "dense_sources", "fused_optimizers", "fused_pieces", "pop_tables", "read_dense_rows",
+    "restore_from_dense", "table_of", "table_state", "tiered_tables",
 ]
 
 def weight_key(table: Table) -> str:
@@ -39,7 +40,7 @@ def weight_key(table: Table) -> str:
 
 
 def state_key(table: Table) -> str:
-    return f"{table[1]}.momentum1"
+    return f"{table[1]}.{STATE_KEYS[0]}"
 
 
 @dataclasses.dataclass
