@@ -13,13 +13,10 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 from torchrec_mtrains.kernels.tbe_settings import TBE_DEFAULTS
 from torchrec_mtrains.layout import OPTIMIZERS, SHORT_OPTIMIZER_NAMES, TableLayout, optimizer_name
 
-__all__ = ["ACCEPTED_OPTIMIZERS", "TIERED_OPTIMIZERS", "canonical_optimizer", "optimizer_row_bytes",
-           "trained_optimizer"]
+__all__ = ["ACCEPTED_OPTIMIZERS", "canonical_optimizer", "optimizer_row_bytes", "trained_optimizer"]
 
 # FBGEMM EmbOptimType values with the layout of an optimizer the tiered kernel trains.
 _ALIASES: Mapping[str, str] = {"row_wise_adagrad": "exact_row_wise_adagrad"}
-TIERED_OPTIMIZERS: Tuple[str, ...] = OPTIMIZERS
-"""The optimizers (EmbOptimType values) the tiered kernel trains."""
 ACCEPTED_OPTIMIZERS: Tuple[str, ...] = tuple(SHORT_OPTIMIZER_NAMES) + OPTIMIZERS + tuple(_ALIASES)
 """Every optimizer name a model file or the planner takes."""
 
