@@ -110,8 +110,9 @@ setup(
             name="torchrec_mtrains._C",
             sources=_sources(),
             include_dirs=[str(CSRC)],
-            extra_compile_args={"cxx": ["-O3", "-std=c++17", "-msse4.2", "-fno-semantic-interposition", "-Wall",
-                                        "-g" if DEBUG else "-g0"]},
+            extra_compile_args={"cxx": ["-O3", "-std=c++17", "-msse4.2", "-fno-math-errno", "-fno-semantic-interposition", "-Wall",
+                                        "-fopenmp", "-g" if DEBUG else "-g0"]},
+            extra_link_args=["-fopenmp"],
         )
     ],
     cmdclass={"build_ext": _BuildExt.with_options(use_ninja=is_ninja_available())},

@@ -47,18 +47,45 @@ struct RowTerms {
   float row_denominator;  // sqrt(v_hat) + eps of a partial row-wise row
 };
 
-// One weight: its momenta updated, r (the update's direction) returned.
-template <bool kPerWeight>
-inline float ElementR(const RowTerms& c, float g, float w, float* m1, float* m2) {
-  const float m = c.b1 * *m1 + c.one_minus_b1 * g;
-  *m1 = m;
-  float denominator = c.row_denominator;
-  if (kPerWeight) {
-    const float v = c.b2 * *m2 + c.one_minus_b2 * g * g;
-    *m2 = v;
-    denominator = std::sqrt(v / c.correction2) + c.eps;
+// The element-wise passes, written as the scalar formula and vectorised by the compiler:
+// cloned for AVX2 (picked at load time where the CPU has it; the extension is built for
+// SSE4.2). Neither clone fuses a multiply and an add (AVX2 without FMA), and vector add,
+// mul, div and sqrt round as the scalar ones, so every clone computes the same bits.
+// Adam / LAMB: m and v per weight; r = m / c1 / (sqrt(v / c2) + eps) + wd w into grad.
+__attribute__((target_clones("avx2", "default"))) void PerWeightDirection(const RowTerms& c, int64_t dim,
+                                                                          float* __restrict__ grad,
+                                                                          const float* __restrict__ w,
+                                                                          float* __restrict__ m1,
+                                                                          float* __restrict__ m2) {
+  const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2, eps = c.eps, wd = c.wd,
+              c1 = c.correction1, c2 = c.correction2;
+  for (int64_t d = 0; d < dim; ++d) {
+    const float g = grad[d];
+    const float m = b1 * m1[d] + omb1 * g;
+    const float v = b2 * m2[d] + omb2 * g * g;
+    m1[d] = m;
+    m2[d] = v;
+    grad[d] = m / c1 / (__builtin_sqrtf(v / c2) + eps) + wd * w[d];
   }
-  return m / c.correction1 / denominator + c.wd * w;
+}
+
+// Partial row-wise: m per weight, the row's one denominator.
+__attribute__((target_clones("avx2", "default"))) void RowDirection(const RowTerms& c, int64_t dim,
+                                                                    float* __restrict__ grad,
+                                                                    const float* __restrict__ w,
+                                                                    float* __restrict__ m1) {
+  const float b1 = c.b1, omb1 = c.one_minus_b1, wd = c.wd, c1 = c.correction1, den = c.row_denominator;
+  for (int64_t d = 0; d < dim; ++d) {
+    const float m = b1 * m1[d] + omb1 * grad[d];
+    m1[d] = m;
+    grad[d] = m / c1 / den + wd * w[d];
+  }
+}
+
+// w -= step r.
+__attribute__((target_clones("avx2", "default"))) void Step(float step, int64_t dim, const float* __restrict__ r,
+                                                            float* __restrict__ w) {
+  for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - step * r[d];
 }
 
 // The update of one row of fp32 weights `w` (see UpdateRow). kPerWeight: a second moment
@@ -79,45 +106,18 @@ void UpdateFloatRow(const AdamTerms& terms, const AdamCorrections& corrections, 
     c.row_denominator = std::sqrt(v / c.correction2) + c.eps;
   }
   // grad becomes r, the update's direction (the summed gradient is no longer needed).
-  const int64_t body = dim - dim % kLanes;
-  int64_t d = 0;
-#if defined(__SSE2__)
-  {
-    const __m128 b1 = _mm_set1_ps(c.b1), omb1 = _mm_set1_ps(c.one_minus_b1), b2 = _mm_set1_ps(c.b2),
-                 omb2 = _mm_set1_ps(c.one_minus_b2), eps = _mm_set1_ps(c.eps), wd = _mm_set1_ps(c.wd),
-                 c1 = _mm_set1_ps(c.correction1), c2 = _mm_set1_ps(c.correction2),
-                 row_den = _mm_set1_ps(c.row_denominator);
-    for (; d < body; d += kLanes) {
-      const __m128 g = _mm_loadu_ps(grad + d);
-      const __m128 m = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(m1 + d)), _mm_mul_ps(omb1, g));
-      _mm_storeu_ps(m1 + d, m);
-      __m128 denominator = row_den;
-      if (kPerWeight) {
-        const __m128 v = _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(m2 + d)), _mm_mul_ps(_mm_mul_ps(omb2, g), g));
-        _mm_storeu_ps(m2 + d, v);
-        denominator = _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(v, c2)), eps);
-      }
-      const __m128 r = _mm_add_ps(_mm_div_ps(_mm_div_ps(m, c1), denominator), _mm_mul_ps(wd, _mm_loadu_ps(w + d)));
-      _mm_storeu_ps(grad + d, r);
-    }
+  if (kPerWeight) {
+    PerWeightDirection(c, dim, grad, w, m1, m2);
+  } else {
+    RowDirection(c, dim, grad, w, m1);
   }
-#endif
-  for (; d < dim; ++d) grad[d] = ElementR<kPerWeight>(c, grad[d], w[d], m1 + d, m2 + d);
   float step_size = terms.learning_rate;
   if (kLamb) {
     const float r_sq = SumOfSquares(grad, dim);
     if (r_sq == 0.0f) return;  // FBGEMM would divide by zero (see the header)
     step_size *= std::sqrt(SumOfSquares(w, dim)) / std::sqrt(r_sq);
   }
-  d = 0;
-#if defined(__SSE2__)
-  {
-    const __m128 step = _mm_set1_ps(step_size);
-    for (; d < body; d += kLanes)
-      _mm_storeu_ps(w + d, _mm_sub_ps(_mm_loadu_ps(w + d), _mm_mul_ps(step, _mm_loadu_ps(grad + d))));
-  }
-#endif
-  for (; d < dim; ++d) w[d] = w[d] - step_size * grad[d];
+  Step(step_size, dim, grad, w);
 }
 
 void UpdateFloat(const AdamTerms& terms, const AdamCorrections& corrections, int64_t dim, float* grad, float* w,
