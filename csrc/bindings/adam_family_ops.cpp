@@ -1,12 +1,13 @@
 // The backward of a tiered table trained with Adam, partial row-wise Adam, LAMB or partial
 // row-wise LAMB (torch.ops.mtrains.adam_family_backward; torchrec_mtrains/kernels/adam_family.py).
 //
-// One pass over the step's indices finds each touched slot (its position: the order of
-// first touch) and what each index adds to it (the output gradient's row: the bag's, scaled
-// by the index's per-sample weight and, for MEAN, by 1/L; a sequence's own row); a stable
-// counting sort groups the indices by slot, and the slots, split over torch's intra-op
-// threads, each sum their indices' gradients in index order (so the sums are the same
-// whatever the threads) and update at once (kernel/adam_update.h).
+// A first pass over the step's indices, in one share of whole bags per thread, finds each
+// touched slot (its position) and what each index adds to it (the output gradient's row: the
+// bag's, scaled by the index's per-sample weight and, for MEAN, by 1/L; a sequence's own
+// row); a stable counting sort groups the indices by slot, and the slots, handed to torch's
+// intra-op threads (OpenMP: the extension is built with -fopenmp) in chunks, each sum their
+// indices' gradients in index order (so the sums are the same whatever the threads) and
+// update at once (kernel/adam_update.h).
 // `positions[t]` (int32, one per slot of table t, -1 when free) maps a touched slot to its
 // position while the call runs and is left all -1 again.
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -22,30 +24,50 @@
 namespace mtrains {
 namespace {
 
+// Indices ahead whose slot's position the first pass fetches: the position map is read at
+// random, a cache miss an index once the rows' update has pushed it out (2.3 -> 0.9 ms for
+// 82K indices on this VM).
+constexpr int64_t kPositionLookahead = 16;
+// Rows ahead whose weights and state the update fetches while it sums the current one.
+constexpr int64_t kRowLookahead = 2;
+// The update's positions go to the threads in chunks of about equal cost, taken in turn as
+// each thread finishes one: a row's update (1.5 KB of weights and momenta read and written)
+// costs some 10-50 of its indices' gradient sums (a 512 B row each, mostly cached) depending
+// on the machine's memory, and the hot rows, touched first, carry most indices -- split by
+// positions alone, the first thread summed 4x the second's indices and ran 1.5x as long.
+constexpr int64_t kRowCost = 16;
+constexpr int64_t kChunksPerThread = 8;
+// Below this many indices per thread the first pass runs on one thread.
+constexpr int64_t kIndicesPerShare = 4096;
+constexpr int32_t kFree = -1, kClaimed = -2;  // a slot's position before it has one
 constexpr int64_t kSum = 0, kMean = 1, kNone = 2;  // FBGEMM's PoolingMode values
+
+// What one index adds to its slot's summed gradient: a row of the output gradient, scaled.
+struct Contribution {
+  const float* grad;
+  float scale;
+};
 
 // A table's touched slots and what each index adds to them.
 struct TableGrads {
   int64_t dim = 0;
-  int32_t* position = nullptr;  // slot -> index into `slots`, -1 when untouched
+  int32_t* position = nullptr;  // slot -> index into `slots`; kFree when untouched
   int64_t rows = 0;
-  std::vector<int64_t> slots;        // position -> slot, in the order of first touch
-  std::vector<int32_t> at;           // per index of this table, in index order: its slot's position
-  std::vector<const float*> grads;   // ... the gradient row it adds
-  std::vector<float> scales;         // ... and the scale of that row
+  std::vector<int64_t> slots;       // position -> slot
+  std::vector<int32_t> at;          // per index of this table, in index order: its slot's position
+  std::vector<Contribution> adds;   // ... and what it adds
 
-  void Add(int64_t slot, const float* grad, float scale) {
-    TORCH_CHECK_INDEX(slot >= 0 && slot < rows, "slot ", slot, " is outside the table's ", rows, " slots");
-    int32_t p = position[slot];
-    if (p < 0) {
-      p = int32_t(slots.size());
-      position[slot] = p;
-      slots.push_back(slot);
-    }
-    at.push_back(p);
-    grads.push_back(grad);
-    scales.push_back(scale);
+  void Prefetch(int64_t slot) const {
+    if (slot >= 0 && slot < rows) __builtin_prefetch(position + slot, 1, 3);
   }
+};
+
+// One thread's share of the first pass (a run of whole bags), per table: the slots it
+// touched first (claimed), and its indices' slots and contributions in index order.
+struct Share {
+  std::vector<std::vector<int64_t>> claimed, slot_of;
+  std::vector<std::vector<Contribution>> adds;
+  explicit Share(size_t tables) : claimed(tables), slot_of(tables), adds(tables) {}
 };
 
 // Where a batch's bags sit. Bags are ordered as the offsets order them: feature by feature,
@@ -83,6 +105,99 @@ BagLayout LayoutOf(int64_t num_features, int64_t num_bags, const std::vector<int
   return out;
 }
 
+// The step's batch, as the first pass reads it.
+struct BatchView {
+  const int64_t* offsets;
+  const int64_t* indices;
+  const float* per_sample_weights;  // nullptr: all 1
+  const float* grad;                // the output gradient
+  const BagLayout* layout;
+  at::IntArrayRef feature_tables;
+  int64_t pooling;
+};
+
+// The first pass over bags [bag_begin, bag_end): each index's slot is checked, claimed by
+// this share when no share has touched it yet (kFree -> kClaimed, atomically: shares race for
+// a hot row), and its contribution recorded.
+void FirstPassShare(const BatchView& batch, int64_t bag_begin, int64_t bag_end, std::vector<TableGrads>& tables,
+                    Share& share) {
+  const BagLayout& layout = *batch.layout;
+  const int64_t* off = batch.offsets;
+  const int64_t* idx = batch.indices;
+  const int64_t num_features = int64_t(batch.feature_tables.size()), index_end = off[bag_end];
+  int64_t bag = bag_begin;
+  int64_t f = std::upper_bound(layout.feature_end.begin(), layout.feature_end.end(), bag) - layout.feature_end.begin();
+  for (; f < num_features && bag < bag_end; ++f) {
+    const size_t t = size_t(batch.feature_tables[size_t(f)]);
+    TableGrads& table = tables[t];
+    for (; bag < std::min(bag_end, layout.feature_end[size_t(f)]); ++bag) {
+      const int64_t begin = off[bag], end = off[bag + 1];
+      const float mean = batch.pooling == kMean && end > begin ? 1.0f / float(end - begin) : 1.0f;
+      for (int64_t i = begin; i < end; ++i) {
+        if (i + kPositionLookahead < index_end) table.Prefetch(idx[i + kPositionLookahead]);
+        const int64_t slot = idx[i];
+        TORCH_CHECK_INDEX(slot >= 0 && slot < table.rows, "slot ", slot, " is outside the table's ", table.rows,
+                          " slots");
+        int32_t* position = table.position + slot;
+        int32_t expected = kFree;
+        if (__atomic_load_n(position, __ATOMIC_RELAXED) == kFree &&
+            __atomic_compare_exchange_n(position, &expected, kClaimed, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+          share.claimed[t].push_back(slot);
+        share.slot_of[t].push_back(slot);
+        const float* row_grad =
+            batch.pooling == kNone ? batch.grad + i * table.dim : batch.grad + layout.output_start[size_t(bag)];
+        share.adds[t].push_back({row_grad, (batch.per_sample_weights ? batch.per_sample_weights[i] : 1.0f) * mean});
+      }
+    }
+  }
+}
+
+// After the shares' first pass: every table's positions numbered share by share (each
+// share's claimed slots in its order of first touch), and each index given its slot's
+// position, in index order (share by share).
+void NumberPositions(const std::vector<Share>& shares, std::vector<TableGrads>& tables) {
+  const int64_t num_shares = int64_t(shares.size()), num_tables = int64_t(tables.size());
+  // Where each share's positions and indices start in its tables' arrays.
+  std::vector<std::vector<int64_t>> position_base(static_cast<size_t>(num_shares)),
+      index_base(static_cast<size_t>(num_shares));
+  for (int64_t t = 0; t < num_tables; ++t) {
+    int64_t positions_so_far = 0, indices_so_far = 0;
+    for (int64_t k = 0; k < num_shares; ++k) {
+      position_base[size_t(k)].push_back(positions_so_far);
+      index_base[size_t(k)].push_back(indices_so_far);
+      positions_so_far += int64_t(shares[size_t(k)].claimed[size_t(t)].size());
+      indices_so_far += int64_t(shares[size_t(k)].slot_of[size_t(t)].size());
+    }
+    tables[size_t(t)].slots.resize(size_t(positions_so_far));
+    tables[size_t(t)].at.resize(size_t(indices_so_far));
+    tables[size_t(t)].adds.resize(size_t(indices_so_far));
+  }
+  at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
+    for (int64_t k = share_begin; k < share_end; ++k)
+      for (int64_t t = 0; t < num_tables; ++t) {
+        TableGrads& table = tables[size_t(t)];
+        const int64_t base = position_base[size_t(k)][size_t(t)];
+        const std::vector<int64_t>& claimed = shares[size_t(k)].claimed[size_t(t)];
+        for (size_t i = 0; i < claimed.size(); ++i) {
+          table.position[claimed[i]] = int32_t(base + int64_t(i));
+          table.slots[size_t(base) + i] = claimed[i];
+        }
+      }
+  });
+  // Every position is set (the region above ends with a barrier) before any is read.
+  at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
+    for (int64_t k = share_begin; k < share_end; ++k)
+      for (int64_t t = 0; t < num_tables; ++t) {
+        TableGrads& table = tables[size_t(t)];
+        const Share& share = shares[size_t(k)];
+        const size_t base = size_t(index_base[size_t(k)][size_t(t)]);
+        const std::vector<int64_t>& slot_of = share.slot_of[size_t(t)];
+        for (size_t j = 0; j < slot_of.size(); ++j) table.at[base + j] = table.position[slot_of[j]];
+        std::copy(share.adds[size_t(t)].begin(), share.adds[size_t(t)].end(), table.adds.begin() + int64_t(base));
+      }
+  });
+}
+
 // out += scale * grad over dim values: the hot loop of the gradient sums. Cloned for AVX2
 // (picked at load time where the CPU has it; the extension is built for SSE4.2): 8% off the
 // Adam backward of a 128-dim table. Element by element, so every clone sums alike.
@@ -109,25 +224,37 @@ void UpdateTable(const AdamTerms& terms, const AdamCorrections& corrections, con
     std::vector<int64_t> next(first.begin(), first.end() - 1);
     for (size_t e = 0; e < grads.at.size(); ++e) entries[size_t(next[size_t(grads.at[e])]++)] = int64_t(e);
   }
-  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+  // Chunks of positions of about equal cost (kRowCost).
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads * kChunksPerThread, n / 16));
+  const int64_t total = n * kRowCost + first[size_t(n)];
+  std::vector<int64_t> bound(static_cast<size_t>(chunks + 1), n);
+  bound[0] = 0;
+  for (int64_t c = 1, p = 0; c < chunks; ++c) {
+    while (p < n && p * kRowCost + first[size_t(p)] < total * c / chunks) ++p;
+    bound[size_t(c)] = p;
+  }
+  std::atomic<int64_t> next_chunk{0};
+  at::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
     std::vector<float> sum(static_cast<size_t>(dim));
-    for (int64_t p = begin; p < end; ++p) {
-      if (p + 1 < end) {  // the next row's weights and state from DRAM while this one sums
-        const int64_t next = grads.slots[size_t(p + 1)];
-        const char* nw = reinterpret_cast<const char*>(w + next * dim);
-        const char* ns = reinterpret_cast<const char*>(s + next * state_values);
-        for (int64_t b = 0; b < dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(nw + b, 1, 3);
-        for (int64_t b = 0; b < state_values * int64_t(sizeof(float)); b += 64) __builtin_prefetch(ns + b, 1, 3);
+    for (int64_t c = next_chunk++; c < chunks; c = next_chunk++) {
+      const int64_t begin = bound[size_t(c)], end = bound[size_t(c + 1)];
+      for (int64_t p = begin; p < end; ++p) {
+        if (p + kRowLookahead < end) {  // a coming row's weights and state from DRAM while this one sums
+          const int64_t ahead = grads.slots[size_t(p + kRowLookahead)];
+          const char* nw = reinterpret_cast<const char*>(w + ahead * dim);
+          const char* ns = reinterpret_cast<const char*>(s + ahead * state_values);
+          for (int64_t b = 0; b < dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(nw + b, 1, 3);
+          for (int64_t b = 0; b < state_values * int64_t(sizeof(float)); b += 64) __builtin_prefetch(ns + b, 1, 3);
+        }
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t k = first[size_t(p)]; k < first[size_t(p + 1)]; ++k) {
+          const Contribution& add = grads.adds[size_t(entries[size_t(k)])];
+          AddScaled(sum.data(), add.grad, add.scale, dim);
+        }
+        const int64_t slot = grads.slots[size_t(p)];
+        UpdateRow<T>(terms, corrections, dim, sum.data(), w + slot * dim, s + slot * state_values);
       }
-      std::fill(sum.begin(), sum.end(), 0.0f);
-      for (int64_t k = first[size_t(p)]; k < first[size_t(p + 1)]; ++k) {
-        const size_t e = size_t(entries[size_t(k)]);
-        const float* grad = grads.grads[e];
-        const float scale = grads.scales[e];
-        AddScaled(sum.data(), grad, scale, dim);
-      }
-      const int64_t slot = grads.slots[size_t(p)];
-      UpdateRow<T>(terms, corrections, dim, sum.data(), w + slot * dim, s + slot * state_values);
     }
   });
 }
@@ -210,35 +337,35 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
   } else {
     TORCH_CHECK_VALUE(grad.numel() == layout.output_numel, "the output gradient's size does not match the batch");
   }
-  // Every touched slot's position goes back to -1, whether the sums complete or a bad
-  // index stops them (nothing is updated then).
+  for (int64_t bag = 0; bag < num_bags; ++bag) TORCH_CHECK_VALUE(off[bag] <= off[bag + 1], "offsets must not decrease");
+  // The first pass, in shares of whole bags with about equal indices, one per thread: each
+  // share claims the slots it touches first (kFree -> kClaimed, atomically: shares race for
+  // a hot row), then every table's positions are numbered share by share, and each index
+  // learns its slot's position. Which share claims a slot decides only its position, not the
+  // row's sum or update, so the results do not depend on the threads.
+  const int64_t num_shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kIndicesPerShare));
+  std::vector<Share> shares(static_cast<size_t>(num_shares), Share(size_t(num_tables)));
+  // Every touched slot's position goes back to kFree, whether the update completes or a bad
+  // index stops the first pass (nothing is updated then).
   struct ResetPositions {
+    std::vector<Share>& shares;
     std::vector<TableGrads>& tables;
     ~ResetPositions() {
-      for (TableGrads& table : tables)
-        for (int64_t slot : table.slots) table.position[slot] = -1;
+      for (const Share& share : shares)
+        for (size_t t = 0; t < tables.size(); ++t)
+          for (int64_t slot : share.claimed[t]) tables[t].position[slot] = kFree;
     }
-  } reset{tables};
-  for (TableGrads& table : tables) {
-    table.at.reserve(size_t(n));
-    table.grads.reserve(size_t(n));
-    table.scales.reserve(size_t(n));
-  }
-  int64_t bag = 0;
-  for (int64_t f = 0; f < num_features; ++f) {
-    TableGrads& table = tables[size_t(feature_tables[size_t(f)])];
-    for (; bag < layout.feature_end[size_t(f)]; ++bag) {
-      const int64_t begin = off[bag], end = off[bag + 1];
-      TORCH_CHECK_VALUE(begin <= end, "offsets must not decrease");
-      if (begin == end) continue;
-      const float mean = pooling == kMean ? 1.0f / float(end - begin) : 1.0f;
-      for (int64_t i = begin; i < end; ++i) {
-        const float scale = (psw ? psw[i] : 1.0f) * mean;
-        const float* row_grad = pooling == kNone ? g + i * table.dim : g + layout.output_start[size_t(bag)];
-        table.Add(idx[i], row_grad, scale);
-      }
-    }
-  }
+  } reset{shares, tables};
+  std::vector<int64_t> share_bag(static_cast<size_t>(num_shares + 1), num_bags);  // each share's first bag
+  share_bag[0] = 0;
+  for (int64_t k = 1; k < num_shares; ++k)
+    share_bag[size_t(k)] = std::upper_bound(off, off + num_bags, n * k / num_shares - 1) - off;
+  const BatchView batch{off, idx, psw, g, &layout, feature_tables, pooling};
+  at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
+    for (int64_t k = share_begin; k < share_end; ++k)
+      FirstPassShare(batch, share_bag[size_t(k)], share_bag[size_t(k + 1)], tables, shares[size_t(k)]);
+  });
+  NumberPositions(shares, tables);
   const AdamCorrections corrections = Corrections(terms);
   for (int64_t t = 0; t < num_tables; ++t) {
     const TableGrads& table = tables[size_t(t)];

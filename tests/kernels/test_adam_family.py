@@ -387,3 +387,79 @@ def test_virtual_table_matches_a_dense_one(tmp_path: Path, optimizer: EmbOptimTy
     assert torch.equal(w, dw[ids]) and torch.equal(state, dstate[ids])
     dense.close()
     virt.close()
+
+
+# ------------------------------------------------- the C++ update, threads ----
+def _op_tables(optimizer: EmbOptimType, seed: int = 3):
+    """Weights, zeroed states and free positions for SPECS, as the kernel's slots hold them."""
+    g = torch.Generator().manual_seed(seed)
+    rowwise = optimizer in (EmbOptimType.PARTIAL_ROWWISE_ADAM, EmbOptimType.PARTIAL_ROWWISE_LAMB)
+    weights = [torch.randn(rows, dim, generator=g) * 0.1 for rows, dim in SPECS]
+    states = [torch.zeros(rows, dim + (1 if rowwise else dim)) for rows, dim in SPECS]
+    positions = [torch.full((rows,), -1, dtype=torch.int32) for rows, _ in SPECS]
+    return weights, states, positions
+
+
+def _op_backward(optimizer: EmbOptimType, step: int, indices, offsets, grad, feature_tables, tables) -> None:
+    weights, states, positions = tables
+    torch.ops.mtrains.adam_family_backward(
+        grad_output=grad, indices=indices, offsets=offsets, per_sample_weights=None, feature_tables=feature_tables,
+        batch_sizes=[], pooling=int(PoolingMode.SUM), weights=weights, states=states, positions=positions,
+        kind=ADAM_FAMILY.index(optimizer), learning_rate=LR, eps=EPS, beta1=0.9, beta2=0.999, weight_decay=0.0,
+        step=step, max_gradient=-1.0)
+
+
+@pytest.mark.parametrize("optimizer", ADAM_FAMILY, ids=lambda o: o.name)
+def test_large_batches_split_over_threads_alike(optimizer: EmbOptimType) -> None:
+    """Batches of ~18K ids split the first pass and the update over two threads (a table
+    shared by two features, its hot rows touched by both threads' shares): the reference's
+    results, and the same bits as one thread."""
+    from torchrec_mtrains._ops import load_extension
+    load_extension()
+    feature_tables = [0, 1, 0]
+    batches = list(pooled_batches(feature_tables, batch=2048, steps=3, seed=11))
+    assert all(indices.numel() >= 4 * 4096 for indices, _, _ in batches)  # the op's shares: one per thread
+    dims = [d for _, d in SPECS]
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (2, 1):
+            torch.set_num_threads(n)
+            tables = _op_tables(optimizer)
+            ref = Reference(tables[0], optimizer)
+            for step, (indices, offsets, grad) in enumerate(batches, start=1):
+                _op_backward(optimizer, step, indices, offsets, grad, feature_tables, tables)
+                ref.update(row_grads(indices, offsets, grad, feature_tables, dims, PoolingMode.SUM))
+            for t, (w, s, p) in enumerate(zip(*tables)):
+                assert bool((p == -1).all()), f"table {t}: positions left set"
+                scale = max(1.0, float(ref.w[t].abs().max()))
+                assert float((w - ref.w[t]).abs().max()) / scale <= 1e-6, f"table {t} weights, {n} threads"
+            results.append(tables)
+    finally:
+        torch.set_num_threads(threads)
+    for two, one in zip(results[0][:2], results[1][:2]):
+        for a, b in zip(two, one):
+            assert torch.equal(a, b)
+
+
+def test_bad_id_in_a_later_share_changes_nothing() -> None:
+    """An id past a table's slots, in the second thread's share, is refused by name, and no
+    row, state or position is left changed."""
+    from torchrec_mtrains._ops import load_extension
+    load_extension()
+    feature_tables = [0, 1, 0]
+    indices, offsets, grad = next(pooled_batches(feature_tables, batch=2048, steps=1, seed=12))
+    indices = indices.clone()
+    indices[-3] = SPECS[0][0] + 5  # the last feature is table 0's
+    tables = _op_tables(EmbOptimType.ADAM)
+    before = [[t.clone() for t in part] for part in tables]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(IndexError, match=f"slot {SPECS[0][0] + 5} is outside the table's {SPECS[0][0]} slots"):
+            _op_backward(EmbOptimType.ADAM, 1, indices, offsets, grad, feature_tables, tables)
+    finally:
+        torch.set_num_threads(threads)
+    for part, saved in zip(tables, before):
+        for got, want in zip(part, saved):
+            assert torch.equal(got, want)
