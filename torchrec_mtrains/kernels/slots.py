@@ -23,7 +23,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     construct_split_state,
 )
 
-from torchrec_mtrains._ops import load_extension
+from torchrec_mtrains.huge_pages import huge_page_zeros
 from torchrec_mtrains.kernels.adam_family import AdamTerms, AdamUpdate, is_adam_family
 from torchrec_mtrains.kernels.config import TieredConfig
 from torchrec_mtrains.kernels.tbe_settings import ADAM_TERMS
@@ -91,8 +91,8 @@ class CacheSlots:
         tbe = SplitTableBatchedEmbeddingBagsCodegen(
             specs,
             optimizer=optimizer,
-            preallocated_host_buffers={"weights": _huge_page_zeros(weights_size,
-                                                                   config.weights_precision.as_dtype())},
+            preallocated_host_buffers={"weights": huge_page_zeros([weights_size],
+                                                                  config.weights_precision.as_dtype())},
             learning_rate=self.learning_rate,
             eps=config.eps,
             pooling_mode=config.pooling_mode,
@@ -103,10 +103,10 @@ class CacheSlots:
         self.weights = [_alias(w) for w in tbe.split_embedding_weights()]
         self.states: List[Optional[torch.Tensor]]
         if self.adam is not None:
-            self.states = [_huge_page_zeros(r * codec.layout.state_values, torch.float32).view(r, codec.layout.state_values)
+            self.states = [huge_page_zeros([r, codec.layout.state_values], torch.float32)
                            for r, codec in zip(rows, self._codecs)]
             # Slot -> its gradient's place while a backward runs (adam_family_ops.cpp).
-            self.positions = [_huge_page_zeros(r, torch.int32).fill_(-1) for r in rows]
+            self.positions = [huge_page_zeros([r], torch.int32).fill_(-1) for r in rows]
         elif self._codecs[0].layout.state_values:
             self.states = [_alias(s[0]) for s in tbe.split_optimizer_states()]
         else:
@@ -158,13 +158,6 @@ class CacheSlots:
     def drop_deferred(self, t: int) -> None:
         """Forgets table t's deferred rows (its cache was reset)."""
         self.deferred = [d for d in self.deferred if d.table != t]
-
-
-def _huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed 1-D tensor on transparent huge pages where it spans them: the cache's rows are
-    read and written at random, a TLB miss a row on 4 KiB pages (csrc/bindings/huge_page_ops.cpp)."""
-    load_extension()
-    return torch.ops.mtrains.huge_page_zeros(numel, dtype)
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torchrec_mtrains.storage._validation import (
     id_range_checked_by_op,
 )
 from torchrec_mtrains._ops import load_extension
+from torchrec_mtrains.huge_pages import huge_page_zeros
 from torchrec_mtrains.storage.lazy_init import lazy_init_rows
 from torchrec_mtrains.storage.types import RowStore
 
@@ -46,7 +47,8 @@ class DramStore(RowStore):
         load_extension()
         self.num_rows, self.dim, self.state_dim, self.dtype = num_rows, dim, state_dim, dtype
         self.name = name
-        self.data = torch.empty((num_rows, dim + state_dim), dtype=dtype)
+        # Rows move between this table and the cache at random: huge pages (huge_pages.py).
+        self.data = huge_page_zeros((num_rows, dim + state_dim), dtype)
         for start in range(0, num_rows, _INIT_CHUNK_ROWS):
             ids = torch.arange(start, min(num_rows, start + _INIT_CHUNK_ROWS))
             self.data[start : start + ids.numel()] = lazy_init_rows(
