@@ -51,7 +51,7 @@ void WindowSteps::Clear() {
 }
 
 void WindowSteps::Rebuild(size_t min_capacity) {
-  std::vector<Entry> old;
+  Table old;
   old.swap(table_);
   size_t live = 0;
   for (const Entry& e : old) live += e.step > planned_through_;

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/huge_page_allocator.h"
+
 namespace mtrains {
 
 class WindowSteps {
@@ -42,7 +44,10 @@ class WindowSteps {
   // `min_capacity` slots or more.
   void Rebuild(size_t min_capacity);
 
-  std::vector<Entry> table_;
+  // Probed at random, a few MiB to tens of MiB for a window of 16 large batches: huge pages
+  // spare a TLB miss a probe.
+  using Table = std::vector<Entry, HugePageAllocator<Entry>>;
+  Table table_;
   size_t used_ = 0;  // entries taken (live or stale)
   int64_t planned_through_ = kNone;
 };
