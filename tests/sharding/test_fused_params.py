@@ -141,10 +141,12 @@ def test_silent_fused_params_take_fbgemms_defaults(process_group, tmp_path: Path
     assert (config.learning_rate, config.eps) == (TBE_DEFAULTS["learning_rate"], TBE_DEFAULTS["eps"])
     assert _kernel(dmp).emb_module.get_learning_rate() == fused.get_learning_rate()
     assert not _kernel(dmp).has_optimizer_state()  # SGD keeps none
-    # Nothing else is set on the kernel's TBE: every other setting is FBGEMM's default.
+    # Nothing else is set on the kernel's TBE: every other setting is FBGEMM's default. (The
+    # weights' memory is the kernel's own, on huge pages: where they live, not how they train.)
     (kwargs,) = spy.calls
     assert set(kwargs) == {"optimizer", "learning_rate", "eps", "pooling_mode", "weights_precision",
-                           "feature_table_map"}
+                           "feature_table_map", "preallocated_host_buffers"}
+    assert set(kwargs["preallocated_host_buffers"]) == {"weights"}
     _start_equal(dmp)
     _train(dmp, 6)
     _assert_twins_equal(dmp)
