@@ -12,6 +12,20 @@
 #include <emmintrin.h>
 #endif
 
+// The element-wise passes' clones (see below). ThreadSanitizer's runtime is not set up when
+// the clones' resolvers run, at load time, and the program crashes there: its builds keep
+// the default code only.
+#if defined(__SANITIZE_THREAD__)
+#define MTRAINS_AVX2_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MTRAINS_AVX2_CLONES
+#endif
+#endif
+#ifndef MTRAINS_AVX2_CLONES
+#define MTRAINS_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+
 namespace mtrains {
 namespace {
 
@@ -52,7 +66,7 @@ struct RowTerms {
 // SSE4.2). Neither clone fuses a multiply and an add (AVX2 without FMA), and vector add,
 // mul, div and sqrt round as the scalar ones, so every clone computes the same bits.
 // Adam / LAMB: m and v per weight; r = m / c1 / (sqrt(v / c2) + eps) + wd w into grad.
-__attribute__((target_clones("avx2", "default"))) void PerWeightDirection(const RowTerms& c, int64_t dim,
+MTRAINS_AVX2_CLONES void PerWeightDirection(const RowTerms& c, int64_t dim,
                                                                           float* __restrict__ grad,
                                                                           const float* __restrict__ w,
                                                                           float* __restrict__ m1,
@@ -70,7 +84,7 @@ __attribute__((target_clones("avx2", "default"))) void PerWeightDirection(const 
 }
 
 // Partial row-wise: m per weight, the row's one denominator.
-__attribute__((target_clones("avx2", "default"))) void RowDirection(const RowTerms& c, int64_t dim,
+MTRAINS_AVX2_CLONES void RowDirection(const RowTerms& c, int64_t dim,
                                                                     float* __restrict__ grad,
                                                                     const float* __restrict__ w,
                                                                     float* __restrict__ m1) {
@@ -83,7 +97,7 @@ __attribute__((target_clones("avx2", "default"))) void RowDirection(const RowTer
 }
 
 // w -= step r.
-__attribute__((target_clones("avx2", "default"))) void Step(float step, int64_t dim, const float* __restrict__ r,
+MTRAINS_AVX2_CLONES void Step(float step, int64_t dim, const float* __restrict__ r,
                                                             float* __restrict__ w) {
   for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - step * r[d];
 }
