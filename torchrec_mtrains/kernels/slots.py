@@ -86,6 +86,7 @@ class CacheSlots:
             settings = {k: v for k, v in settings.items() if k not in ADAM_TERMS}
             optimizer = EmbOptimType.EXACT_SGD
         specs = [(r, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, dim in zip(rows, self._dims)]
+        # The weights on huge pages (huge_pages.py), sized as FBGEMM sizes its own buffer.
         weights_size = construct_split_state(specs, rowwise=False, cacheable=True,
                                              precision=config.weights_precision).host_size
         tbe = SplitTableBatchedEmbeddingBagsCodegen(
