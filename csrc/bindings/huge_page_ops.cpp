@@ -1,5 +1,6 @@
 // Zeroed tensors on transparent huge pages (torch.ops.mtrains.huge_page_zeros), for the cache's
-// weights and optimizer state: a step reads and writes its rows at random, so on 4 KiB pages
+// weights and optimizer state and the DRAM tier's tables (torchrec_mtrains/huge_pages.py): a
+// step reads and writes their rows at random, so on 4 KiB pages
 // nearly every row costs a TLB miss per tensor (a page walk, dearer still under a VM's nested
 // paging). On 2 MiB pages the Adam family's update of 26K random rows of a 1M x 128 table ran
 // 25% faster on this VM (docs/results/benchmarks.md).

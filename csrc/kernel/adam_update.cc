@@ -66,11 +66,9 @@ struct RowTerms {
 // SSE4.2). Neither clone fuses a multiply and an add (AVX2 without FMA), and vector add,
 // mul, div and sqrt round as the scalar ones, so every clone computes the same bits.
 // Adam / LAMB: m and v per weight; r = m / c1 / (sqrt(v / c2) + eps) + wd w into grad.
-MTRAINS_AVX2_CLONES void PerWeightDirection(const RowTerms& c, int64_t dim,
-                                                                          float* __restrict__ grad,
-                                                                          const float* __restrict__ w,
-                                                                          float* __restrict__ m1,
-                                                                          float* __restrict__ m2) {
+MTRAINS_AVX2_CLONES void PerWeightDirection(const RowTerms& c, int64_t dim, float* __restrict__ grad,
+                                            const float* __restrict__ w, float* __restrict__ m1,
+                                            float* __restrict__ m2) {
   const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2, eps = c.eps, wd = c.wd,
               c1 = c.correction1, c2 = c.correction2;
   for (int64_t d = 0; d < dim; ++d) {
@@ -84,10 +82,8 @@ MTRAINS_AVX2_CLONES void PerWeightDirection(const RowTerms& c, int64_t dim,
 }
 
 // Partial row-wise: m per weight, the row's one denominator.
-MTRAINS_AVX2_CLONES void RowDirection(const RowTerms& c, int64_t dim,
-                                                                    float* __restrict__ grad,
-                                                                    const float* __restrict__ w,
-                                                                    float* __restrict__ m1) {
+MTRAINS_AVX2_CLONES void RowDirection(const RowTerms& c, int64_t dim, float* __restrict__ grad,
+                                      const float* __restrict__ w, float* __restrict__ m1) {
   const float b1 = c.b1, omb1 = c.one_minus_b1, wd = c.wd, c1 = c.correction1, den = c.row_denominator;
   for (int64_t d = 0; d < dim; ++d) {
     const float m = b1 * m1[d] + omb1 * grad[d];
@@ -97,8 +93,7 @@ MTRAINS_AVX2_CLONES void RowDirection(const RowTerms& c, int64_t dim,
 }
 
 // w -= step r.
-MTRAINS_AVX2_CLONES void Step(float step, int64_t dim, const float* __restrict__ r,
-                                                            float* __restrict__ w) {
+MTRAINS_AVX2_CLONES void Step(float step, int64_t dim, const float* __restrict__ r, float* __restrict__ w) {
   for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - step * r[d];
 }
 
