@@ -4,7 +4,8 @@
 // A first pass over the step's indices, in one share of whole bags per thread, finds each
 // touched slot (its position) and what each index adds to it (the output gradient's row: the
 // bag's, scaled by the index's per-sample weight and, for MEAN, by 1/L; a sequence's own
-// row); a stable counting sort groups the indices by slot, and the slots, handed to torch's
+// row); a stable counting sort, each share placing its own indices, groups them by slot; the
+// position map is cleared as soon as it has been read; and the slots, handed to torch's
 // intra-op threads (OpenMP: the extension is built with -fopenmp) in chunks, each sum their
 // indices' gradients in index order (so the sums are the same whatever the threads) and
 // update at once (kernel/adam_update.h).
@@ -28,8 +29,12 @@ namespace {
 // random, a cache miss an index once the rows' update has pushed it out (2.3 -> 0.9 ms for
 // 82K indices on this VM).
 constexpr int64_t kPositionLookahead = 16;
-// Rows ahead whose weights and state the update fetches while it sums the current one.
+// Rows ahead whose weights and state the update fetches while it sums the current one. They
+// are fetched into L2 (locality 1), not L1: a 128-dim row's 24 lines at once filled L1's few miss
+// buffers and each further prefetch waited for one: a random read-modify-write of 26K such
+// rows took 2.9 ms on two threads fetched into L1, 2.1 ms fetched into L2.
 constexpr int64_t kRowLookahead = 2;
+constexpr int kRowLocality = 1;
 // The update's positions go to the threads in chunks of about equal cost, taken in turn as
 // each thread finishes one: a row's update (1.5 KB of weights and momenta read and written)
 // costs some 10-50 of its indices' gradient sums (a 512 B row each, mostly cached) depending
@@ -48,14 +53,14 @@ struct Contribution {
   float scale;
 };
 
-// A table's touched slots and what each index adds to them.
+// A table's touched slots and what each index adds to them, grouped by slot.
 struct TableGrads {
   int64_t dim = 0;
   int32_t* position = nullptr;  // slot -> index into `slots`; kFree when untouched
   int64_t rows = 0;
   std::vector<int64_t> slots;       // position -> slot
-  std::vector<int32_t> at;          // per index of this table, in index order: its slot's position
-  std::vector<Contribution> adds;   // ... and what it adds
+  std::vector<int64_t> first;       // position -> its first entry in `adds` (one past the last at the end)
+  std::vector<Contribution> adds;   // what each index adds, by position, in index order within one
 
   void Prefetch(int64_t slot) const {
     if (slot >= 0 && slot < rows) __builtin_prefetch(position + slot, 1, 3);
@@ -63,11 +68,13 @@ struct TableGrads {
 };
 
 // One thread's share of the first pass (a run of whole bags), per table: the slots it
-// touched first (claimed), and its indices' slots and contributions in index order.
+// touched first (claimed), its indices' slots in index order (their positions once
+// numbered) and what each adds, and how many of its indices each position has.
 struct Share {
   std::vector<std::vector<int64_t>> claimed, slot_of;
   std::vector<std::vector<Contribution>> adds;
-  explicit Share(size_t tables) : claimed(tables), slot_of(tables), adds(tables) {}
+  std::vector<std::vector<int64_t>> count;  // per position, then where its next entry goes in the table's `adds`
+  explicit Share(size_t tables) : claimed(tables), slot_of(tables), adds(tables), count(tables) {}
 };
 
 // Where a batch's bags sit. Bags are ordered as the offsets order them: feature by feature,
@@ -153,23 +160,22 @@ void FirstPassShare(const BatchView& batch, int64_t bag_begin, int64_t bag_end, 
 }
 
 // After the shares' first pass: every table's positions numbered share by share (each
-// share's claimed slots in its order of first touch), and each index given its slot's
-// position, in index order (share by share).
-void NumberPositions(const std::vector<Share>& shares, std::vector<TableGrads>& tables) {
+// share's claimed slots in its order of first touch), then the contributions grouped by
+// position in index order -- a stable counting sort, each share counting and placing its own
+// indices (the shares are runs of indices in order, so share by share is index order) --
+// and the position map left all kFree again (`reset` says so).
+void GroupByPosition(std::vector<Share>& shares, std::vector<TableGrads>& tables, bool& reset) {
   const int64_t num_shares = int64_t(shares.size()), num_tables = int64_t(tables.size());
-  // Where each share's positions and indices start in its tables' arrays.
-  std::vector<std::vector<int64_t>> position_base(static_cast<size_t>(num_shares)),
-      index_base(static_cast<size_t>(num_shares));
+  std::vector<std::vector<int64_t>> position_base(static_cast<size_t>(num_shares));  // each share's first position
   for (int64_t t = 0; t < num_tables; ++t) {
     int64_t positions_so_far = 0, indices_so_far = 0;
     for (int64_t k = 0; k < num_shares; ++k) {
       position_base[size_t(k)].push_back(positions_so_far);
-      index_base[size_t(k)].push_back(indices_so_far);
       positions_so_far += int64_t(shares[size_t(k)].claimed[size_t(t)].size());
       indices_so_far += int64_t(shares[size_t(k)].slot_of[size_t(t)].size());
     }
     tables[size_t(t)].slots.resize(size_t(positions_so_far));
-    tables[size_t(t)].at.resize(size_t(indices_so_far));
+    tables[size_t(t)].first.assign(size_t(positions_so_far + 1), 0);
     tables[size_t(t)].adds.resize(size_t(indices_so_far));
   }
   at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
@@ -188,14 +194,45 @@ void NumberPositions(const std::vector<Share>& shares, std::vector<TableGrads>& 
   at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
     for (int64_t k = share_begin; k < share_end; ++k)
       for (int64_t t = 0; t < num_tables; ++t) {
-        TableGrads& table = tables[size_t(t)];
-        const Share& share = shares[size_t(k)];
-        const size_t base = size_t(index_base[size_t(k)][size_t(t)]);
-        const std::vector<int64_t>& slot_of = share.slot_of[size_t(t)];
-        for (size_t j = 0; j < slot_of.size(); ++j) table.at[base + j] = table.position[slot_of[j]];
-        std::copy(share.adds[size_t(t)].begin(), share.adds[size_t(t)].end(), table.adds.begin() + int64_t(base));
+        const TableGrads& table = tables[size_t(t)];
+        Share& share = shares[size_t(k)];
+        std::vector<int64_t>& count = share.count[size_t(t)];
+        count.assign(table.slots.size(), 0);
+        for (int64_t& slot : share.slot_of[size_t(t)]) {
+          slot = table.position[slot];  // from here on, the index's position
+          ++count[size_t(slot)];
+        }
       }
   });
+  // Each position's entries: share 0's, then share 1's, ...; each count becomes where the
+  // share's next entry for that position goes.
+  for (int64_t t = 0; t < num_tables; ++t) {
+    TableGrads& table = tables[size_t(t)];
+    int64_t at = 0;
+    for (size_t p = 0; p < table.slots.size(); ++p) {
+      table.first[p] = at;
+      for (int64_t k = 0; k < num_shares; ++k) {
+        int64_t& count = shares[size_t(k)].count[size_t(t)][p];
+        const int64_t n = count;
+        count = at;
+        at += n;
+      }
+    }
+    table.first[table.slots.size()] = at;
+  }
+  at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
+    for (int64_t k = share_begin; k < share_end; ++k)
+      for (int64_t t = 0; t < num_tables; ++t) {
+        TableGrads& table = tables[size_t(t)];
+        Share& share = shares[size_t(k)];
+        std::vector<int64_t>& next = share.count[size_t(t)];
+        const std::vector<int64_t>& position_of = share.slot_of[size_t(t)];
+        const std::vector<Contribution>& adds = share.adds[size_t(t)];
+        for (size_t j = 0; j < position_of.size(); ++j) table.adds[size_t(next[size_t(position_of[j])]++)] = adds[j];
+        for (int64_t slot : share.claimed[size_t(t)]) table.position[slot] = kFree;
+      }
+  });
+  reset = true;
 }
 
 // out += scale * grad over dim values: the hot loop of the gradient sums. Cloned for AVX2
@@ -215,15 +252,7 @@ void UpdateTable(const AdamTerms& terms, const AdamCorrections& corrections, con
   const int64_t state_values = state.size(1);
   T* w = static_cast<T*>(weights.data_ptr());  // float, or fp16 bits (at::Half's layout)
   float* s = state.data_ptr<float>();
-  // The entries of each position, in index order (a stable counting sort).
-  std::vector<int64_t> first(static_cast<size_t>(n + 1), 0);
-  for (int32_t p : grads.at) ++first[size_t(p) + 1];
-  for (int64_t p = 0; p < n; ++p) first[size_t(p + 1)] += first[size_t(p)];
-  std::vector<int64_t> entries(grads.at.size());
-  {
-    std::vector<int64_t> next(first.begin(), first.end() - 1);
-    for (size_t e = 0; e < grads.at.size(); ++e) entries[size_t(next[size_t(grads.at[e])]++)] = int64_t(e);
-  }
+  const std::vector<int64_t>& first = grads.first;
   // Chunks of positions of about equal cost (kRowCost).
   const int64_t threads = at::get_num_threads();
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads * kChunksPerThread, n / 16));
@@ -244,12 +273,12 @@ void UpdateTable(const AdamTerms& terms, const AdamCorrections& corrections, con
           const int64_t ahead = grads.slots[size_t(p + kRowLookahead)];
           const char* nw = reinterpret_cast<const char*>(w + ahead * dim);
           const char* ns = reinterpret_cast<const char*>(s + ahead * state_values);
-          for (int64_t b = 0; b < dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(nw + b, 1, 3);
-          for (int64_t b = 0; b < state_values * int64_t(sizeof(float)); b += 64) __builtin_prefetch(ns + b, 1, 3);
+          for (int64_t b = 0; b < dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(nw + b, 1, kRowLocality);
+          for (int64_t b = 0; b < state_values * int64_t(sizeof(float)); b += 64) __builtin_prefetch(ns + b, 1, kRowLocality);
         }
         std::fill(sum.begin(), sum.end(), 0.0f);
         for (int64_t k = first[size_t(p)]; k < first[size_t(p + 1)]; ++k) {
-          const Contribution& add = grads.adds[size_t(entries[size_t(k)])];
+          const Contribution& add = grads.adds[size_t(k)];
           AddScaled(sum.data(), add.grad, add.scale, dim);
         }
         const int64_t slot = grads.slots[size_t(p)];
@@ -350,7 +379,9 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
   struct ResetPositions {
     std::vector<Share>& shares;
     std::vector<TableGrads>& tables;
+    bool done = false;
     ~ResetPositions() {
+      if (done) return;
       for (const Share& share : shares)
         for (size_t t = 0; t < tables.size(); ++t)
           for (int64_t slot : share.claimed[t]) tables[t].position[slot] = kFree;
@@ -365,7 +396,7 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
     for (int64_t k = share_begin; k < share_end; ++k)
       FirstPassShare(batch, share_bag[size_t(k)], share_bag[size_t(k + 1)], tables, shares[size_t(k)]);
   });
-  NumberPositions(shares, tables);
+  GroupByPosition(shares, tables, reset.done);
   const AdamCorrections corrections = Corrections(terms);
   for (int64_t t = 0; t < num_tables; ++t) {
     const TableGrads& table = tables[size_t(t)];
