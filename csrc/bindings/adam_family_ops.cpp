@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernel/adam_update.h"
@@ -44,7 +45,7 @@ constexpr int64_t kRowCost = 16;
 constexpr int64_t kChunksPerThread = 8;
 // Below this many indices per thread the first pass runs on one thread.
 constexpr int64_t kIndicesPerShare = 4096;
-constexpr int32_t kFree = -1, kClaimed = -2;  // a slot's position before it has one
+constexpr int32_t kFree = -1;  // an untouched slot's entry in the position map
 constexpr int64_t kSum = 0, kMean = 1, kNone = 2;  // FBGEMM's PoolingMode values
 
 // What one index adds to its slot's summed gradient: a row of the output gradient, scaled.
@@ -56,7 +57,7 @@ struct Contribution {
 // A table's touched slots and what each index adds to them, grouped by slot.
 struct TableGrads {
   int64_t dim = 0;
-  int32_t* position = nullptr;  // slot -> index into `slots`; kFree when untouched
+  int32_t* position = nullptr;  // slot -> its claim (ClaimCode) while the call runs; kFree when untouched
   int64_t rows = 0;
   std::vector<int64_t> slots;       // position -> slot
   std::vector<int64_t> first;       // position -> its first entry in `adds` (one past the last at the end)
@@ -68,13 +69,27 @@ struct TableGrads {
 };
 
 // One thread's share of the first pass (a run of whole bags), per table: the slots it
-// touched first (claimed), its indices' slots in index order (their positions once
-// numbered) and what each adds, and how many of its indices each position has.
+// touched first (claimed), in order, and for each of its indices in index order, its slot's
+// claim (then position) and what it adds; then how many of its indices each position has.
 struct Share {
-  std::vector<std::vector<int64_t>> claimed, slot_of;
+  int64_t index = 0;  // k of num_shares, in bag order
+  std::vector<std::vector<int64_t>> claimed;
+  std::vector<std::vector<int32_t>> position_of;  // a ClaimCode, then the position
   std::vector<std::vector<Contribution>> adds;
   std::vector<std::vector<int64_t>> count;  // per position, then where its next entry goes in the table's `adds`
-  explicit Share(size_t tables) : claimed(tables), slot_of(tables), adds(tables), count(tables) {}
+  explicit Share(size_t tables) : claimed(tables), position_of(tables), adds(tables), count(tables) {}
+};
+
+// What the position map holds for a claimed slot: which share claimed it, and its place in
+// that share's claimed list. Written once by the claim, so every index reads its slot's
+// owner in the first pass and the map is not read again; the positions (every share's
+// claims in share order) follow once all shares are done.
+// The share sits in the low bits (a shift and a mask to read, not a division).
+struct ClaimCode {
+  int share_bits;  // enough bits for every share's number
+  int32_t Encode(int64_t share, int64_t claimed) const { return int32_t((claimed << share_bits) | share); }
+  int64_t Share(int32_t code) const { return code & ((int32_t(1) << share_bits) - 1); }
+  int64_t Claimed(int32_t code) const { return code >> share_bits; }
 };
 
 // Where a batch's bags sit. Bags are ordered as the offsets order them: feature by feature,
@@ -124,17 +139,29 @@ struct BatchView {
 };
 
 // The first pass over bags [bag_begin, bag_end): each index's slot is checked, claimed by
-// this share when no share has touched it yet (kFree -> kClaimed, atomically: shares race for
+// this share when no share has touched it yet (kFree -> its ClaimCode, atomically: shares race for
 // a hot row), and its contribution recorded.
-void FirstPassShare(const BatchView& batch, int64_t bag_begin, int64_t bag_end, std::vector<TableGrads>& tables,
-                    Share& share) {
+void FirstPassShare(const BatchView& batch, const ClaimCode& codes, int64_t bag_begin, int64_t bag_end,
+                    std::vector<TableGrads>& tables, Share& share) {
   const BagLayout& layout = *batch.layout;
   const int64_t* off = batch.offsets;
   const int64_t* idx = batch.indices;
   const int64_t num_features = int64_t(batch.feature_tables.size()), index_end = off[bag_end];
+  const int64_t first_feature =
+      std::upper_bound(layout.feature_end.begin(), layout.feature_end.end(), bag_begin) - layout.feature_end.begin();
+  // Each table's indices in this share, so that its lists grow once.
+  std::vector<int64_t> table_indices(tables.size(), 0);
+  for (int64_t f = first_feature, bag = bag_begin; f < num_features && bag < bag_end; ++f) {
+    const int64_t end_bag = std::min(bag_end, layout.feature_end[size_t(f)]);
+    table_indices[size_t(batch.feature_tables[size_t(f)])] += off[end_bag] - off[bag];
+    bag = end_bag;
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    share.position_of[t].reserve(size_t(table_indices[t]));
+    share.adds[t].reserve(size_t(table_indices[t]));
+  }
   int64_t bag = bag_begin;
-  int64_t f = std::upper_bound(layout.feature_end.begin(), layout.feature_end.end(), bag) - layout.feature_end.begin();
-  for (; f < num_features && bag < bag_end; ++f) {
+  for (int64_t f = first_feature; f < num_features && bag < bag_end; ++f) {
     const size_t t = size_t(batch.feature_tables[size_t(f)]);
     TableGrads& table = tables[t];
     for (; bag < std::min(bag_end, layout.feature_end[size_t(f)]); ++bag) {
@@ -146,11 +173,16 @@ void FirstPassShare(const BatchView& batch, int64_t bag_begin, int64_t bag_end, 
         TORCH_CHECK_INDEX(slot >= 0 && slot < table.rows, "slot ", slot, " is outside the table's ", table.rows,
                           " slots");
         int32_t* position = table.position + slot;
-        int32_t expected = kFree;
-        if (__atomic_load_n(position, __ATOMIC_RELAXED) == kFree &&
-            __atomic_compare_exchange_n(position, &expected, kClaimed, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-          share.claimed[t].push_back(slot);
-        share.slot_of[t].push_back(slot);
+        // A claim is written once, so a claim read here is the slot's for the whole call.
+        int32_t code = __atomic_load_n(position, __ATOMIC_RELAXED);
+        if (code == kFree) {
+          const int32_t mine = codes.Encode(share.index, int64_t(share.claimed[t].size()));
+          if (__atomic_compare_exchange_n(position, &code, mine, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            share.claimed[t].push_back(slot);
+            code = mine;
+          }  // else `code` is now the share's that won the race
+        }
+        share.position_of[t].push_back(code);
         const float* row_grad =
             batch.pooling == kNone ? batch.grad + i * table.dim : batch.grad + layout.output_start[size_t(bag)];
         share.adds[t].push_back({row_grad, (batch.per_sample_weights ? batch.per_sample_weights[i] : 1.0f) * mean});
@@ -164,15 +196,17 @@ void FirstPassShare(const BatchView& batch, int64_t bag_begin, int64_t bag_end, 
 // position in index order -- a stable counting sort, each share counting and placing its own
 // indices (the shares are runs of indices in order, so share by share is index order) --
 // and the position map left all kFree again (`reset` says so).
-void GroupByPosition(std::vector<Share>& shares, std::vector<TableGrads>& tables, bool& reset) {
+void GroupByPosition(const ClaimCode& codes, std::vector<Share>& shares, std::vector<TableGrads>& tables,
+                     bool& reset) {
   const int64_t num_shares = int64_t(shares.size()), num_tables = int64_t(tables.size());
-  std::vector<std::vector<int64_t>> position_base(static_cast<size_t>(num_shares));  // each share's first position
+  // Each table's first position of each share (its claims come after the earlier shares').
+  std::vector<std::vector<int64_t>> position_base(static_cast<size_t>(num_tables));
   for (int64_t t = 0; t < num_tables; ++t) {
     int64_t positions_so_far = 0, indices_so_far = 0;
     for (int64_t k = 0; k < num_shares; ++k) {
-      position_base[size_t(k)].push_back(positions_so_far);
+      position_base[size_t(t)].push_back(positions_so_far);
       positions_so_far += int64_t(shares[size_t(k)].claimed[size_t(t)].size());
-      indices_so_far += int64_t(shares[size_t(k)].slot_of[size_t(t)].size());
+      indices_so_far += int64_t(shares[size_t(k)].position_of[size_t(t)].size());
     }
     tables[size_t(t)].slots.resize(size_t(positions_so_far));
     tables[size_t(t)].first.assign(size_t(positions_so_far + 1), 0);
@@ -182,25 +216,15 @@ void GroupByPosition(std::vector<Share>& shares, std::vector<TableGrads>& tables
     for (int64_t k = share_begin; k < share_end; ++k)
       for (int64_t t = 0; t < num_tables; ++t) {
         TableGrads& table = tables[size_t(t)];
-        const int64_t base = position_base[size_t(k)][size_t(t)];
-        const std::vector<int64_t>& claimed = shares[size_t(k)].claimed[size_t(t)];
-        for (size_t i = 0; i < claimed.size(); ++i) {
-          table.position[claimed[i]] = int32_t(base + int64_t(i));
-          table.slots[size_t(base) + i] = claimed[i];
-        }
-      }
-  });
-  // Every position is set (the region above ends with a barrier) before any is read.
-  at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
-    for (int64_t k = share_begin; k < share_end; ++k)
-      for (int64_t t = 0; t < num_tables; ++t) {
-        const TableGrads& table = tables[size_t(t)];
         Share& share = shares[size_t(k)];
+        const std::vector<int64_t>& base = position_base[size_t(t)];
+        const std::vector<int64_t>& claimed = share.claimed[size_t(t)];
+        std::copy(claimed.begin(), claimed.end(), table.slots.begin() + base[size_t(k)]);
         std::vector<int64_t>& count = share.count[size_t(t)];
         count.assign(table.slots.size(), 0);
-        for (int64_t& slot : share.slot_of[size_t(t)]) {
-          slot = table.position[slot];  // from here on, the index's position
-          ++count[size_t(slot)];
+        for (int32_t& code : share.position_of[size_t(t)]) {
+          code = int32_t(base[size_t(codes.Share(code))] + codes.Claimed(code));  // from here on, the position
+          ++count[size_t(code)];
         }
       }
   });
@@ -226,7 +250,7 @@ void GroupByPosition(std::vector<Share>& shares, std::vector<TableGrads>& tables
         TableGrads& table = tables[size_t(t)];
         Share& share = shares[size_t(k)];
         std::vector<int64_t>& next = share.count[size_t(t)];
-        const std::vector<int64_t>& position_of = share.slot_of[size_t(t)];
+        const std::vector<int32_t>& position_of = share.position_of[size_t(t)];
         const std::vector<Contribution>& adds = share.adds[size_t(t)];
         for (size_t j = 0; j < position_of.size(); ++j) table.adds[size_t(next[size_t(position_of[j])]++)] = adds[j];
         for (int64_t slot : share.claimed[size_t(t)]) table.position[slot] = kFree;
@@ -368,12 +392,18 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
   }
   for (int64_t bag = 0; bag < num_bags; ++bag) TORCH_CHECK_VALUE(off[bag] <= off[bag + 1], "offsets must not decrease");
   // The first pass, in shares of whole bags with about equal indices, one per thread: each
-  // share claims the slots it touches first (kFree -> kClaimed, atomically: shares race for
-  // a hot row), then every table's positions are numbered share by share, and each index
+  // share claims the slots it touches first (kFree -> its ClaimCode, atomically: shares race
+  // for a hot row), then every table's positions are numbered share by share, and each index
   // learns its slot's position. Which share claims a slot decides only its position, not the
   // row's sum or update, so the results do not depend on the threads.
-  const int64_t num_shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kIndicesPerShare));
+  TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max(), "a step takes fewer than 2^31 indices, not ", n);
+  int64_t num_shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kIndicesPerShare));
+  int share_bits = 0;
+  while ((int64_t(1) << share_bits) < num_shares) ++share_bits;
+  if ((n << share_bits) >= std::numeric_limits<int32_t>::max()) num_shares = 1, share_bits = 0;  // codes fit int32
+  const ClaimCode codes{share_bits};
   std::vector<Share> shares(static_cast<size_t>(num_shares), Share(size_t(num_tables)));
+  for (int64_t k = 0; k < num_shares; ++k) shares[size_t(k)].index = k;
   // Every touched slot's position goes back to kFree, whether the update completes or a bad
   // index stops the first pass (nothing is updated then).
   struct ResetPositions {
@@ -394,9 +424,9 @@ void AdamFamilyBackward(const at::Tensor& grad_output, const at::Tensor& indices
   const BatchView batch{off, idx, psw, g, &layout, feature_tables, pooling};
   at::parallel_for(0, num_shares, 1, [&](int64_t share_begin, int64_t share_end) {
     for (int64_t k = share_begin; k < share_end; ++k)
-      FirstPassShare(batch, share_bag[size_t(k)], share_bag[size_t(k + 1)], tables, shares[size_t(k)]);
+      FirstPassShare(batch, codes, share_bag[size_t(k)], share_bag[size_t(k + 1)], tables, shares[size_t(k)]);
   });
-  GroupByPosition(shares, tables, reset.done);
+  GroupByPosition(codes, shares, tables, reset.done);
   const AdamCorrections corrections = Corrections(terms);
   for (int64_t t = 0; t < num_tables; ++t) {
     const TableGrads& table = tables[size_t(t)];
