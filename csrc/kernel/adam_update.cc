@@ -43,24 +43,38 @@ float LaneTotal(const float* lanes) {
   return (t[0] + t[1]) + (t[2] + t[3]);
 }
 
-float SumOfSquares(const float* x, int64_t dim) {
+// The sums of squares of kArrays arrays of dim values, in one pass, each grouped as above.
+template <int kArrays>
+void SumsOfSquares(const float* const (&x)[kArrays], int64_t dim, float (&total)[kArrays]) {
   const int64_t body = dim - dim % kLanes;
-  float lanes[kLanes] = {};
+  float lanes[kArrays][kLanes] = {};
 #if defined(__SSE2__)
-  __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  __m128 acc[kArrays][4];
+  for (int a = 0; a < kArrays; ++a)
+    for (int j = 0; j < 4; ++j) acc[a][j] = _mm_setzero_ps();
   for (int64_t d = 0; d < body; d += kLanes) {
-    for (int j = 0; j < 4; ++j) {
-      const __m128 v = _mm_loadu_ps(x + d + 4 * j);
-      acc[j] = _mm_add_ps(acc[j], _mm_mul_ps(v, v));
-    }
+    for (int a = 0; a < kArrays; ++a)
+      for (int j = 0; j < 4; ++j) {
+        const __m128 v = _mm_loadu_ps(x[a] + d + 4 * j);
+        acc[a][j] = _mm_add_ps(acc[a][j], _mm_mul_ps(v, v));
+      }
   }
-  for (int j = 0; j < 4; ++j) _mm_storeu_ps(lanes + 4 * j, acc[j]);
+  for (int a = 0; a < kArrays; ++a)
+    for (int j = 0; j < 4; ++j) _mm_storeu_ps(lanes[a] + 4 * j, acc[a][j]);
 #else
-  for (int64_t d = 0; d < body; ++d) lanes[d % kLanes] += x[d] * x[d];
+  for (int a = 0; a < kArrays; ++a)
+    for (int64_t d = 0; d < body; ++d) lanes[a][d % kLanes] += x[a][d] * x[a][d];
 #endif
-  float total = LaneTotal(lanes);
-  for (int64_t d = body; d < dim; ++d) total += x[d] * x[d];
-  return total;
+  for (int a = 0; a < kArrays; ++a) {
+    total[a] = LaneTotal(lanes[a]);
+    for (int64_t d = body; d < dim; ++d) total[a] += x[a][d] * x[a][d];
+  }
+}
+
+float SumOfSquares(const float* x, int64_t dim) {
+  float total[1];
+  SumsOfSquares<1>({x}, dim, total);
+  return total[0];
 }
 
 // The constants of a row's element-wise pass.
@@ -169,9 +183,10 @@ void UpdateFloatRow(const AdamTerms& terms, const AdamCorrections& corrections, 
   }
   float step_size = terms.learning_rate;
   if (kLamb) {
-    const float r_sq = SumOfSquares(grad, dim);
-    if (r_sq == 0.0f) return;  // FBGEMM would divide by zero (see the header)
-    step_size *= std::sqrt(SumOfSquares(w, dim)) / std::sqrt(r_sq);
+    float r_and_w_sq[2];
+    SumsOfSquares<2>({grad, w}, dim, r_and_w_sq);
+    if (r_and_w_sq[0] == 0.0f) return;  // FBGEMM would divide by zero (see the header)
+    step_size *= std::sqrt(r_and_w_sq[1]) / std::sqrt(r_and_w_sq[0]);
   }
   Step(step_size, dim, grad, w);
 }
