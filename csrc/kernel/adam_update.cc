@@ -132,6 +132,37 @@ MTRAINS_AVX2_CLONES void RowDirection(const RowTerms& c, int64_t dim, float* __r
   }
 }
 
+// LAMB: PerWeightDirection, and in the same pass the first dim - dim % kLanes values of r^2
+// and w^2 added into their lanes (value d into lane d % kLanes, in order: as SumsOfSquares).
+MTRAINS_AVX2_CLONES void PerWeightDirectionLanes(const RowTerms& c, int64_t dim, float* __restrict__ grad,
+                                                 const float* __restrict__ w, float* __restrict__ m1,
+                                                 float* __restrict__ m2, float* __restrict__ r_lanes,
+                                                 float* __restrict__ w_lanes) {
+  const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2, eps = c.eps, wd = c.wd,
+              c1 = c.correction1, c2 = c.correction2;
+  const int64_t body = dim - dim % kLanes;
+  float rl[kLanes] = {}, wl[kLanes] = {};
+  for (int64_t d0 = 0; d0 < body; d0 += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const int64_t d = d0 + l;
+      const float g = grad[d];
+      const float m = b1 * m1[d] + omb1 * g;
+      const float v = b2 * m2[d] + omb2 * g * g;
+      m1[d] = m;
+      m2[d] = v;
+      const float r = m / c1 / (__builtin_sqrtf(v / c2) + eps) + wd * w[d];
+      grad[d] = r;
+      rl[l] += r * r;
+      wl[l] += w[d] * w[d];
+    }
+  }
+  for (int64_t l = 0; l < kLanes; ++l) {
+    r_lanes[l] = rl[l];
+    w_lanes[l] = wl[l];
+  }
+  PerWeightDirection(c, dim - body, grad + body, w + body, m1 + body, m2 + body);
+}
+
 // Partial row-wise Adam: RowDirection and Step in one pass (as PerWeightStep).
 MTRAINS_AVX2_CLONES void RowStep(const RowTerms& c, float learning_rate, int64_t dim, const float* __restrict__ grad,
                                  float* __restrict__ w, float* __restrict__ m1) {
@@ -175,20 +206,23 @@ void UpdateFloatRow(const AdamTerms& terms, const AdamCorrections& corrections, 
     return;
   }
   // LAMB: grad becomes r, the update's direction (the summed gradient is no longer needed),
-  // whose norm sizes the step.
+  // whose norm, with the weights', sizes the step.
+  float r_and_w_sq[2];
   if (kPerWeight) {
-    PerWeightDirection(c, dim, grad, w, m1, m2);
+    float lanes[2][kLanes];
+    PerWeightDirectionLanes(c, dim, grad, w, m1, m2, lanes[0], lanes[1]);
+    const int64_t body = dim - dim % kLanes;
+    for (int a = 0; a < 2; ++a) {
+      const float* x = a == 0 ? grad : w;
+      r_and_w_sq[a] = LaneTotal(lanes[a]);
+      for (int64_t d = body; d < dim; ++d) r_and_w_sq[a] += x[d] * x[d];
+    }
   } else {
     RowDirection(c, dim, grad, w, m1);
-  }
-  float step_size = terms.learning_rate;
-  if (kLamb) {
-    float r_and_w_sq[2];
     SumsOfSquares<2>({grad, w}, dim, r_and_w_sq);
-    if (r_and_w_sq[0] == 0.0f) return;  // FBGEMM would divide by zero (see the header)
-    step_size *= std::sqrt(r_and_w_sq[1]) / std::sqrt(r_and_w_sq[0]);
   }
-  Step(step_size, dim, grad, w);
+  if (r_and_w_sq[0] == 0.0f) return;  // FBGEMM would divide by zero (see the header)
+  Step(terms.learning_rate * (std::sqrt(r_and_w_sq[1]) / std::sqrt(r_and_w_sq[0])), dim, grad, w);
 }
 
 void UpdateFloat(const AdamTerms& terms, const AdamCorrections& corrections, int64_t dim, float* grad, float* w,
