@@ -530,6 +530,7 @@ void SetAssociativeCache::PlaceMissesLocked(const int64_t* keys, const int64_t* 
   for (size_t j = 0; j < std::min(misses.size(), kMissAhead); ++j) {
     miss_first[j] = SetOf(keys[misses[j]]) * ways_;
     PrefetchVictimSet(miss_first[j]);
+    if (!reserved_.empty()) window_.Prefetch(keys[misses[j]]);
   }
   for (size_t j = 0; j < misses.size(); ++j) {
     const size_t i = misses[j];
@@ -537,6 +538,7 @@ void SetAssociativeCache::PlaceMissesLocked(const int64_t* keys, const int64_t* 
     if (j + kMissAhead < misses.size()) {
       miss_first[j % kMissAhead] = SetOf(keys[misses[j + kMissAhead]]) * ways_;
       PrefetchVictimSet(miss_first[j % kMissAhead]);
+      if (!reserved_.empty()) window_.Prefetch(keys[misses[j + kMissAhead]]);  // ReserveFromWindow's Find
     }
     const int64_t key = keys[i];
     int64_t slot = Mapped(key) ? FindSlot(key) : FindSlotFrom(key, first);
@@ -564,13 +566,14 @@ void SetAssociativeCache::Reserve(const int64_t* keys, size_t n, int64_t step) {
   if (reserved_.empty()) reserved_.assign(slot_row_.size(), kNeverLocked);
   last_reserved_ = step;
   counted_ahead_ = true;
-  // Where FindSlot will look (the map entry, else the set's tags), prefetched a few keys
-  // ahead, as the plan's first pass does.
+  // Where FindSlot will look (the map entry, else the set's tags) and where the window's
+  // Note will, prefetched a few keys ahead, as the plan's first pass does.
   auto prefetch = [this](int64_t key) REQUIRES(mu_) {
     if (Mapped(key))
       __builtin_prefetch(slot_of_row_.data() + key);
     else
       PrefetchSet(SetOf(key) * ways_);
+    window_.Prefetch(key);
   };
   for (size_t i = 0; i < std::min(n, kPrefetchAhead); ++i) prefetch(keys[i]);
   for (size_t i = 0; i < n; ++i) {
