@@ -142,6 +142,7 @@ Status BlockStore::ReadLocked(const int64_t* ids, size_t n, uint8_t* out, Status
   std::vector<uint8_t*> disk_dest;
   std::vector<size_t> firsts;  // index in misses of each distinct row
   for (size_t k = 0; k < misses.size(); ++k) {
+    PrefetchLocations(misses.size(), k, [&](size_t j) { return misses[j].first; });
     if (k > 0 && misses[k].first == misses[k - 1].first) continue;
     firsts.push_back(k);
     const uint64_t row = misses[k].first;
@@ -320,6 +321,7 @@ Status BlockStore::WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows
       const uint64_t row = static_cast<uint64_t>(ids[i]);
       const uint8_t* src = rows + i * rb;
       if (cache_->capacity() == 0) {
+        PrefetchLocations(end, i, [&](size_t j) { return static_cast<uint64_t>(ids[j]); });
         seg_log_->Append(row, src);
         continue;
       }

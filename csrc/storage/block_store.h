@@ -210,6 +210,18 @@ class BlockStore {
   static constexpr uint32_t kRunBlocks = 16;
   LogRuns PlanLogRuns(const std::vector<uint64_t>& blocks) const REQUIRES(mu_);
   Status WriteLocked(const int64_t* ids, size_t n, const uint8_t* rows) REQUIRES(mu_);
+  // In a loop at position i of n over rows at random (row_at(j): the row at position j),
+  // asks for the location map's lines a few rows ahead (SegmentLog::PrefetchLocation):
+  // each row's location is two dependent cache misses in a map of a large table.
+  template <typename RowAt>
+  void PrefetchLocations(size_t n, size_t i, RowAt row_at) const REQUIRES(mu_) {
+    constexpr size_t kNear = 8, kFar = 16;
+    if (i + kFar < n) {
+      seg_log_->PrefetchLocation(row_at(i + kFar), row_at(i + kNear));
+    } else if (i + kNear < n) {
+      seg_log_->PrefetchLocation(row_at(i + kNear), row_at(i + kNear));
+    }
+  }
   Status FlushLocked() REQUIRES(mu_);
   Status InsertIntoCache(uint64_t row, const uint8_t* data, bool dirty) REQUIRES(mu_);
 

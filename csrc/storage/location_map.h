@@ -67,6 +67,23 @@ class LocationMap {
   }
   // Sets `row` (< num_rows) to `value` (<= max_value; 0 clears it to never-written).
   void Set(uint64_t row, uint64_t value);
+
+  // Asks for the cache lines Get(row) reads, for a loop over rows at random: first
+  // PrefetchEntry (the directory's line), some rows later PrefetchValue (which reads that
+  // entry, then asks for the chunk's header and the row's value, or a sparse chunk's
+  // offsets). `row` must be < num_rows.
+  void PrefetchEntry(uint64_t row) const { __builtin_prefetch(dir_.data() + (row >> kChunkShift)); }
+  void PrefetchValue(uint64_t row) const {
+    const Chunk* c = dir_[row >> kChunkShift];
+    if (c == nullptr) return;
+    __builtin_prefetch(c);
+    const uint32_t off = static_cast<uint32_t>(row & (kChunkRows - 1));
+    if (c->capacity == 0) {
+      __builtin_prefetch(c->data() + ((uint64_t(off) * bits_) >> 3));
+    } else {
+      __builtin_prefetch(Offsets(c) + c->count / 2);  // the binary search's first probe
+    }
+  }
   // Writes the values of rows [first, first + n) to out[0..n) (zeros where never set).
   void Fill(uint64_t first, uint64_t n, uint64_t* out) const;
   // Calls f(row, value) for every row with a non-zero value, in row order.

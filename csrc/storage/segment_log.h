@@ -73,6 +73,12 @@ class SegmentLog {
 
   // Slot of the row's latest version + 1, or 0 when the row was never written.
   uint64_t Location(uint64_t row) const { return map_.Get(row); }
+  // For a loop over rows at random (Location or Append of each): the map's lines of a row
+  // `far` ahead, then of one `near` ahead (LocationMap::PrefetchEntry, PrefetchValue).
+  void PrefetchLocation(uint64_t far_row, uint64_t near_row) const {
+    map_.PrefetchEntry(far_row);
+    map_.PrefetchValue(near_row);
+  }
 
   // Makes the next `appends` calls of Append infallible, collecting garbage and committing
   // as needed. `appends` must not exceed MaxReserve().
