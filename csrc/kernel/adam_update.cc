@@ -87,20 +87,23 @@ struct RowTerms {
 // cloned for AVX2 (picked at load time where the CPU has it; the extension is built for
 // SSE4.2). Neither clone fuses a multiply and an add (AVX2 without FMA), and vector add,
 // mul, div and sqrt round as the scalar ones, so every clone computes the same bits.
-// Adam / LAMB: m and v per weight; r = m / c1 / (sqrt(v / c2) + eps) + wd w into grad.
+// Adam / LAMB, one weight: m and v updated in place; returns r = m / c1 / (sqrt(v / c2) +
+// eps) + wd w. Inlined into each pass below (and so into each of its clones).
+__attribute__((always_inline)) inline float PerWeightR(const RowTerms& c, float g, float w, float& m1,
+                                                       float& m2) {
+  const float m = c.b1 * m1 + c.one_minus_b1 * g;
+  const float v = c.b2 * m2 + c.one_minus_b2 * g * g;
+  m1 = m;
+  m2 = v;
+  return m / c.correction1 / (__builtin_sqrtf(v / c.correction2) + c.eps) + c.wd * w;
+}
+
+// Adam / LAMB: m and v per weight; r into grad.
 MTRAINS_AVX2_CLONES void PerWeightDirection(const RowTerms& c, int64_t dim, float* __restrict__ grad,
                                             const float* __restrict__ w, float* __restrict__ m1,
                                             float* __restrict__ m2) {
-  const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2, eps = c.eps, wd = c.wd,
-              c1 = c.correction1, c2 = c.correction2;
-  for (int64_t d = 0; d < dim; ++d) {
-    const float g = grad[d];
-    const float m = b1 * m1[d] + omb1 * g;
-    const float v = b2 * m2[d] + omb2 * g * g;
-    m1[d] = m;
-    m2[d] = v;
-    grad[d] = m / c1 / (__builtin_sqrtf(v / c2) + eps) + wd * w[d];
-  }
+  const RowTerms k = c;  // a local copy: the loop's constants, not loads through a pointer
+  for (int64_t d = 0; d < dim; ++d) grad[d] = PerWeightR(k, grad[d], w[d], m1[d], m2[d]);
 }
 
 // Adam: PerWeightDirection and Step in one pass, w -= lr r (the same operations in the same
@@ -108,17 +111,8 @@ MTRAINS_AVX2_CLONES void PerWeightDirection(const RowTerms& c, int64_t dim, floa
 MTRAINS_AVX2_CLONES void PerWeightStep(const RowTerms& c, float learning_rate, int64_t dim,
                                        const float* __restrict__ grad, float* __restrict__ w,
                                        float* __restrict__ m1, float* __restrict__ m2) {
-  const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2, eps = c.eps, wd = c.wd,
-              c1 = c.correction1, c2 = c.correction2;
-  for (int64_t d = 0; d < dim; ++d) {
-    const float g = grad[d];
-    const float m = b1 * m1[d] + omb1 * g;
-    const float v = b2 * m2[d] + omb2 * g * g;
-    m1[d] = m;
-    m2[d] = v;
-    const float r = m / c1 / (__builtin_sqrtf(v / c2) + eps) + wd * w[d];
-    w[d] = w[d] - learning_rate * r;
-  }
+  const RowTerms k = c;
+  for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - learning_rate * PerWeightR(k, grad[d], w[d], m1[d], m2[d]);
 }
 
 // Partial row-wise: m per weight, the row's one denominator.
@@ -138,19 +132,13 @@ MTRAINS_AVX2_CLONES void PerWeightDirectionLanes(const RowTerms& c, int64_t dim,
                                                  const float* __restrict__ w, float* __restrict__ m1,
                                                  float* __restrict__ m2, float* __restrict__ r_lanes,
                                                  float* __restrict__ w_lanes) {
-  const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2, eps = c.eps, wd = c.wd,
-              c1 = c.correction1, c2 = c.correction2;
+  const RowTerms k = c;
   const int64_t body = dim - dim % kLanes;
   float rl[kLanes] = {}, wl[kLanes] = {};
   for (int64_t d0 = 0; d0 < body; d0 += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
       const int64_t d = d0 + l;
-      const float g = grad[d];
-      const float m = b1 * m1[d] + omb1 * g;
-      const float v = b2 * m2[d] + omb2 * g * g;
-      m1[d] = m;
-      m2[d] = v;
-      const float r = m / c1 / (__builtin_sqrtf(v / c2) + eps) + wd * w[d];
+      const float r = PerWeightR(k, grad[d], w[d], m1[d], m2[d]);
       grad[d] = r;
       rl[l] += r * r;
       wl[l] += w[d] * w[d];
