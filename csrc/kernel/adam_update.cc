@@ -37,10 +37,14 @@ namespace {
 // cost as much as its memory traffic.
 constexpr int64_t kLanes = 16;
 
-float LaneTotal(const float* lanes) {
+// The sum of squares of x[0..dim) from the lanes of its first dim - dim % kLanes values:
+// the lanes folded, then the rest added in order.
+float FoldLanes(const float* lanes, const float* x, int64_t dim) {
   float t[4];
   for (int l = 0; l < 4; ++l) t[l] = (lanes[l] + lanes[l + 4]) + (lanes[l + 8] + lanes[l + 12]);
-  return (t[0] + t[1]) + (t[2] + t[3]);
+  float total = (t[0] + t[1]) + (t[2] + t[3]);
+  for (int64_t d = dim - dim % kLanes; d < dim; ++d) total += x[d] * x[d];
+  return total;
 }
 
 // The sums of squares of kArrays arrays of dim values, in one pass, each grouped as above.
@@ -65,10 +69,7 @@ void SumsOfSquares(const float* const (&x)[kArrays], int64_t dim, float (&total)
   for (int a = 0; a < kArrays; ++a)
     for (int64_t d = 0; d < body; ++d) lanes[a][d % kLanes] += x[a][d] * x[a][d];
 #endif
-  for (int a = 0; a < kArrays; ++a) {
-    total[a] = LaneTotal(lanes[a]);
-    for (int64_t d = body; d < dim; ++d) total[a] += x[a][d] * x[a][d];
-  }
+  for (int a = 0; a < kArrays; ++a) total[a] = FoldLanes(lanes[a], x[a], dim);
 }
 
 float SumOfSquares(const float* x, int64_t dim) {
@@ -115,15 +116,19 @@ MTRAINS_AVX2_CLONES void PerWeightStep(const RowTerms& c, float learning_rate, i
   for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - learning_rate * PerWeightR(k, grad[d], w[d], m1[d], m2[d]);
 }
 
-// Partial row-wise: m per weight, the row's one denominator.
+// Partial row-wise, one weight: m updated in place; returns r = m / c1 / den + wd w, den the
+// row's one denominator. Inlined as PerWeightR is.
+__attribute__((always_inline)) inline float RowR(const RowTerms& c, float g, float w, float& m1) {
+  const float m = c.b1 * m1 + c.one_minus_b1 * g;
+  m1 = m;
+  return m / c.correction1 / c.row_denominator + c.wd * w;
+}
+
+// Partial row-wise: m per weight, r into grad.
 MTRAINS_AVX2_CLONES void RowDirection(const RowTerms& c, int64_t dim, float* __restrict__ grad,
                                       const float* __restrict__ w, float* __restrict__ m1) {
-  const float b1 = c.b1, omb1 = c.one_minus_b1, wd = c.wd, c1 = c.correction1, den = c.row_denominator;
-  for (int64_t d = 0; d < dim; ++d) {
-    const float m = b1 * m1[d] + omb1 * grad[d];
-    m1[d] = m;
-    grad[d] = m / c1 / den + wd * w[d];
-  }
+  const RowTerms k = c;
+  for (int64_t d = 0; d < dim; ++d) grad[d] = RowR(k, grad[d], w[d], m1[d]);
 }
 
 // LAMB: PerWeightDirection, and in the same pass the first dim - dim % kLanes values of r^2
@@ -154,13 +159,8 @@ MTRAINS_AVX2_CLONES void PerWeightDirectionLanes(const RowTerms& c, int64_t dim,
 // Partial row-wise Adam: RowDirection and Step in one pass (as PerWeightStep).
 MTRAINS_AVX2_CLONES void RowStep(const RowTerms& c, float learning_rate, int64_t dim, const float* __restrict__ grad,
                                  float* __restrict__ w, float* __restrict__ m1) {
-  const float b1 = c.b1, omb1 = c.one_minus_b1, wd = c.wd, c1 = c.correction1, den = c.row_denominator;
-  for (int64_t d = 0; d < dim; ++d) {
-    const float m = b1 * m1[d] + omb1 * grad[d];
-    m1[d] = m;
-    const float r = m / c1 / den + wd * w[d];
-    w[d] = w[d] - learning_rate * r;
-  }
+  const RowTerms k = c;
+  for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - learning_rate * RowR(k, grad[d], w[d], m1[d]);
 }
 
 // w -= step r.
@@ -199,12 +199,8 @@ void UpdateFloatRow(const AdamTerms& terms, const AdamCorrections& corrections, 
   if (kPerWeight) {
     float lanes[2][kLanes];
     PerWeightDirectionLanes(c, dim, grad, w, m1, m2, lanes[0], lanes[1]);
-    const int64_t body = dim - dim % kLanes;
-    for (int a = 0; a < 2; ++a) {
-      const float* x = a == 0 ? grad : w;
-      r_and_w_sq[a] = LaneTotal(lanes[a]);
-      for (int64_t d = body; d < dim; ++d) r_and_w_sq[a] += x[d] * x[d];
-    }
+    r_and_w_sq[0] = FoldLanes(lanes[0], grad, dim);
+    r_and_w_sq[1] = FoldLanes(lanes[1], w, dim);
   } else {
     RowDirection(c, dim, grad, w, m1);
     SumsOfSquares<2>({grad, w}, dim, r_and_w_sq);
