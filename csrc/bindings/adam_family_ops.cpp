@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernel/adam_update.h"
+#include "kernel/slot_rows.h"
 
 namespace mtrains {
 namespace {
@@ -277,6 +278,8 @@ void UpdateTable(const AdamTerms& terms, const AdamCorrections& corrections, con
   T* w = static_cast<T*>(weights.data_ptr());  // float, or fp16 bits (at::Half's layout)
   float* s = state.data_ptr<float>();
   const std::vector<int64_t>& first = grads.first;
+  const SlotRows rows{reinterpret_cast<uint8_t*>(w), size_t(dim) * sizeof(T), reinterpret_cast<uint8_t*>(s),
+                      size_t(state_values) * sizeof(float), weights.size(0)};
   // Chunks of positions of about equal cost (kRowCost).
   const int64_t threads = at::get_num_threads();
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads * kChunksPerThread, n / 16));
@@ -293,13 +296,8 @@ void UpdateTable(const AdamTerms& terms, const AdamCorrections& corrections, con
     for (int64_t c = next_chunk++; c < chunks; c = next_chunk++) {
       const int64_t begin = bound[size_t(c)], end = bound[size_t(c + 1)];
       for (int64_t p = begin; p < end; ++p) {
-        if (p + kRowLookahead < end) {  // a coming row's weights and state from DRAM while this one sums
-          const int64_t ahead = grads.slots[size_t(p + kRowLookahead)];
-          const char* nw = reinterpret_cast<const char*>(w + ahead * dim);
-          const char* ns = reinterpret_cast<const char*>(s + ahead * state_values);
-          for (int64_t b = 0; b < dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(nw + b, 1, kRowLocality);
-          for (int64_t b = 0; b < state_values * int64_t(sizeof(float)); b += 64) __builtin_prefetch(ns + b, 1, kRowLocality);
-        }
+        // A coming row's weights and state from DRAM while this one sums.
+        if (p + kRowLookahead < end) rows.Prefetch<kRowLocality>(grads.slots[size_t(p + kRowLookahead)], true);
         std::fill(sum.begin(), sum.end(), 0.0f);
         for (int64_t k = first[size_t(p)]; k < first[size_t(p + 1)]; ++k) {
           const Contribution& add = grads.adds[size_t(k)];

@@ -39,25 +39,29 @@ struct SlotRows {
     const uint32_t c = Crc32c(0, weights_of(slot), weight_bytes);
     return state_bytes ? Crc32c(c, state_of(slot), state_bytes) : c;
   }
-  // Asks for the cache lines of the slot's row (a few rows ahead of a copy).
+  // Asks for the cache lines of the slot's row (a few rows ahead of a copy). kLocality is
+  // __builtin_prefetch's: 3 into L1; 1 into L2, for loops that fetch many lines a row, which
+  // would fill L1's few miss buffers and wait on them.
+  template <int kLocality = 3>
   void Prefetch(int64_t slot, bool for_write) const {
-    PrefetchBytes(weights_of(slot), weight_bytes, for_write);
-    if (state_bytes) PrefetchBytes(state_of(slot), state_bytes, for_write);
+    PrefetchBytes<kLocality>(weights_of(slot), weight_bytes, for_write);
+    if (state_bytes) PrefetchBytes<kLocality>(state_of(slot), state_bytes, for_write);
   }
 
+  template <int kLocality = 3>
   static void PrefetchBytes(const uint8_t* p, size_t bytes, bool for_write) {
     for (size_t b = 0; b < bytes; b += 64) {
       if (for_write) {
-        __builtin_prefetch(p + b, 1);
+        __builtin_prefetch(p + b, 1, kLocality);
       } else {
-        __builtin_prefetch(p + b, 0);
+        __builtin_prefetch(p + b, 0, kLocality);
       }
     }
     if (bytes) {
       if (for_write) {
-        __builtin_prefetch(p + bytes - 1, 1);
+        __builtin_prefetch(p + bytes - 1, 1, kLocality);
       } else {
-        __builtin_prefetch(p + bytes - 1, 0);
+        __builtin_prefetch(p + bytes - 1, 0, kLocality);
       }
     }
   }
