@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "common/crc32c.h"
+#include "kernel/slot_rows.h"
 #include "storage/lazy_init.h"
 
 namespace mtrains {
@@ -41,17 +42,6 @@ size_t RowBytes(const at::Tensor& t) { return size_t(t.size(1)) * t.element_size
 constexpr int64_t kAheadRows = 8;
 constexpr int64_t kVerifyChunk = 64;  // rows copied before their checks (GatherRows)
 
-inline void PrefetchRow(const uint8_t* row, size_t bytes, bool for_write) {
-  for (size_t b = 0; b < bytes; b += 64) {
-    if (for_write) {
-      __builtin_prefetch(row + b, 1);
-    } else {
-      __builtin_prefetch(row + b, 0);
-    }
-  }
-  if (bytes) __builtin_prefetch(row + bytes - 1, for_write ? 1 : 0);  // an unaligned row's last line
-}
-
 }  // namespace
 
 // rows[i] = weights[slots[i]] ++ state[slots[i]] (bytes), in `out_dtype`.
@@ -76,8 +66,8 @@ at::Tensor PackRows(const at::Tensor& weights, const c10::optional<at::Tensor>& 
   const int64_t* s = slots.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAheadRows < n) {
-      PrefetchRow(w + s[i + kAheadRows] * wb, wb, false);
-      if (sb) PrefetchRow(st + s[i + kAheadRows] * sb, sb, false);
+      SlotRows::PrefetchBytes(w + s[i + kAheadRows] * wb, wb, false);
+      if (sb) SlotRows::PrefetchBytes(st + s[i + kAheadRows] * sb, sb, false);
     }
     std::memcpy(o + i * (wb + sb), w + s[i] * wb, wb);
     if (sb) std::memcpy(o + i * (wb + sb) + wb, st + s[i] * sb, sb);
@@ -105,8 +95,8 @@ void UnpackRows(const at::Tensor& rows, const at::Tensor& slots, const at::Tenso
   const int64_t n = slots.numel();
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAheadRows < n) {
-      PrefetchRow(w + s[i + kAheadRows] * wb, wb, true);
-      if (sb) PrefetchRow(st + s[i + kAheadRows] * sb, sb, true);
+      SlotRows::PrefetchBytes(w + s[i + kAheadRows] * wb, wb, true);
+      if (sb) SlotRows::PrefetchBytes(st + s[i + kAheadRows] * sb, sb, true);
     }
     std::memcpy(w + s[i] * wb, r + i * (wb + sb), wb);
     if (sb) std::memcpy(st + s[i] * sb, r + i * (wb + sb) + wb, sb);
@@ -171,7 +161,7 @@ std::tuple<at::Tensor, int64_t, int64_t> GatherRows(const at::Tensor& data, cons
     for (int64_t i = lo_row; i < hi_row; ++i) {
       if (i + kAheadRows < n) {  // each row costs misses on its bytes and one on its word
         __builtin_prefetch(word + s[i + kAheadRows]);
-        PrefetchRow(d + s[i + kAheadRows] * rb, rb, false);
+        SlotRows::PrefetchBytes(d + s[i + kAheadRows] * rb, rb, false);
       }
       want[i - lo_row] = word[s[i]];
       if (want[i - lo_row] == 0) {
@@ -225,7 +215,7 @@ void ScatterRows(const at::Tensor& rows, const at::Tensor& ids, const at::Tensor
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAheadRows < n) {
       __builtin_prefetch(word + s[i + kAheadRows], 1);
-      PrefetchRow(d + s[i + kAheadRows] * rb, rb, true);
+      SlotRows::PrefetchBytes(d + s[i + kAheadRows] * rb, rb, true);
     }
     std::memcpy(d + s[i] * rb, r + i * rb, rb);
     if constexpr (std::is_same_v<Tail, uint32_t>) {
