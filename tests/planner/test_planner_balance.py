@@ -95,3 +95,38 @@ def test_the_examples_small_tables_stay_whole_where_a_split_is_slower() -> None:
         split = _plan([], row_wise=[name])
         assert _shardings(split)[name] == "row_wise"
         assert _slowest(split) >= _slowest(planner), (name, split.last_rank_step_s, planner.last_rank_step_s)
+
+
+def _rank_compute_bytes(planner) -> List[float]:
+    """Each rank's host-DRAM bytes of the plan: whole tables, caches and their indexes."""
+    from torchrec_mtrains.planner.model.placement import tier_bytes
+    from torchrec_mtrains.types import Tier
+
+    out = [0.0, 0.0]
+    for table in planner.last_model.tables:
+        where, ranks = planner.last_placement.tables[table.name], planner.last_assignment[table.name].ranks
+        dram = tier_bytes(table, where.tier, where.cache_rows, 0.0, Tier.DRAM).get(Tier.DRAM, 0.0)
+        for rank in ranks:
+            out[rank] += dram / len(ranks)
+    return out
+
+
+def test_each_ranks_leftover_dram_grows_the_caches_of_its_own_tables(monkeypatch) -> None:
+    from torchrec_mtrains.planner import planner as planner_module
+
+    planner = _plan([])
+    grown = planner.last_grown_caches
+    assert grown, "the example's ranks keep DRAM the shared sizing left: their caches grow into it"
+    for g in grown:
+        assert g.rows_after > g.rows_before and g.extra_bytes > 0, g
+        assert planner.last_assignment[g.table].sharding_type == "table_wise", g  # a row-wise table keeps its size
+        assert planner.last_placement.tables[g.table].cache_rows == g.rows_after, g
+    budget = 64 << 20  # the example's --dram-budget per rank
+    assert all(b <= budget for b in _rank_compute_bytes(planner)), _rank_compute_bytes(planner)
+    # Against the same plan without the growth: larger caches, predicted no slower.
+    monkeypatch.setattr(planner_module, "grow_rank_caches", lambda *args, **kwargs: [])
+    shared = _plan([])
+    assert not shared.last_grown_caches
+    assert _slowest(planner) <= _slowest(shared), (planner.last_rank_step_s, shared.last_rank_step_s)
+    for g in grown:
+        assert shared.last_placement.tables[g.table].cache_rows < g.rows_after, g

@@ -24,6 +24,7 @@ from torchrec_mtrains.kernels.config import DEFAULT_CACHE_LOAD_FACTOR, MAX_LOOKA
 from torchrec_mtrains.planner.adapters.enumerator import TieredEnumerator
 from torchrec_mtrains.planner.adapters.partitioner import TieredPartitioner
 from torchrec_mtrains.planner.adapters.proposer import TieredProposer
+from torchrec_mtrains.planner.adapters.rank_caches import GrownCache, grow_rank_caches
 from torchrec_mtrains.planner.adapters.shard_estimators import TieredPerfEstimator, TieredStorageEstimator
 from torchrec_mtrains.planner.adapters.tiered_storage import torchrec_topology
 from torchrec_mtrains.planner.constraints import constrained_table, is_key_value, key_value_entry
@@ -137,6 +138,7 @@ class StorageAwarePlanner(ShardingPlanner):
         self.last_placement: Optional[Placement] = None
         self.last_assignment: Dict[str, RankAssignment] = {}
         self.last_rank_step_s: List[float] = []
+        self.last_grown_caches: List[GrownCache] = []  # caches grown into their rank's leftover bytes
         self.last_lookahead = 0  # the window the last plan gave its tiered tables
 
     # ------------------------------------------------------------------ planning ----
@@ -209,7 +211,8 @@ class StorageAwarePlanner(ShardingPlanner):
         for whole, which only a split packs; so the search is run again with caches sized
         for less of the compute tier (``COMPUTE_TIER_SHARES``), and the result whose slowest
         rank is predicted fastest wins (the larger share on a tie). Returns (placement,
-        partitioned options, topology, per-rank predicted step seconds)."""
+        partitioned options, topology, per-rank predicted step seconds, the caches grown
+        into their ranks' leftover bytes)."""
         compute_tier = self.topology.cache_tier()
         pooled = self.budget_bytes.get(compute_tier, self.topology.tiers[compute_tier].capacity_bytes * self.world_size)
         error: Optional[Exception] = None
@@ -217,7 +220,7 @@ class StorageAwarePlanner(ShardingPlanner):
         for share in COMPUTE_TIER_SHARES:
             try:
                 placement = self.place(module, {**self.budget_bytes, compute_tier: pooled * share})
-                found = self._search_placement(module, sharders, placement, compute_tier)
+                found = self._search_placement(module, sharders, placement, compute_tier, pooled / self.world_size)
             except PlacementError as e:
                 error = error or e
                 continue
@@ -229,9 +232,10 @@ class StorageAwarePlanner(ShardingPlanner):
         return best
 
     def _search_placement(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]], placement: Placement,
-                          compute_tier: Tier):
+                          compute_tier: Tier, rank_capacity: float):
         """The proposals of one placement: (placement, options, topology, rank steps) of the
-        best that partitions; PlacementError when none does."""
+        best that partitions, each rank's caches then grown into what it has left of its
+        ``rank_capacity`` bytes of the compute tier; PlacementError when none partitions."""
         dense = dense_step_seconds(self.last_model, self.topology, self.world_size)
         topology = torchrec_topology(self.topology, self.world_size, placement.capacity_bytes)
         estimators = [TieredStorageEstimator(topology), TieredPerfEstimator(topology)]
@@ -257,7 +261,19 @@ class StorageAwarePlanner(ShardingPlanner):
             raise PlacementError(f"{len(self.last_model.tables)} tables on {self.world_size} ranks of "
                                  f"{self.topology.name}: {last}")
         options = partitioner.partition(best, topology)  # again: later proposals moved the shards
-        return placement, options, topology, list(partitioner.rank_step_s)
+        grown = grow_rank_caches(
+            options, [rank_capacity] * self.world_size, compute_tier, self.topology, self.last_model.batch_size,
+            self.cache_algorithm)
+        if grown:
+            enumerator.populate_estimates(options)  # the grown shards' storage and perf
+            partitioner.rate(options, self.world_size)
+            extra = sum(g.extra_bytes for g in grown)
+            placement = dataclasses.replace(
+                placement, tables={**placement.tables, **{o.name: o.placement for o in options}},
+                costs={**placement.costs, **{o.name: o.cost for o in options}},
+                used_bytes={**placement.used_bytes,
+                            compute_tier: placement.used_bytes.get(compute_tier, 0.0) + extra})
+        return placement, options, topology, list(partitioner.rank_step_s), grown
 
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         from torchrec_mtrains.sharding import (
@@ -282,7 +298,7 @@ class StorageAwarePlanner(ShardingPlanner):
             sharders = list(sharders) + [TieredEmbeddingCollectionSharder()]
         tiered_sharders = [s for s in sharders if isinstance(s, tiered_types)]
         self._check_optimizer(module, tiered_sharders[-1].fused_params)
-        placement, options, topology, rank_steps = self._search(module, sharders)
+        placement, options, topology, rank_steps, self.last_grown_caches = self._search(module, sharders)
         self.last_rank_step_s = rank_steps
         if rank_steps and max(rank_steps) > 0:  # the job runs at its slowest rank's pace
             step = max(rank_steps)

@@ -128,3 +128,14 @@ class TieredPartitioner(Partitioner):
         self.rank_step_s = [rank.step(self._dense) for rank in ranks]
         return proposal
 
+    def rate(self, options: List[TieredShardingOption], world_size: int) -> List[float]:
+        """Each rank's predicted step for ``options`` as the last ``partition`` placed them
+        (their shards' ranks), after their costs changed (``grow_rank_caches``); also
+        ``rank_step_s``."""
+        ranks = [_Rank(free=TieredStorage.of({})) for _ in range(world_size)]
+        for option in options:
+            for i, shard in enumerate(option.shards):
+                ranks[shard.rank].take(option, i, self._kernel)
+        self.rank_step_s = [rank.step(self._dense) for rank in ranks]
+        return self.rank_step_s
+
