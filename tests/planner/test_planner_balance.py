@@ -111,22 +111,25 @@ def _rank_compute_bytes(planner) -> List[float]:
     return out
 
 
-def test_each_ranks_leftover_dram_grows_the_caches_of_its_own_tables(monkeypatch) -> None:
+def test_each_ranks_leftover_dram_grows_the_caches_of_its_own_ssd_tables(tmp_path: Path, monkeypatch) -> None:
     from torchrec_mtrains.planner import planner as planner_module
 
-    planner = _plan([])
+    argv = ["--preset", "beyond-ram", "--steps", "1000", "--dram-budget", "512MiB", "--scm-budget", "none",
+            "--hardware", _profile(tmp_path)]
+    planner = _plan(argv)
     grown = planner.last_grown_caches
-    assert grown, "the example's ranks keep DRAM the shared sizing left: their caches grow into it"
+    assert grown, "the preset's ranks keep DRAM the shared sizing left: their SSD caches grow into it"
     for g in grown:
         assert g.rows_after > g.rows_before and g.extra_bytes > 0, g
         assert planner.last_assignment[g.table].sharding_type == "table_wise", g  # a row-wise table keeps its size
-        assert planner.last_placement.tables[g.table].cache_rows == g.rows_after, g
-    budget = 64 << 20  # the example's --dram-budget per rank
+        where = planner.last_placement.tables[g.table]
+        assert where.cache_rows == g.rows_after and where.tier.name == "SSD", (g, where)
+    budget = 512 << 20  # --dram-budget per rank
     assert all(b <= budget for b in _rank_compute_bytes(planner)), _rank_compute_bytes(planner)
     # Against the same plan without the growth: larger caches, predicted no slower.
     monkeypatch.setattr(planner_module, "grow_rank_caches", lambda *args, **kwargs: [])
-    shared = _plan([])
+    shared = _plan(argv)
     assert not shared.last_grown_caches
     assert _slowest(planner) <= _slowest(shared), (planner.last_rank_step_s, shared.last_rank_step_s)
     for g in grown:
-        assert shared.last_placement.tables[g.table].cache_rows < g.rows_after, g
+        assert shared.last_placement.tables[g.table].cache_rows == g.rows_before, g

@@ -4,7 +4,7 @@ The placement sizes every cache for the job's compute tier as a whole, as if the
 spread evenly; the partitioner then packs whole tables onto ranks, and a table's cache
 fits on one rank or another, not partly on each, so each rank keeps some of its own share
 unused. ``grow_rank_caches`` spends what each rank has left on the caches of the
-table-wise tiered tables that rank holds: repeatedly the growth that saves the most
+table-wise SSD tables that rank holds: repeatedly the growth that saves the most
 predicted seconds a step (the perf model's compute and device time) per extra byte, by a
 quarter of the cache at a time or what still fits, while the rank has room and a larger
 cache saves time. A row-wise table keeps its size (one size for all its shards), and so
@@ -27,9 +27,14 @@ from torchrec_mtrains.planner.model.placement import tier_bytes
 from torchrec_mtrains.planner.types import TieredTopology
 from torchrec_mtrains.types import Tier
 
-__all__ = ["GROWTH", "GrownCache", "grow_rank_caches"]
+__all__ = ["GROWN_TIERS", "GROWTH", "GrownCache", "grow_rank_caches"]
 
 GROWTH = 0.25  # a step grows a cache by this share of its rows (or by what still fits)
+# Only SSD tables' caches grow: there a miss is a device read (some 3-5 us of the rank's CPU).
+# A larger cache also costs every step something the perf model does not price: grown SCM
+# caches (a miss a memory copy, 0.4 us) made the example DLRM at a third of its DRAM 0.89x as
+# fast (docs/results/planner.md).
+GROWN_TIERS = frozenset({Tier.SSD})
 
 
 @dataclasses.dataclass
@@ -46,7 +51,8 @@ class _Growth:
 
 def _growable(option: TieredShardingOption) -> bool:
     where, table = option.placement, option.table
-    return (option.is_tiered and option.sharding_type == ShardingType.TABLE_WISE.value and where.cache_rows > 0
+    return (option.is_tiered and option.sharding_type == ShardingType.TABLE_WISE.value and where.tier in GROWN_TIERS
+            and where.cache_rows > 0
             and not table.virtual and table.pinned_cache_rows is None and not where.extra.get("l2_cache_rows")
             and where.cache_rows < table.num_embeddings)
 
@@ -60,7 +66,10 @@ def _next(option: TieredShardingOption, free: float, compute_tier: Tier, topo: T
     """The option's next growth within ``free`` compute-tier bytes, or None (no room, no gain)."""
     table, where = option.table, option.placement
     now = option.tier_bytes.get(compute_tier, 0.0)
-    rows = min(table.num_embeddings, math.ceil(where.cache_rows * (1.0 + GROWTH)))
+    # The kernel holds at least two steps' distinct rows whatever its size (table_cost): grow
+    # from there, or a small cache's first growth would change nothing.
+    held = max(float(where.cache_rows), 2.0 * table.locality.unique_rows_per_step)
+    rows = min(table.num_embeddings, math.ceil(held * (1.0 + GROWTH)))
     while rows > where.cache_rows:  # at most a few rounds: the bytes are near linear in the rows
         grown = tier_bytes(table, where.tier, rows, 0.0, compute_tier)
         extra = grown.get(compute_tier, 0.0) - now
