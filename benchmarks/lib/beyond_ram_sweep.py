@@ -13,6 +13,7 @@ user reads before buying memory ends there.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -48,13 +49,16 @@ def sweep_point(ratio: float, limit: int, metrics: Optional[Dict], error: str, l
     step = steady_step_seconds(metrics)
     global_batch = metrics["batch_size_per_rank"] * metrics["world_size"]
     ranks = metrics["tiers"].get("ranks", [])
-    reads = [r["tier_rows_read"] for r in ranks]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "dlrm"))
+    from tier_report import max_over_mean, rows_read_per_rank  # how the example counts them
+
+    reads = rows_read_per_rank(ranks)
     point.update({
         "qps_steady": global_batch / step, "step_seconds_steady": step,
         "predicted_step_seconds": metrics["predicted_step_seconds"],
         "memory_cgroup": metrics.get("memory_cgroup", {}),
         "rank_tier_rows_read": reads,
-        "reads_max_over_mean": max(reads) / (sum(reads) / len(reads)) if reads and sum(reads) > 0 else float("nan"),
+        "reads_max_over_mean": max_over_mean(reads),
     })
     if baseline is not None:
         base_step = steady_step_seconds(baseline)

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch.distributed as dist
 
-__all__ = ["memory_status", "tier_counters"]
+__all__ = ["max_over_mean", "memory_status", "rows_read_per_rank", "tier_counters"]
 
 _STORE_KEYS = ("live_rows", "rows_written", "rows_read", "disk_rows_read", "lazy_init_rows", "device_reads",
                "device_writes", "device_bytes_read", "device_bytes_written", "gc_rows_moved", "write_amplification",
@@ -61,12 +61,27 @@ def _local_counters(dmp) -> Dict[str, Dict[str, float]]:
 
 
 def _rank_summary(shards: Dict[str, Dict[str, float]], step_times: Optional[Sequence[float]]) -> Dict[str, float]:
-    """This rank's median step seconds (nan without two steps) and the rows and device
-    reads of its tiers."""
+    """This rank's median step seconds (nan without two steps), the rows its tiers returned
+    (``tier_rows_read``), how many of them were first touches (``tier_first_touches``: made
+    in place, never read) and its tiers' device reads."""
     steps = [b - a for a, b in zip(step_times or [], (step_times or [])[1:])]
     return {"step_seconds_median": statistics.median(steps) if steps else float("nan"),
             "tier_rows_read": sum(s.get("store_rows_read", 0.0) for s in shards.values()),
+            "tier_first_touches": sum(s.get("store_lazy_init_rows", 0.0) for s in shards.values()),
             "tier_device_reads": sum(s.get("store_device_reads", 0.0) for s in shards.values())}
+
+
+def rows_read_per_rank(ranks: Sequence[Dict[str, float]]) -> List[float]:
+    """Each rank's rows read from its tiers (``tiers.ranks`` of metrics.json): the rows its
+    tiers returned less their first touches, which no tier reads (a row never written is
+    initialised in place)."""
+    return [r["tier_rows_read"] - r.get("tier_first_touches", 0.0) for r in ranks]
+
+
+def max_over_mean(values: Sequence[float]) -> float:
+    """How unevenly the ranks share a load: its largest over its mean (nan without any)."""
+    total = sum(values)
+    return max(values) / (total / len(values)) if values and total > 0 else float("nan")
 
 
 def tier_counters(dmp, step_times: Optional[Sequence[float]] = None) -> Dict[str, object]:

@@ -64,7 +64,7 @@ from placement import (  # noqa: E402
 from progress import progress_bar  # noqa: E402
 from report import auc, format_table, write_outputs  # noqa: E402
 from run_config import load_run_config, preset_path  # noqa: E402
-from tier_report import tier_counters  # noqa: E402
+from tier_report import max_over_mean, rows_read_per_rank, tier_counters  # noqa: E402
 
 from torchrec_mtrains.checkpoint.quantize import QUANTIZE_KINDS  # noqa: E402
 from torchrec_mtrains.commands.quiet import quiet_framework_noise  # noqa: E402
@@ -704,13 +704,16 @@ def finish(args, metrics: Dict, rows: List[Dict]) -> None:
     ]
     ranks = metrics["tiers"].get("ranks", [])
     if ranks:
-        reads = [r["tier_rows_read"] for r in ranks]
-        mean = sum(reads) / len(reads)
+        reads = rows_read_per_rank(ranks)
+        device = [r.get("tier_device_reads", 0.0) for r in ranks]
         predicted = metrics["predicted_rank_step_seconds"] or [float("nan")] * len(ranks)
-        lines.append("per rank, step predicted / measured (median) and tier rows read: " + "; ".join(
-            f"{i}: {p * 1e3:.1f} / {r['step_seconds_median'] * 1e3:.1f} ms, {r['tier_rows_read']:,.0f}"
-            for i, (p, r) in enumerate(zip(predicted, ranks)))
-            + (f" (reads max / mean {max(reads) / mean:.2f})" if mean > 0 else ""))
+        lines.append("per rank, step predicted / measured (median), rows read from its tiers (first touches, "
+                     "made in place, apart) and SSD device reads: " + "; ".join(
+                         f"{i}: {p * 1e3:.1f} / {r['step_seconds_median'] * 1e3:.1f} ms, {n:,.0f} rows "
+                         f"(+{r.get('tier_first_touches', 0.0):,.0f} first touches), {d:,.0f} device reads"
+                         for i, (p, r, n, d) in enumerate(zip(predicted, ranks, reads, device)))
+                     + "".join(f" ({what} max / mean {max_over_mean(v):.2f})"
+                               for what, v in (("rows read", reads), ("device reads", device)) if sum(v) > 0))
     if warm_from is not None and metrics["hit_rate_warm_per_tier"]:
         lines.append(f"hit rate per tier after step {warm_from}: "
                      + ", ".join(f"{t} {h:.3f}" for t, h in metrics["hit_rate_warm_per_tier"].items()))

@@ -69,7 +69,13 @@ def test_component_launch_learns(default_run) -> None:
     # Warm caches (the run's last quarter) hit at least as often as the whole run, cold start included.
     assert m["hit_rate_warm_from_step"] >= 3 * STEPS // 4 and set(m["hit_rate_warm"]) == tiered
     assert all(m["hit_rate_warm"][t] >= m["hit_rate"][t] - 0.02 for t in tiered)
-    assert (out / "summary.txt").exists()
+    # Each rank's tier rows: the first touches (made in place) are counted apart from the rows
+    # read, and the summary's balance is over the rows read.
+    ranks = m["tiers"]["ranks"]
+    assert len(ranks) == 2 and all(0 < r["tier_first_touches"] <= r["tier_rows_read"] for r in ranks)
+    read = [r["tier_rows_read"] - r["tier_first_touches"] for r in ranks]
+    summary = (out / "summary.txt").read_text()
+    assert f"rows read max / mean {max(read) / (sum(read) / 2):.2f}" in summary, summary
 
 
 @pytest.mark.slow
