@@ -4,9 +4,6 @@ namespace mtrains {
 namespace {
 
 constexpr size_t kAhead = 8;  // slots between a slot's prefetch and its copy
-// Into L2: a row is many lines, and kAhead rows of them into L1 would fill its few miss
-// buffers and stall the prefetches (SlotRows::Prefetch).
-constexpr int kLocality = 1;
 
 }  // namespace
 
@@ -23,7 +20,7 @@ Status BlockStoreTierRows::Move(const SlotRows& slots, const int64_t* evict_ids,
   const uint64_t t0 = ThreadCpuNs();
   if (evicted_.size() < nw * row_bytes_) evicted_.resize(nw * row_bytes_ + nw * row_bytes_ / 2);
   for (size_t i = 0; i < nw; ++i) {
-    if (i + kAhead < nw) slots.Prefetch<kLocality>(evict_slots[i + kAhead], false);
+    if (i + kAhead < nw) slots.Prefetch<SlotRows::kMoveLocality>(evict_slots[i + kAhead], false);
     slots.CopyOut(evict_slots[i], evicted_.data() + i * row_bytes_);
   }
   if (loaded_.size() < nr * row_bytes_) loaded_.resize(nr * row_bytes_ + nr * row_bytes_ / 2);
@@ -35,7 +32,7 @@ Status BlockStoreTierRows::Move(const SlotRows& slots, const int64_t* evict_ids,
   cpu->read_ns += t2 - t1;
   if (!st.ok()) return st;
   for (size_t i = 0; i < nr; ++i) {
-    if (i + kAhead < nr) slots.Prefetch<kLocality>(load_slots[i + kAhead], true);
+    if (i + kAhead < nr) slots.Prefetch<SlotRows::kMoveLocality>(load_slots[i + kAhead], true);
     slots.CopyIn(loaded_.data() + i * row_bytes_, load_slots[i]);
   }
   cpu->copy_ns += ThreadCpuNs() - t2;

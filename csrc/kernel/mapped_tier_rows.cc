@@ -10,9 +10,6 @@ namespace mtrains {
 namespace {
 
 constexpr size_t kAhead = 8;  // rows between a row's prefetch and its copy
-// Into L2: a row is many lines, and kAhead rows of them into L1 would fill its few miss
-// buffers and stall the prefetches (SlotRows::Prefetch).
-constexpr int kLocality = 1;
 // Rows copied before their checksums are checked: checking a row right after copying it
 // stalls on the copy's stores (13K rows of 516 bytes: 3.5 ms -> 0.9 ms on the dev VM).
 constexpr size_t kVerifyChunk = 64;
@@ -78,8 +75,8 @@ Status MappedTierRows::Move(const SlotRows& slots, const int64_t* evict_ids, con
   const bool sums = layout_.kind == Words::kChecksums;
   for (size_t i = 0; i < nw; ++i) {
     if (i + kAhead < nw) {
-      slots.Prefetch<kLocality>(evict_slots[i + kAhead], false);
-      SlotRows::PrefetchBytes<kLocality>(Row(evict_ids[i + kAhead]), row_bytes_, true);
+      slots.Prefetch<SlotRows::kMoveLocality>(evict_slots[i + kAhead], false);
+      SlotRows::PrefetchBytes<SlotRows::kMoveLocality>(Row(evict_ids[i + kAhead]), row_bytes_, true);
     }
     uint8_t* row = Row(evict_ids[i]);
     slots.CopyOut(evict_slots[i], row);
@@ -97,8 +94,8 @@ Status MappedTierRows::Move(const SlotRows& slots, const int64_t* evict_ids, con
     const size_t hi = std::min(nr, lo + kVerifyChunk);
     for (size_t i = lo; i < hi; ++i) {
       if (i + kAhead < nr) {
-        SlotRows::PrefetchBytes<kLocality>(Row(load_ids[i + kAhead]), row_bytes_, false);
-        slots.Prefetch<kLocality>(load_slots[i + kAhead], true);
+        SlotRows::PrefetchBytes<SlotRows::kMoveLocality>(Row(load_ids[i + kAhead]), row_bytes_, false);
+        slots.Prefetch<SlotRows::kMoveLocality>(load_slots[i + kAhead], true);
       }
       want[i - lo] = Word(load_ids[i]);
       if (want[i - lo] == 0) {
