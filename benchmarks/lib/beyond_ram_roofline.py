@@ -24,9 +24,16 @@ import numpy as np
 
 from benchmarks.lib.belady import belady_hits
 
-__all__ = ["SsdTrace", "belady_reads_by_rank", "cpu_roofline", "fio_cpu_seconds_per_read", "ssd_trace"]
+__all__ = ["SsdTrace", "belady_reads_by_rank", "cpu_roofline", "example_on_path", "fio_cpu_seconds_per_read", "ssd_trace"]
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "dlrm"
+
+
+def example_on_path() -> None:
+    """Puts the example DLRM's modules (its parser, data and counters) on sys.path, once."""
+    if str(EXAMPLE) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE))
 
 
 def fio_cpu_seconds_per_read(usr_cpu_pct: float, sys_cpu_pct: float, seconds: float, ios: int) -> float:
@@ -61,7 +68,7 @@ def ssd_trace(train_argv: Sequence[str], tables: Sequence[str], steps: int, worl
     """The ids the example's synthetic data gives ``tables`` over ``steps`` steps of
     ``world_size`` ranks, for the run ``train.py train_argv`` made (its preset, scale, seed,
     drift and batch; the data is a pure function of them)."""
-    sys.path.insert(0, str(ROOT / "examples" / "dlrm"))
+    example_on_path()
     import train  # the example's own parser: the run's settings exactly
     from data import SyntheticData, scaled_tables
 

@@ -13,12 +13,11 @@ user reads before buying memory ends there.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from benchmarks.lib.beyond_ram_report import device_seconds_per_step, steady_step_seconds
-from benchmarks.lib.beyond_ram_roofline import roofline_line
+from benchmarks.lib.beyond_ram_roofline import example_on_path, roofline_line
 
 __all__ = ["parse_ratios", "plot_sweep", "sweep_lines", "sweep_point"]
 
@@ -49,7 +48,7 @@ def sweep_point(ratio: float, limit: int, metrics: Optional[Dict], error: str, l
     step = steady_step_seconds(metrics)
     global_batch = metrics["batch_size_per_rank"] * metrics["world_size"]
     ranks = metrics["tiers"].get("ranks", [])
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "dlrm"))
+    example_on_path()
     from tier_report import max_over_mean, rows_read_per_rank  # how the example counts them
 
     reads = rows_read_per_rank(ranks)

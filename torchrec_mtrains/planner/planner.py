@@ -265,7 +265,7 @@ class StorageAwarePlanner(ShardingPlanner):
             options, [rank_capacity] * self.world_size, compute_tier, self.topology, self.last_model.batch_size,
             self.cache_algorithm)
         if grown:
-            enumerator.populate_estimates(options)  # the grown shards' storage and perf
+            enumerator.populate_estimates(options)  # the grown shards' storage and perf, from their bytes and cost
             partitioner.rate(options, self.world_size)
             extra = sum(g.extra_bytes for g in grown)
             placement = dataclasses.replace(

@@ -42,7 +42,7 @@ class _Growth:
     """A candidate growth of one option's cache: its new rows, cost and bytes per tier."""
 
     option: TieredShardingOption
-    rows: float
+    rows: int
     cost: TableCost
     bytes: Dict[Tier, float]
     extra: float  # compute-tier bytes it adds
@@ -97,7 +97,8 @@ def grow_rank_caches(options: Sequence[TieredShardingOption], rank_capacity: Seq
                      topo: TieredTopology, batch_size: int, policy: str) -> List[GrownCache]:
     """Grows the caches of the partitioned ``options`` (each shard with its rank) into what
     each rank has left of ``rank_capacity`` bytes of the compute tier; updates the grown
-    options' placement, cost, bytes per tier and shard storage in place."""
+    options' placement, cost and bytes per tier in place; their shards' storage and perf
+    follow from those (the enumerator's estimators, run again by the caller)."""
     used = [0.0] * len(rank_capacity)
     for option in options:
         for shard in option.shards:
@@ -117,11 +118,10 @@ def grow_rank_caches(options: Sequence[TieredShardingOption], rank_capacity: Seq
             break
         option, old = best.option, best.option.cost
         scale = best.cost.tier_bytes_per_step / old.tier_bytes_per_step if old.tier_bytes_per_step else 0.0
-        option.placement = dataclasses.replace(option.placement, cache_rows=int(best.rows),
+        option.placement = dataclasses.replace(option.placement, cache_rows=best.rows,
                                                hit_rate=best.cost.hit_rate,
                                                bandwidth_bytes_per_s=option.placement.bandwidth_bytes_per_s * scale)
         option.cost, option.tier_bytes = best.cost, best.bytes
-        option.shards[0].storage = TieredStorage.of(best.bytes)
         used[option.shards[0].rank] += best.extra
     return [GrownCache(o.name, before[o.name][0], o.placement.cache_rows,
                        o.tier_bytes.get(compute_tier, 0.0) - before[o.name][1])
