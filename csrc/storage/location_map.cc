@@ -9,46 +9,84 @@ namespace mtrains {
 namespace {
 
 constexpr uint32_t kFirstSparseCapacity = 4;
-constexpr uint64_t kSlabBytes = 1 << 20;
+constexpr uint64_t kSlabBytes = 1 << 20;  // a mapping's least size
+// The least free bytes of a size worth moving its blocks: well above the block or two a
+// table written in row order keeps free (each chunk fills before the next starts, reusing
+// the blocks the last one left), so such a table never compacts.
+constexpr uint64_t kLeastCompaction = 64 << 10;
 
 }  // namespace
 
 ChunkPool::~ChunkPool() {
-  for (const auto& [p, n] : slabs_) munmap(p, n);
+  for (const Class& c : classes_) Unmap(c.slabs);
 }
 
 ChunkPool::Class& ChunkPool::ClassOf(uint64_t size) {
   for (Class& c : classes_)
     if (c.size == size) return c;
-  classes_.push_back({size, nullptr, nullptr, nullptr});
+  classes_.push_back({size, nullptr, nullptr, nullptr, 0, 0, {}});
   return classes_.back();
 }
 
+const ChunkPool::Class* ChunkPool::Find(uint64_t size) const {
+  for (const Class& c : classes_)
+    if (c.size == size) return &c;
+  return nullptr;
+}
+
 void* ChunkPool::Alloc(uint64_t bytes) {
-  Class& c = ClassOf((bytes + 15) / 16 * 16);
+  Class& c = ClassOf(ClassSize(bytes));
   if (c.free_list != nullptr) {
     void* p = c.free_list;
     std::memcpy(&c.free_list, p, sizeof(void*));
+    c.free -= c.size;
     return p;
   }
   if (c.bump == nullptr || c.bump + c.size > c.end) {
     const uint64_t n = std::max<uint64_t>(kSlabBytes, (16 * c.size + 4095) / 4096 * 4096);
     void* slab = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (slab == MAP_FAILED) throw std::bad_alloc();
-    slabs_.emplace_back(slab, n);
+    c.slabs.emplace_back(slab, n);
     c.bump = static_cast<uint8_t*>(slab);
     c.end = c.bump + n;
   }
   void* p = c.bump;
   c.bump += c.size;
+  c.carved += c.size;
   carved_ += c.size;
   return p;
 }
 
 void ChunkPool::Free(void* p, uint64_t bytes) {
-  Class& c = ClassOf((bytes + 15) / 16 * 16);
+  Class& c = ClassOf(ClassSize(bytes));
   std::memcpy(p, &c.free_list, sizeof(void*));
   c.free_list = p;
+  c.free += c.size;
+}
+
+uint64_t ChunkPool::free_bytes(uint64_t bytes) const {
+  const Class* c = Find(ClassSize(bytes));
+  return c == nullptr ? 0 : c->free;
+}
+
+uint64_t ChunkPool::live_bytes(uint64_t bytes) const {
+  const Class* c = Find(ClassSize(bytes));
+  return c == nullptr ? 0 : c->carved - c->free;
+}
+
+ChunkPool::Slabs ChunkPool::Retire(uint64_t bytes) {
+  Class& c = ClassOf(ClassSize(bytes));
+  Slabs out;
+  out.swap(c.slabs);
+  carved_ -= c.carved;
+  c.free_list = nullptr;
+  c.bump = c.end = nullptr;
+  c.carved = c.free = 0;
+  return out;
+}
+
+void ChunkPool::Unmap(const Slabs& slabs) {
+  for (const auto& [p, n] : slabs) munmap(p, n);
 }
 
 LocationMap::LocationMap(uint64_t num_rows, uint64_t max_value) : num_rows_(num_rows) {
@@ -110,16 +148,43 @@ LocationMap::Chunk* LocationMap::NewSparse(uint32_t capacity) {
   return c;
 }
 
-void LocationMap::Release(uint64_t chunk) {
+uint64_t LocationMap::ChunkBytes(uint64_t chunk) const {
+  const Chunk* c = dir_[chunk];
+  return sizeof(Chunk) + (c->capacity == 0 ? DenseBytes(chunk) : SparseBytes(c->capacity));
+}
+
+uint64_t LocationMap::Release(uint64_t chunk) {
   Chunk* c = dir_[chunk];
+  const uint64_t bytes = ChunkBytes(chunk);
   if (c->capacity == 0) {
-    pool_.Free(c, sizeof(Chunk) + DenseBytes(chunk));
     --dense_chunks_;
   } else {
-    pool_.Free(c, sizeof(Chunk) + SparseBytes(c->capacity));
     --sparse_chunks_;
   }
+  pool_.Free(c, bytes);  // overwrites the header with the free list's link
   dir_[chunk] = nullptr;
+  return bytes;
+}
+
+// Chunks grow together when rows are written across the table, so the blocks they leave
+// behind are seldom wanted again: without this, a map whose chunks doubled up to capacity C
+// would hold C's blocks plus nearly as many bytes of smaller free ones. Once a size's free
+// blocks outweigh its live ones (and kLeastCompaction), its live blocks move to fresh
+// mappings and its old ones are handed back. Each move copies at most the size's live
+// bytes, which at least halve between moves of one size, so the copying is linear in the
+// bytes ever carved; the transient is one size's live bytes.
+void LocationMap::MaybeCompact(uint64_t bytes) {
+  const uint64_t free = pool_.free_bytes(bytes), live = pool_.live_bytes(bytes);
+  if (free < kLeastCompaction || free <= live) return;
+  const uint64_t size = ChunkPool::ClassSize(bytes);
+  const ChunkPool::Slabs old = pool_.Retire(bytes);
+  for (uint64_t k = 0; k < dir_.size(); ++k) {
+    if (dir_[k] == nullptr || ChunkPool::ClassSize(ChunkBytes(k)) != size) continue;
+    void* moved = pool_.Alloc(size);
+    std::memcpy(moved, dir_[k], size);
+    dir_[k] = static_cast<Chunk*>(moved);
+  }
+  ChunkPool::Unmap(old);
 }
 
 void LocationMap::GrowSparse(uint64_t chunk, uint32_t capacity) {
@@ -129,8 +194,9 @@ void LocationMap::GrowSparse(uint64_t chunk, uint32_t capacity) {
   std::memcpy(Offsets(c), Offsets(old), uint64_t(old->count) * 2);
   std::memcpy(c->data() + uint64_t(capacity) * 2, old->data() + uint64_t(old->capacity) * 2,
               uint64_t(old->count) * value_bytes_);
-  Release(chunk);
+  const uint64_t freed = Release(chunk);
   dir_[chunk] = c;
+  MaybeCompact(freed);
 }
 
 void LocationMap::MakeDense(uint64_t chunk) {
@@ -140,9 +206,10 @@ void LocationMap::MakeDense(uint64_t chunk) {
   std::memset(c, 0, bytes);
   for (uint32_t i = 0; i < old->count; ++i)
     Store(c->data(), uint64_t(Offsets(old)[i]) * bits_, SparseValue(old, i));
-  Release(chunk);
+  const uint64_t freed = Release(chunk);
   dir_[chunk] = c;
   ++dense_chunks_;
+  MaybeCompact(freed);
 }
 
 void LocationMap::Set(uint64_t row, uint64_t value) {

@@ -21,8 +21,11 @@ namespace mtrains {
 // Fixed-size blocks for the map's chunks, carved from anonymous mappings of 1 MiB or more
 // and recycled per size: the map's many small, growing arrays stay off the process heap,
 // where they would pin the memory of freed large buffers (e.g. the caller's tensors).
+// Each mapping holds blocks of one size, so a size's mappings can be handed back whole
+// (Retire) once its live blocks have moved out.
 class ChunkPool {
  public:
+  using Slabs = std::vector<std::pair<void*, uint64_t>>;
   ChunkPool() = default;
   ~ChunkPool();
   ChunkPool(const ChunkPool&) = delete;
@@ -32,6 +35,15 @@ class ChunkPool {
   // Bytes handed out (live blocks and recycled ones): what is resident. The untouched rest
   // of a mapping costs address space only.
   uint64_t carved_bytes() const { return carved_; }
+  // Of a size's carved bytes, those on its free list.
+  uint64_t free_bytes(uint64_t bytes) const;
+  uint64_t live_bytes(uint64_t bytes) const;
+  // Detaches the mappings of `bytes`' size: the pool forgets them (later Allocs of that size
+  // carve new ones), and the caller copies the live blocks out, then Unmap()s them.
+  Slabs Retire(uint64_t bytes);
+  static void Unmap(const Slabs& slabs);
+  // The block size that holds `bytes` (blocks of one size share a free list).
+  static uint64_t ClassSize(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
 
  private:
   struct Class {
@@ -39,10 +51,13 @@ class ChunkPool {
     void* free_list;
     uint8_t* bump;
     uint8_t* end;
+    uint64_t carved;  // bytes carved from this size's mappings
+    uint64_t free;    // of them, on the free list
+    Slabs slabs;
   };
   Class& ClassOf(uint64_t size);
+  const Class* Find(uint64_t size) const;
   std::vector<Class> classes_;
-  std::vector<std::pair<void*, uint64_t>> slabs_;
   uint64_t carved_ = 0;
 };
 
@@ -129,7 +144,9 @@ class LocationMap {
   uint64_t DenseBytes(uint64_t chunk) const { return (uint64_t(RowsIn(chunk)) * bits_ + 7) / 8 + 8; }
   uint64_t SparseBytes(uint32_t capacity) const;
   Chunk* NewSparse(uint32_t capacity);
-  void Release(uint64_t chunk);
+  uint64_t ChunkBytes(uint64_t chunk) const;  // the pool block size of dir_[chunk]
+  uint64_t Release(uint64_t chunk);            // frees dir_[chunk]; returns its block size
+  void MaybeCompact(uint64_t bytes);
   void MakeDense(uint64_t chunk);
   void GrowSparse(uint64_t chunk, uint32_t capacity);
 
