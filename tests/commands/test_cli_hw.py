@@ -46,7 +46,7 @@ def test_probe_hw_quick_writes_a_loadable_profile(tmp_path: Path) -> None:
     assert topo.cores_per_node == os.cpu_count()
     for key in ("lookup_cost", "step_background_cpu", "lookup_background_cpu", "dense_mac_cost",
                 "dense_activation_cost", "dense_layer_cost", "framework_step_cost", "framework_table_cost",
-                "framework_table_sample_cost", "cores_per_node"):
+                "framework_table_sample_cost", "framework_output_byte_cost", "cores_per_node"):
         assert f"{key}:" in out.read_text()
     assert "probe-hw --quick" in topo.source
     text = out.read_text()

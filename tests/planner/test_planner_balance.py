@@ -80,9 +80,11 @@ def test_the_beyond_ram_presets_big_tables_are_split_where_the_slowest_rank_gets
     steps = planner.last_rank_step_s
     assert max(steps) <= 1.1 * min(steps), steps  # each rank its share
     # Whole on one rank (as the planner chose before it sized caches for less than all of
-    # DRAM), the 400M-row table's rank is predicted far slower.
+    # DRAM), the 400M-row table's rank is predicted slower (measured: 226 ms a step against
+    # 196 split, docs/results/beyond-ram.md; the framework's share, the same on both plans,
+    # is most of either step).
     whole = _plan(argv, table_wise=["z0_400m"])
-    assert _slowest(whole) > 1.2 * _slowest(planner), (whole.last_rank_step_s, steps)
+    assert _slowest(whole) > 1.05 * _slowest(planner), (whole.last_rank_step_s, steps)
 
 
 def test_the_examples_small_tables_stay_whole_where_a_split_is_slower() -> None:

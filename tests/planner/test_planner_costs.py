@@ -183,31 +183,47 @@ def test_framework_cost_per_table_grows_with_the_batch() -> None:
 def test_framework_probe_fit_recovers_its_terms(monkeypatch: pytest.MonkeyPatch) -> None:
     """Jobs timed as the model says plus a known framework cost give that cost back."""
     from torchrec_mtrains.planner.hardware import probe_framework as pf
-    step, table, sample = 0.008, 6e-5, 4.5e-7
+    step, table, sample, byte = 0.008, 6e-5, 4.5e-7, 2e-9
 
-    def modeled(tables: int, batch: int) -> float:
-        return 1e-3 * tables + 2e-6 * batch
+    def modeled(tables: int, batch: int, dim: int) -> float:
+        return 1e-3 * tables + 2e-6 * batch + 1e-8 * batch * dim
 
-    def run(tables: int, batch: int, steps: int, ranks: int, row_wise: int = 0) -> float:
-        return modeled(tables, batch) + step + tables * (table + sample * batch)
+    def run(tables: int, batch: int, steps: int, ranks: int, row_wise: int = 0, dim: int = pf.DIM) -> float:
+        return modeled(tables, batch, dim) + step + tables * (table + (sample + byte * 4 * dim) * batch)
 
     monkeypatch.setattr(pf, "_run", run)
     got, notes = pf.framework_costs(3, modeled, ranks=1, repeats=1)
     assert got["framework_step_s"] == pytest.approx(step)
     assert got["framework_table_s"] == pytest.approx(table)
     assert got["framework_table_sample_s"] == pytest.approx(sample)
-    assert "framework_table_sample_cost" in notes
+    assert got["framework_output_byte_s"] == pytest.approx(byte)
+    assert "framework_table_sample_cost" in notes and "framework_output_byte_cost" in notes
+
+
+def test_framework_cost_grows_with_the_pooled_outputs_bytes() -> None:
+    """Bag tables' pooled outputs cost the framework per byte; a sequence table's output is
+    charged with its lookups instead."""
+    spec = ComputeSpec(1e9, dense_s_per_sample=0.0, framework_output_byte_s=3e-9)
+    node = TieredTopology("t", "cpu", 2, {Tier.DRAM: TierSpec(4 * G, 5e9, 5e9)}, spec)
+    model = parse_model_spec({"batch_size": 4096, "target_qps": 1.0, "tables": [
+        {"name": "bag", "num_embeddings": 1000, "embedding_dim": 64, "pooling_factor": 3, "zipf_alpha": 1.1},
+        {"name": "wide_bag", "num_embeddings": 1000, "embedding_dim": 128, "pooling_factor": 1, "zipf_alpha": 1.1},
+        {"name": "seq", "num_embeddings": 1000, "embedding_dim": 256, "pooling_factor": 5, "zipf_alpha": 1.1,
+         "sequence": True}]})
+    without = dense_step_seconds(model, TieredTopology("t", "cpu", 2, node.tiers, ComputeSpec(1e9)), 2)
+    samples = model.batch_size / 2
+    assert dense_step_seconds(model, node, 2) == pytest.approx(without + samples * 4 * (64 + 128) * 3e-9)
 
 
 def test_profile_keys_of_the_new_figures_round_trip() -> None:
     topo = _node(16, lookup_s=9.6e-8, dense_mac_s=8.5e-11, dense_activation_s=3.3e-9, dense_layer_s=5.7e-4,
                  framework_step_s=6.3e-3, framework_table_s=8.3e-4, framework_table_sample_s=4.4e-7,
-                 row_wise_group_s=4e-4, row_wise_setup_s=1.2e-3)
+                 row_wise_group_s=4e-4, row_wise_setup_s=1.2e-3, framework_output_byte_s=2.5e-9)
     text = topology_to_yaml(topo)
     for key in ("cores_per_node: 16", "lookup_cost:", "step_background_cpu:", "lookup_background_cpu:",
                 "dense_mac_cost:", "dense_activation_cost:", "dense_layer_cost:", "framework_step_cost:",
                 "framework_table_cost:", "framework_table_sample_cost: 440ns", "row_wise_group_cost: 400us",
-                "row_wise_setup_cost: 1.2ms"):
+                "row_wise_setup_cost: 1.2ms", "framework_output_byte_cost: 2.5ns"):
         assert key in text
     assert parse_topology(text) == topo
     # Profiles without them read and write as before.

@@ -3,8 +3,9 @@
 ``TieredTrainPipeline`` as one rank of a gloo job, and prints the median seconds of a step.
 
 Usage: ``python -m torchrec_mtrains.commands.framework_step TABLES BATCH STEPS [RANK WORLD PORT
-[ROW_WISE]]`` (without RANK WORLD PORT: a job of one rank); the first ROW_WISE tables are
-sharded row-wise (default 0: the planner's choice, table-wise).
+[ROW_WISE [DIM]]]`` (without RANK WORLD PORT: a job of one rank); the first ROW_WISE tables are
+sharded row-wise (default 0: the planner's choice, table-wise); DIM is the tables' embedding
+dimension (default ``probe_framework.DIM``), which the dense arch's output follows.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ __all__ = ["measure"]
 
 
 def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, port: int = 0,
-            row_wise: int = 0) -> float:
+            row_wise: int = 0, dim: int = DIM) -> float:
     """Median step seconds of the DLRM with ``tables`` tables, as rank ``rank`` of ``world``
     (the job's processes meet at 127.0.0.1:``port``; 0 for a job of one rank). With more
     than one rank a step is timed by the wall clock: waiting for the peers' collectives and
@@ -47,10 +48,10 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     names = [f"t{i}" for i in range(tables)]
-    configs = [EmbeddingBagConfig(name=n, num_embeddings=ROWS, embedding_dim=DIM, feature_names=[f"f{n}"])
+    configs = [EmbeddingBagConfig(name=n, num_embeddings=ROWS, embedding_dim=dim, feature_names=[f"f{n}"])
                for n in names]
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    model = DLRMTrain(DLRM(ebc, DENSE_IN, list(DENSE_MLP), list(OVER_MLP)))
+    model = DLRMTrain(DLRM(ebc, DENSE_IN, [*DENSE_MLP[:-1], dim], list(OVER_MLP)))
     apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.05})
     # Any CPU node whose DRAM holds the tables whole: the plan keeps them all FUSED.
     node = TieredTopology("probe", "cpu", 1, {Tier.DRAM: TierSpec(2**34, 1e10, 1e10)}, ComputeSpec(1e10))

@@ -105,7 +105,12 @@ class ComputeSpec:
             beyond ``framework_table_sample_s``.
         framework_table_sample_s: the framework's seconds per step and rank per table and
             per sample of the rank's batch (each table's KeyedJaggedTensor slice, pooled
-            output, interaction input and their gradients grow with the batch).
+            output, interaction input and their gradients grow with the batch), beyond
+            ``framework_output_byte_s``.
+        framework_output_byte_s: the framework's seconds per step and rank per byte of a
+            bag table's pooled output for a sample of the rank's batch (fp32, ``4 * dim``):
+            the output all-to-all, the interaction and their gradients grow with the
+            dimension, not only with the tables and the batch.
         row_wise_group_s: seconds per step on every rank for each row-wise table: the
             collectives of the row-wise sharding group (the ids' all-to-all, the pooled
             embeddings' reduce-scatter and its gradient) grow with every table it holds.
@@ -129,6 +134,7 @@ class ComputeSpec:
     framework_table_sample_s: float = 0.0
     row_wise_group_s: float = 0.0
     row_wise_setup_s: float = 0.0
+    framework_output_byte_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -224,12 +224,12 @@ def probe_compute(quick: bool, work: Path, ranks_per_node: int = 1) -> Tuple[Com
     }
 
 
-def _modeled_dlrm(tbe: float, tbe_update: float, dense: Dict[str, float]) -> Callable[[int, int], float]:
+def _modeled_dlrm(tbe: float, tbe_update: float, dense: Dict[str, float]) -> Callable[[int, int, int], float]:
     """What the TBE and dense figures give a step of ``probe_framework``'s DLRM."""
-    row_bytes = TableLayout(pf.DIM, "fp32", "exact_row_wise_adagrad").row_bytes
 
-    def modeled(tables: int, batch: int) -> float:
-        widths = [(pf.DENSE_IN, *pf.DENSE_MLP), (pf.over_in(tables), *pf.OVER_MLP)]
+    def modeled(tables: int, batch: int, dim: int) -> float:
+        row_bytes = TableLayout(dim, "fp32", "exact_row_wise_adagrad").row_bytes
+        widths = [(pf.DENSE_IN, *pf.DENSE_MLP[:-1], dim), (pf.over_in(tables, dim), *pf.OVER_MLP)]
         spec = DenseSpec.of_shapes([(a, b) for w in widths for a, b in zip(w, w[1:])])
         lookups = tables * batch  # one id per sample and table
         unique = tables * min(batch, pf.ROWS)

@@ -13,7 +13,10 @@ over the two table counts; the many-table job again at ``LARGE_BATCH`` splits th
 cost into a fixed part (``framework_table_s``) and a part per sample
 (``framework_table_sample_s``): a table's slice of the input, its pooled output and the
 interaction's share grow with the batch (at batch 512 the per-table cost was 278 us, at
-2,048 953 us, so a figure taken at one batch misjudged the other by 3x). Ranks sharing a
+2,048 953 us, so a figure taken at one batch misjudged the other by 3x). The same job with
+tables of ``WIDE_DIM`` takes from that per-sample part what grows with a pooled output's
+bytes (``framework_output_byte_s``: the output all-to-all and the interaction move 4x the
+bytes at dimension 128 as at 32). Ranks sharing a
 node's cores make single jobs jittery (one job's median step of the same model moved 2x
 between back-to-back runs on an idle 2-core VM), so the jobs alternate ``REPEATS`` times
 and each one's median is fitted.
@@ -49,14 +52,15 @@ BATCH = 512
 LARGE_BATCH = 2048
 ROWS = 1000
 DIM = 32
+WIDE_DIM = 128
 DENSE_IN = 13
 DENSE_MLP = (128, DIM)
 OVER_MLP = (256, 128, 1)
 
 
-def over_in(tables: int) -> int:
+def over_in(tables: int, dim: int = DIM) -> int:
     """The over arch's input width: the dense output and the pairwise dot products."""
-    return DIM + (tables + 1) * tables // 2
+    return dim + (tables + 1) * tables // 2
 
 
 def _free_port() -> int:
@@ -65,12 +69,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(tables: int, batch: int, steps: int, ranks: int, row_wise: int = 0) -> float:
+def _run(tables: int, batch: int, steps: int, ranks: int, row_wise: int = 0, dim: int = DIM) -> float:
     """The slowest rank's median step seconds of a ``ranks``-rank job (its first
-    ``row_wise`` tables sharded row-wise)."""
+    ``row_wise`` tables sharded row-wise; tables of ``dim``)."""
     args = [sys.executable, "-m", WORKER, str(tables), str(batch), str(steps)]
     port = _free_port() if ranks > 1 else 0
-    procs = [subprocess.Popen(args + [str(r), str(ranks), str(port), str(row_wise)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(args + [str(r), str(ranks), str(port), str(row_wise), str(dim)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     medians = []
     try:
@@ -87,47 +91,55 @@ def _run(tables: int, batch: int, steps: int, ranks: int, row_wise: int = 0) -> 
     return max(medians)
 
 
-def framework_costs(steps: int, modeled: Callable[[int, int], float],
+def framework_costs(steps: int, modeled: Callable[[int, int, int], float],
                     ranks: int = 1, repeats: int = REPEATS) -> Tuple[Dict[str, float], Dict[str, str]]:
-    """``framework_step_s``, ``framework_table_s`` and ``framework_table_sample_s`` and a
-    note per YAML key.
+    """``framework_step_s``, ``framework_table_s``, ``framework_table_sample_s`` and
+    ``framework_output_byte_s`` and a note per YAML key.
 
     Args:
-        steps: timed steps per table count.
-        modeled: ``modeled(tables, batch)`` -> the seconds the profile's other figures
+        steps: timed steps per job.
+        modeled: ``modeled(tables, batch, dim)`` -> the seconds the profile's other figures
             (TBE, dense layers) give such a step; the rest is the framework's.
         ranks: the job's ranks, all on this node (the profile's ranks per node).
-        repeats: jobs per table count (alternating); each count's median job is fitted.
+        repeats: jobs per case (alternating); each case's median job is fitted.
     """
-    jobs = [(tables, BATCH) for tables in TABLE_COUNTS] + [(TABLE_COUNTS[1], LARGE_BATCH)]
-    runs: Dict[Tuple[int, int], List[float]] = {job: [] for job in jobs}
+    many = TABLE_COUNTS[1]
+    jobs = [(tables, BATCH, DIM) for tables in TABLE_COUNTS] + [(many, LARGE_BATCH, DIM), (many, LARGE_BATCH, WIDE_DIM)]
+    runs: Dict[Tuple[int, int, int], List[float]] = {job: [] for job in jobs}
     for _ in range(max(1, repeats)):
-        for tables, batch in jobs:
-            runs[(tables, batch)].append(_run(tables, batch, steps, ranks))
-    rest: List[Tuple[int, int, float, float]] = []
-    for tables, batch in jobs:
-        t = statistics.median(runs[(tables, batch)])
-        rest.append((tables, batch, t, t - modeled(tables, batch)))
-    (k1, _, _, r1), (k2, _, _, r2), (_, _, _, r3) = rest
+        for tables, batch, dim in jobs:
+            runs[(tables, batch, dim)].append(_run(tables, batch, steps, ranks, dim=dim))
+    rest: List[Tuple[Tuple[int, int, int], float, float]] = []
+    for job in jobs:
+        t = statistics.median(runs[job])
+        rest.append((job, t, t - modeled(*job)))
+    (_, _, r1), (_, _, r2), (_, _, r3), (_, _, r4) = rest
+    k1, k2 = TABLE_COUNTS
     per_table_at_batch = max(0.0, (r2 - r1) / (k2 - k1))
     per_step = max(0.0, r1 - per_table_at_batch * k1)
+    # What the wider tables add beyond the model, per byte of a sample's pooled outputs.
+    per_byte = max(0.0, (r4 - r3) / (k2 * LARGE_BATCH * 4 * (WIDE_DIM - DIM)))
     # What the larger batch adds beyond the model, put on the tables (the fixed per-step
-    # part does not grow with the batch).
-    per_sample = max(0.0, (r3 - r2) / (k2 * (LARGE_BATCH - BATCH)))
-    per_table = max(0.0, per_table_at_batch - per_sample * BATCH)
-    seen = "; ".join(f"{k} tables at batch {b}: {t * 1e3:.2f} ms (median of {len(runs[(k, b)])} jobs: "
-                     f"{', '.join(f'{x * 1e3:.1f}' for x in runs[(k, b)])}), {r * 1e3:.2f} ms beyond TBE and dense"
-                     for k, b, t, r in rest)
+    # part does not grow with the batch), less its bytes' share.
+    per_sample = max(0.0, (r3 - r2) / (k2 * (LARGE_BATCH - BATCH)) - per_byte * 4 * DIM)
+    per_table = max(0.0, per_table_at_batch - (per_sample + per_byte * 4 * DIM) * BATCH)
+    seen = "; ".join(f"{k} tables of {d} at batch {b}: {t * 1e3:.2f} ms (median of {len(runs[(k, b, d)])} jobs: "
+                     f"{', '.join(f'{x * 1e3:.1f}' for x in runs[(k, b, d)])}), {r * 1e3:.2f} ms beyond TBE and dense"
+                     for (k, b, d), t, r in rest)
     what = (f"TorchRec DLRM (dense {DENSE_IN}-{'-'.join(map(str, DENSE_MLP))}, over "
             f"{'-'.join(map(str, OVER_MLP))}) trained through DistributedModelParallel + TieredTrainPipeline, "
             f"{ranks} rank(s) on this node (wall clock when more than one), batch {BATCH} per rank, tables of {ROWS:,} x {DIM} whole in DRAM, one id per sample each: {seen}")
-    return {"framework_step_s": per_step, "framework_table_s": per_table, "framework_table_sample_s": per_sample}, {
+    return {"framework_step_s": per_step, "framework_table_s": per_table, "framework_table_sample_s": per_sample,
+            "framework_output_byte_s": per_byte}, {
         "framework_step_cost": "fixed per step and rank; " + what,
         "framework_table_cost": "per table of the model and step (each rank handles every feature of its batch), "
                                 "beyond framework_table_sample_cost; see framework_step_cost",
-        "framework_table_sample_cost": f"per table, step and sample of the rank's batch: the {TABLE_COUNTS[1]}-table "
-                                       f"job's growth from batch {BATCH} to {LARGE_BATCH} beyond the model; see "
-                                       "framework_step_cost",
+        "framework_table_sample_cost": f"per table, step and sample of the rank's batch: the {k2}-table "
+                                       f"job's growth from batch {BATCH} to {LARGE_BATCH} beyond the model, less "
+                                       "framework_output_byte_cost's share; see framework_step_cost",
+        "framework_output_byte_cost": f"per byte of a sample's pooled outputs (4 x dim per bag table), step and "
+                                      f"sample of the rank's batch: the {k2}-table job at batch {LARGE_BATCH}, "
+                                      f"tables of {WIDE_DIM} against {DIM}, beyond the model; see framework_step_cost",
     }
 
 

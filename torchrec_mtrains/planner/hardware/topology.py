@@ -102,6 +102,7 @@ _COMPUTE_FIELDS: Tuple[_Field, ...] = (
     _Field("framework_table_sample_cost", "framework_table_sample_s", "time", required=False, positive=False),
     _Field("row_wise_group_cost", "row_wise_group_s", "time", required=False, positive=False),
     _Field("row_wise_setup_cost", "row_wise_setup_s", "time", required=False, positive=False),
+    _Field("framework_output_byte_cost", "framework_output_byte_s", "time", required=False, positive=False),
 )
 _OPTIONAL_COMPUTE = frozenset(f.attr for f in _COMPUTE_FIELDS[5:])
 """Compute fields written only when non-zero or noted: profiles without them read back the same."""

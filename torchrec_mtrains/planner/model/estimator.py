@@ -28,8 +28,10 @@ The dense part costs, per rank, each weight matrix's multiply-accumulates and ou
 sample of the rank's batch and a fixed cost per matrix and step (``dense_step_seconds``,
 from the model's ``DenseSpec``), or the profile's ``dense_time_per_sample`` for a model
 whose dense layers the planner was not given; the training framework adds a fixed cost per
-step and one per table of the model (every rank handles every feature of its batch), and
-the model's input pipeline its cost per sample (``ModelSpec.input_s_per_sample``).
+step, one per table of the model (every rank handles every feature of its batch) and one
+per byte of a sample's pooled outputs (the output all-to-all and the interaction grow with
+the dimension), and the model's input pipeline its cost per sample
+(``ModelSpec.input_s_per_sample``).
 """
 
 from __future__ import annotations
@@ -143,11 +145,15 @@ def dense_step_seconds(model: ModelSpec, topo: TieredTopology, world_size: int) 
     layers from the model's ``DenseSpec`` and the profile's per-MAC, per-output and
     per-layer costs when both are known, else the profile's ``dense_time_per_sample``; the
     framework's fixed cost per step and its cost per table (a fixed part and a part per
-    sample of the rank's batch); the input pipeline's cost of the rank's samples."""
+    sample of the rank's batch) and per byte of a sample's pooled outputs (a sequence
+    table's output is charged with its lookups, ``table_cost``); the input pipeline's cost
+    of the rank's samples."""
     spec, dense = topo.compute, model.dense
     samples = model.batch_size / world_size
     per_table = spec.framework_table_s + spec.framework_table_sample_s * samples
-    framework = spec.framework_step_s + per_table * len(model.tables) + samples * model.input_s_per_sample
+    pooled_bytes = sum(4 * t.embedding_dim for t in model.tables if not t.sequence)  # a sample's bags' outputs
+    framework = (spec.framework_step_s + per_table * len(model.tables) + samples * model.input_s_per_sample
+                 + samples * pooled_bytes * spec.framework_output_byte_s)
     if dense is None or not (spec.dense_mac_s or spec.dense_activation_s or spec.dense_layer_s):
         return spec.dense_s_per_sample * samples + framework
     per_sample = dense.macs_per_sample * spec.dense_mac_s + dense.outputs_per_sample * spec.dense_activation_s
