@@ -9,7 +9,7 @@ nodes needed with all tiers vs HBM + DRAM only on the model suite.
    cases take turns in blocks of steps, so a slow spell of a shared machine hits them alike); the
    median step time against the step the perf model predicts from a hardware profile
    measured by `mtrains probe-hw --quick --table-size <the table's bytes>` at the start of
-   the same run (the disk's speed drifts between runs) or from a given profile (target: within 25%).
+   the same run (the disk's speed drifts between runs) or from a given profile (target: within 20%).
 2. Planning time of the 1,000-table models (target: under 30 s each): `thousand_tables`
    (6.47 TiB, tables repeated by `count:`) and `thousand_tables_23tb` (~23 TB, every table
    its own size and locality curve, a capacity-bound target), from reading MODEL.yaml to
@@ -42,6 +42,7 @@ from torchrec_mtrains.planner.model.sizing import plan_report
 MODELS = Path(__file__).parent / "configs" / "models"
 PLANNING_MODELS = ("thousand_tables", "thousand_tables_23tb")  # section 2
 PLANNING_GOAL_S = 30.0
+PERF_MODEL_GOAL = 0.20  # section 1: predicted / measured within [1 / 1.2, 1.2]
 
 
 def _batches(rows: int, lookups: int, alpha: float, steps: int, seed: int = 0):
@@ -182,11 +183,11 @@ def main(argv=None) -> int:
         print(f"   {'case':<22}{'measured ms':>12}{'predicted ms':>13}{'pred/meas':>10}{'hit meas':>9}{'hit pred':>9}")
         for name, measured, predicted, hit, hit_pred in perf_model(args):
             ratio = predicted / measured
-            within = 0.8 <= ratio <= 1.25
+            within = 1 / (1 + PERF_MODEL_GOAL) <= ratio <= 1 + PERF_MODEL_GOAL
             ok &= within
             hits = f"{hit:>9.1%}{hit_pred:>9.1%}" if hit is not None else f"{'':>9}{'':>9}"
             print(f"   {name:<22}{measured * 1e3:>12.1f}{predicted * 1e3:>13.1f}{ratio:>10.2f}{hits}"
-                  f"  [{'PASS' if within else 'MISS'}] within 25%")
+                  f"  [{'PASS' if within else 'MISS'}] within {PERF_MODEL_GOAL:.0%}")
     print("\n   Sections 2 and 3 plan only (no training): their models and the gpu-scm-node profile need GPU "
           "nodes\n   this machine does not have, so nothing is measured beside their predictions. The example "
           "DLRM\n   prints its predicted QPS beside the measured one (scripts/run_example.sh, "
