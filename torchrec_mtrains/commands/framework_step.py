@@ -16,7 +16,7 @@ import sys
 import time
 
 from torchrec_mtrains.commands.worker_exit import exit_worker
-from torchrec_mtrains.planner.hardware.probe_framework import DENSE_IN, DENSE_MLP, DIM, OVER_MLP, ROWS
+from torchrec_mtrains.planner.hardware.probe_framework import DENSE_IN, DIM, OVER_MLP, ROWS, dense_mlp
 
 __all__ = ["measure"]
 
@@ -51,7 +51,7 @@ def measure(tables: int, batch: int, steps: int, rank: int = 0, world: int = 1, 
     configs = [EmbeddingBagConfig(name=n, num_embeddings=ROWS, embedding_dim=dim, feature_names=[f"f{n}"])
                for n in names]
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    model = DLRMTrain(DLRM(ebc, DENSE_IN, [*DENSE_MLP[:-1], dim], list(OVER_MLP)))
+    model = DLRMTrain(DLRM(ebc, DENSE_IN, list(dense_mlp(dim)), list(OVER_MLP)))
     apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.05})
     # Any CPU node whose DRAM holds the tables whole: the plan keeps them all FUSED.
     node = TieredTopology("probe", "cpu", 1, {Tier.DRAM: TierSpec(2**34, 1e10, 1e10)}, ComputeSpec(1e10))

@@ -229,7 +229,7 @@ def _modeled_dlrm(tbe: float, tbe_update: float, dense: Dict[str, float]) -> Cal
 
     def modeled(tables: int, batch: int, dim: int) -> float:
         row_bytes = TableLayout(dim, "fp32", "exact_row_wise_adagrad").row_bytes
-        widths = [(pf.DENSE_IN, *pf.DENSE_MLP[:-1], dim), (pf.over_in(tables, dim), *pf.OVER_MLP)]
+        widths = [(pf.DENSE_IN, *pf.dense_mlp(dim)), (pf.over_in(tables, dim), *pf.OVER_MLP)]
         spec = DenseSpec.of_shapes([(a, b) for w in widths for a, b in zip(w, w[1:])])
         lookups = tables * batch  # one id per sample and table
         unique = tables * min(batch, pf.ROWS)

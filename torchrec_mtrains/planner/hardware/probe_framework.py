@@ -54,8 +54,13 @@ ROWS = 1000
 DIM = 32
 WIDE_DIM = 128
 DENSE_IN = 13
-DENSE_MLP = (128, DIM)
+DENSE_HIDDEN = 128
 OVER_MLP = (256, 128, 1)
+
+
+def dense_mlp(dim: int = DIM) -> Tuple[int, ...]:
+    """The dense arch's layer widths after its input: its output is as wide as the tables."""
+    return (DENSE_HIDDEN, dim)
 
 
 def over_in(tables: int, dim: int = DIM) -> int:
@@ -103,8 +108,8 @@ def framework_costs(steps: int, modeled: Callable[[int, int, int], float],
         ranks: the job's ranks, all on this node (the profile's ranks per node).
         repeats: jobs per case (alternating); each case's median job is fitted.
     """
-    many = TABLE_COUNTS[1]
-    jobs = [(tables, BATCH, DIM) for tables in TABLE_COUNTS] + [(many, LARGE_BATCH, DIM), (many, LARGE_BATCH, WIDE_DIM)]
+    k1, k2 = TABLE_COUNTS
+    jobs = [(k1, BATCH, DIM), (k2, BATCH, DIM), (k2, LARGE_BATCH, DIM), (k2, LARGE_BATCH, WIDE_DIM)]
     runs: Dict[Tuple[int, int, int], List[float]] = {job: [] for job in jobs}
     for _ in range(max(1, repeats)):
         for tables, batch, dim in jobs:
@@ -114,7 +119,6 @@ def framework_costs(steps: int, modeled: Callable[[int, int, int], float],
         t = statistics.median(runs[job])
         rest.append((job, t, t - modeled(*job)))
     (_, _, r1), (_, _, r2), (_, _, r3), (_, _, r4) = rest
-    k1, k2 = TABLE_COUNTS
     per_table_at_batch = max(0.0, (r2 - r1) / (k2 - k1))
     per_step = max(0.0, r1 - per_table_at_batch * k1)
     # What the wider tables add beyond the model, per byte of a sample's pooled outputs.
@@ -126,7 +130,7 @@ def framework_costs(steps: int, modeled: Callable[[int, int, int], float],
     seen = "; ".join(f"{k} tables of {d} at batch {b}: {t * 1e3:.2f} ms (median of {len(runs[(k, b, d)])} jobs: "
                      f"{', '.join(f'{x * 1e3:.1f}' for x in runs[(k, b, d)])}), {r * 1e3:.2f} ms beyond TBE and dense"
                      for (k, b, d), t, r in rest)
-    what = (f"TorchRec DLRM (dense {DENSE_IN}-{'-'.join(map(str, DENSE_MLP))}, over "
+    what = (f"TorchRec DLRM (dense {DENSE_IN}-{'-'.join(map(str, dense_mlp()))}, over "
             f"{'-'.join(map(str, OVER_MLP))}) trained through DistributedModelParallel + TieredTrainPipeline, "
             f"{ranks} rank(s) on this node (wall clock when more than one), batch {BATCH} per rank, tables of {ROWS:,} x {DIM} whole in DRAM, one id per sample each: {seen}")
     return {"framework_step_s": per_step, "framework_table_s": per_table, "framework_table_sample_s": per_sample,
